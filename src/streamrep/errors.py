@@ -1,0 +1,97 @@
+"""Every exception streamrep raises on purpose.
+
+Plain Python, importable whether or not the compiled core built. Protocol errors
+carry a message fit to send back to the peer in an ``ERROR`` line.
+"""
+
+from __future__ import annotations
+
+
+class StreamrepError(Exception):
+    """Base class of streamrep's own errors."""
+
+
+# --- the wire format ------------------------------------------------------------
+
+
+class ProtocolError(StreamrepError):
+    """A line that cannot be accepted; ``str(exc)`` is fit for an ``ERROR`` line."""
+
+
+class UnknownCommandError(ProtocolError):
+    """The first word of a line names no command of the protocol."""
+
+
+class MalformedCommandError(ProtocolError):
+    """A known command whose arguments do not parse."""
+
+
+class LineTooLongError(ProtocolError):
+    """A line longer than the decoder's ``max_line_length``.
+
+    ``line_prefix`` holds the first bytes of the offending line, for logs.
+    """
+
+    def __init__(self, message: str, line_prefix: bytes = b"") -> None:
+        super().__init__(message)
+        self.line_prefix = line_prefix
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.line_prefix))
+
+
+# --- databases, streams and stream IDs -----------------------------------------
+
+
+class DatabaseConfigError(StreamrepError):
+    """A database URL or setup that cannot work (e.g. several writers on SQLite)."""
+
+
+class SchemaVersionError(StreamrepError):
+    """The database schema is newer than this version of streamrep understands."""
+
+
+class SequenceMismatchError(StreamrepError):
+    """A stream's sequence is behind positions or rows already in the database.
+
+    Handing out such IDs would reuse stream IDs; ``streamrep db repair-sequences``
+    moves the sequence past every used ID.
+    """
+
+
+class UnknownStreamError(StreamrepError):
+    """A stream name that no stream definition carries."""
+
+
+class NotAWriterError(StreamrepError):
+    """An instance tried to write to a stream it is not configured to write."""
+
+
+# --- events, the room DAG and state --------------------------------------------
+
+
+class InvalidEventError(StreamrepError):
+    """An event that cannot be persisted (missing or ill-typed fields, bad JSON)."""
+
+
+class EventNotFoundError(StreamrepError, KeyError):
+    """An event ID that is not stored (or is stored only as an outlier where that matters)."""
+
+    def __str__(self) -> str:
+        return Exception.__str__(self)
+
+
+class InvalidTokenError(StreamrepError, ValueError):
+    """A pagination or stream token that does not parse."""
+
+
+class StateCorruptionError(StreamrepError):
+    """State group tables that cannot describe a forest of deltas (cycles, missing
+    parents, duplicate keys in one delta). The message names the groups."""
+
+
+# --- configuration ---------------------------------------------------------------
+
+
+class ConfigError(StreamrepError):
+    """A configuration file or flag that cannot work; names the key and a fix."""

@@ -1,0 +1,47 @@
+"""Shared fixtures: both core implementations, databases, and resource checks."""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import pytest
+
+from support.impls import IMPLEMENTATIONS
+from support.postgres import fresh_schema_dsn, postgres_server_dsn
+
+
+@pytest.fixture(params=IMPLEMENTATIONS, scope="session")
+def impl_kind(request: pytest.FixtureRequest) -> str:
+    """Parametrizes a test over the compiled core and its pure twin."""
+    return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> str:
+    """DSN of a PostgreSQL server for the session (see tests/support/postgres.py)."""
+    return postgres_server_dsn()
+
+
+@pytest.fixture
+def pg_url(pg_server: str) -> Iterator[str]:
+    """A ``postgresql://`` URL whose search_path is a fresh schema, dropped afterwards."""
+    with fresh_schema_dsn(pg_server) as url:
+        yield url
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: os.PathLike[str]) -> str:
+    """A ``sqlite:///`` URL of a new database file."""
+    return f"sqlite:///{os.fspath(tmp_path)}/streamrep.db"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> Iterator[str]:
+    """Runs a test once on SQLite and once on PostgreSQL."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{os.fspath(tmp_path)}/streamrep.db"
+    else:
+        server = request.getfixturevalue("pg_server")
+        with fresh_schema_dsn(server) as url:
+            yield url

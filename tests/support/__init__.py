@@ -1,0 +1,1 @@
+"""Helpers shared by streamrep's tests (importable as ``support``)."""
