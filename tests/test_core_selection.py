@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
 import sys
 
@@ -45,6 +46,6 @@ def test_missing_extension_is_an_error_not_a_silent_fallback() -> None:
         "    print('ImportError', 'STREAMREP_NO_EXTENSIONS' in str(e))\n"
         "else:\n    print('loaded')\n"
     )
-    env = {k: v for k, v in __import__("os").environ.items() if k != "STREAMREP_NO_EXTENSIONS"}
+    env = {k: v for k, v in os.environ.items() if k != "STREAMREP_NO_EXTENSIONS"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.stdout.strip() == "ImportError True", out.stderr
