@@ -94,4 +94,15 @@ class StateCorruptionError(StreamrepError):
 
 
 class ConfigError(StreamrepError):
-    """A configuration file or flag that cannot work; names the key and a fix."""
+    """A configuration file or flag that cannot work; names the key and a fix.
+
+    ``problems`` holds one line per problem found (all of them, not just the
+    first); ``str(exc)`` is those lines joined by newlines.
+    """
+
+    def __init__(self, message: str, problems: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.problems: tuple[str, ...] = problems or (message,)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.problems))

@@ -12,7 +12,9 @@ from typing import Any
 import click
 
 #: subcommand name -> "module:attribute" of its click command or group.
-SUBCOMMANDS: dict[str, str] = {}
+SUBCOMMANDS: dict[str, str] = {
+    "check-config": "streamrep.cli.config:check_config",
+}
 
 
 class _LazyGroup(click.Group):

@@ -1,0 +1,34 @@
+"""``streamrep check-config FILE``: validate a configuration before deploying it."""
+
+from __future__ import annotations
+
+import click
+
+from streamrep.config import check_ports, load_config, report_and_exit
+from streamrep.errors import ConfigError
+
+
+@click.command("check-config")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--instance", default=None, metavar="NAME",
+              help="Also check that the ports this instance listens on are free "
+                   "(default: the hub's instance).")
+@click.option("--no-port-check", is_flag=True,
+              help="Skip the port check (e.g. while the deployment is running).")
+def check_config(path: str, instance: str | None, no_port_check: bool) -> None:
+    """Validate the configuration file PATH.
+
+    Prints one line per problem, each naming its key and a fix, and exits with
+    status 2; on success prints a short summary and exits 0.
+    """
+    try:
+        config = load_config(path)
+        if not no_port_check:
+            check_ports(config, instance)
+    except ConfigError as exc:
+        report_and_exit(exc)
+        return
+    click.echo(f"{path}: ok (server {config.server_name}, hub {config.instance_name} "
+               f"listening on {config.listen}, database {config.database.partition(':')[0]})")
+    for stream in sorted(config.stream_writers):
+        click.echo(f"  {stream}: written by {', '.join(config.stream_writers[stream])}")

@@ -1,0 +1,218 @@
+"""The configuration file: every problem is one line with its key and a fix, exit 2."""
+
+from __future__ import annotations
+
+import pathlib
+import socket
+import subprocess
+import sys
+import textwrap
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from streamrep.cli import main
+from streamrep.config import (
+    Address, Config, config_from_click, config_option, load_config, parse_address,
+)
+from streamrep.errors import ConfigError
+
+EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "examples" / "streamrep.yaml"
+
+
+def write(tmp_path: pathlib.Path, text: str) -> str:
+    path = tmp_path / "streamrep.yaml"
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def check(path: str, *extra: str) -> tuple[int, list[str]]:
+    result = CliRunner().invoke(main, ["check-config", path, *extra])
+    return result.exit_code, result.output.splitlines()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_example_file_is_valid() -> None:
+    config = load_config(EXAMPLE)
+    assert config.server_name == "example.com"
+    assert config.writers_of("events") == ("writer1", "writer2")
+    assert config.writers_of("caches") == ("main",)
+    assert config.streams_written_by("writer2") == ("events", "receipts", "to_device")
+    assert config.metrics_address_of("writer1") == Address("127.0.0.1", 9101)
+    assert config.metrics_address_of("main") == Address("127.0.0.1", 9100)
+
+
+def test_missing_key(tmp_path: pathlib.Path) -> None:
+    code, lines = check(write(tmp_path, "database: sqlite:///x.db\n"), "--no-port-check")
+    assert code == 2
+    assert len(lines) == 1
+    assert lines[0].startswith("config error: server_name: missing; add `server_name:")
+
+
+def test_unknown_stream(tmp_path: pathlib.Path) -> None:
+    path = write(tmp_path, """\
+        server_name: example.com
+        stream_writers:
+          evnets: [main]
+        """)
+    code, lines = check(path, "--no-port-check")
+    assert code == 2
+    assert lines == [
+        'config error: stream_writers.evnets: unknown stream "evnets" (known: account_data, '
+        'backfill, caches, events, receipts, to_device, typing); did you mean "events"?'
+    ]
+
+
+def test_multi_writer_stream_on_sqlite(tmp_path: pathlib.Path) -> None:
+    path = write(tmp_path, """\
+        server_name: example.com
+        database: sqlite:///streamrep.db
+        instance_map: {writer1: {}, writer2: {}}
+        stream_writers:
+          events: [writer1, writer2]
+        """)
+    code, lines = check(path, "--no-port-check")
+    assert code == 2
+    assert len(lines) == 1
+    assert lines[0].startswith("config error: stream_writers.events: 2 writers (writer1, writer2) "
+                               "on SQLite")
+    assert "use a postgresql:// database or list one writer" in lines[0]
+    # The same file on PostgreSQL is fine.
+    config = load_config(path, {"database": "postgresql://u@127.0.0.1/db"})
+    assert config.writers_of("events") == ("writer1", "writer2")
+
+
+def test_single_writer_stream_refuses_two_writers_anywhere(tmp_path: pathlib.Path) -> None:
+    path = write(tmp_path, """\
+        server_name: example.com
+        database: postgresql://u@127.0.0.1/db
+        instance_map: {a: {}, b: {}}
+        stream_writers: {typing: [a, b]}
+        """)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.problems == (
+        "config error: stream_writers.typing: 2 writers, but typing has exactly one writer; "
+        "list one instance",)
+
+
+def test_port_in_use(tmp_path: pathlib.Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        path = write(tmp_path, f"server_name: example.com\nlisten: 127.0.0.1:{port}\n")
+        code, lines = check(path)
+        assert code == 2
+        assert lines == [f"config error: listen: 127.0.0.1:{port} is already in use by another "
+                         "process; stop the process using it or choose another port "
+                         "(--listen HOST:PORT)"]
+        # Skipping the check (a running deployment) passes.
+        code, lines = check(path, "--no-port-check")
+        assert code == 0, lines
+
+
+def test_every_problem_is_reported_at_once(tmp_path: pathlib.Path) -> None:
+    path = write(tmp_path, """\
+        listen: 127.0.0.1:99999
+        instance_map: {w1: {metrics_listen: nowhere}}
+        stream_writers: {events: [w2]}
+        keepalive: {ping_interval: -1}
+        logging: {level: loud}
+        colour: blue
+        """)
+    code, lines = check(path, "--no-port-check")
+    assert code == 2
+    keys = [line.split(":")[1].strip() for line in lines]
+    assert keys == ["colour", "server_name", "listen", "instance_map.w1.metrics_listen",
+                    "stream_writers.events[0]", "keepalive.ping_interval", "logging.level"]
+    assert all(line.startswith("config error: ") and "; " in line for line in lines)
+
+
+def test_yaml_errors_are_one_line(tmp_path: pathlib.Path) -> None:
+    code, lines = check(write(tmp_path, "server_name: [\n"), "--no-port-check")
+    assert code == 2 and len(lines) == 1
+    assert "is not valid YAML at line 2" in lines[0]
+    code, lines = check(write(tmp_path, "server_name: a\nserver_name: b\n"), "--no-port-check")
+    assert code == 2 and len(lines) == 1
+    assert "'server_name' appears twice" in lines[0]
+    code, lines = check(str(tmp_path / "absent.yaml"))
+    assert code == 2 and len(lines) == 1 and "does not exist" in lines[0]
+
+
+def test_flags_override_the_file(tmp_path: pathlib.Path) -> None:
+    path = write(tmp_path, """\
+        server_name: example.com
+        listen: 127.0.0.1:9092
+        logging: {level: INFO}
+        """)
+    config = load_config(path, {"listen": "127.0.0.1:9999", "logging.level": "debug",
+                                "server_name": None})
+    assert config.listen == Address("127.0.0.1", 9999)
+    assert config.logging.level == "DEBUG"
+    assert config.server_name == "example.com"  # None means "flag not given"
+
+
+def test_bad_flag_names_the_flag(tmp_path: pathlib.Path) -> None:
+    path = write(tmp_path, "server_name: example.com\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, {"database": "mysql://x"})
+    assert info.value.problems[0].startswith("config error: database (from --db): "
+                                             "unsupported database scheme 'mysql'")
+
+
+def _demo_command() -> click.Command:
+    @click.command()
+    @config_option
+    @click.option("--listen", default="127.0.0.1:9092")
+    @click.option("--server-name", default="localhost")
+    @click.pass_context
+    def serve(ctx: click.Context, config_path: str | None, listen: str,
+              server_name: str) -> None:
+        config = config_from_click(ctx, config_path,
+                                   {"listen": "listen", "server_name": "server_name"})
+        click.echo(f"{config.server_name} {config.listen}")
+    return serve
+
+
+def test_click_helper_flags_given_override_defaults_do_not(tmp_path: pathlib.Path) -> None:
+    path = write(tmp_path, "server_name: example.com\nlisten: 127.0.0.1:7000\n")
+    runner = CliRunner()
+    result = runner.invoke(_demo_command(), ["--config", path])
+    assert result.output == "example.com 127.0.0.1:7000\n"
+    result = runner.invoke(_demo_command(), ["--config", path, "--listen", "127.0.0.1:7001"])
+    assert result.output == "example.com 127.0.0.1:7001\n"
+    result = runner.invoke(_demo_command(), [])
+    assert result.output == "localhost 127.0.0.1:9092\n"
+    result = runner.invoke(_demo_command(), ["--listen", "nowhere"])
+    assert result.exit_code == 2
+    assert result.output.startswith("config error: listen (from --listen): 'nowhere' is not")
+
+
+def test_parse_address() -> None:
+    assert parse_address("[::1]:9092") == Address("::1", 9092)
+    assert str(Address("::1", 9092)) == "[::1]:9092"
+    for bad in ("9092", "host:", "::1:9092", "h:0", "[::1]9092"):
+        with pytest.raises(ValueError):
+            parse_address(bad)
+
+
+def test_defaults_without_a_file() -> None:
+    config = load_config(None, {"server_name": "example.com"})
+    assert isinstance(config, Config)
+    assert config.is_sqlite and config.listen == Address("127.0.0.1", 9092)
+    assert all(ws == ("main",) for ws in config.stream_writers.values())
+
+
+def test_check_config_exit_code_from_a_real_process(tmp_path: pathlib.Path) -> None:
+    path = write(tmp_path, "database: sqlite:///x.db\n")
+    proc = subprocess.run([sys.executable, "-m", "streamrep", "check-config", path],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("config error: server_name")
