@@ -1,0 +1,125 @@
+"""Parsing database URLs: ``sqlite:///path`` or ``postgresql://...``."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from urllib.parse import parse_qsl
+
+from streamrep.errors import DatabaseConfigError
+
+#: Query parameters streamrep reads itself (and removes before handing a URL to libpq).
+OWN_PARAMETERS = frozenset({"pool_size", "busy_timeout_ms"})
+
+SQLITE = "sqlite"
+POSTGRES = "postgres"
+
+
+@dataclass(frozen=True)
+class DatabaseURL:
+    """A parsed database URL.
+
+    ``engine`` is ``"sqlite"`` or ``"postgres"``. For SQLite ``target`` is a file
+    path (or ``:memory:``); for PostgreSQL it is the URL handed to libpq, which keeps
+    every parameter libpq understands (``options=-csearch_path%3D...``,
+    ``application_name``, ``sslmode``...).
+    """
+
+    engine: str
+    target: str
+    pool_size: int
+    busy_timeout_ms: int
+    original: str
+
+    def redacted(self) -> str:
+        """The URL with any password replaced by ``***``, fit for logs and errors."""
+        return redact_url(self.original)
+
+
+def redact_url(url: str) -> str:
+    """*url* with the password of its user-info part (if any) hidden."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest.split("/", 1)[0]:
+        return url
+    userinfo, _, host = rest.partition("@")
+    if ":" in userinfo:
+        userinfo = userinfo.split(":", 1)[0] + ":***"
+    return f"{scheme}://{userinfo}@{host}"
+
+
+def _split_own_parameters(query: str, url: str) -> tuple[str, dict[str, int]]:
+    kept: list[str] = []
+    own: dict[str, int] = {}
+    for part in query.split("&") if query else []:
+        key = part.split("=", 1)[0]
+        if key in OWN_PARAMETERS:
+            (_, value), = parse_qsl(part, keep_blank_values=True)
+            try:
+                number = int(value)
+            except ValueError:
+                raise DatabaseConfigError(
+                    f"database URL {redact_url(url)}: {key} must be an integer, not {value!r}"
+                ) from None
+            if number < 1:
+                raise DatabaseConfigError(
+                    f"database URL {redact_url(url)}: {key} must be at least 1, not {number}"
+                )
+            own[key] = number
+        elif part:
+            kept.append(part)
+    return "&".join(kept), own
+
+
+def parse_database_url(url: str) -> DatabaseURL:
+    """Parse *url*, raising :class:`DatabaseConfigError` when it cannot work.
+
+    * ``sqlite:///var/lib/streamrep.db`` and ``sqlite:////var/lib/streamrep.db``
+      both name the absolute path ``/var/lib/streamrep.db``; ``sqlite:relative.db``
+      is relative to the working directory; ``sqlite:///:memory:`` is a private
+      in-memory database.
+    * ``postgresql://user@host:5432/db?options=-csearch_path%3Dstreamrep`` (or
+      ``postgres://``) goes to libpq as is.
+    * Both accept ``pool_size=N`` (PostgreSQL connections kept, default 10) and
+      ``busy_timeout_ms=N`` (how long SQLite waits for another process's lock,
+      default 5000).
+    """
+    if not isinstance(url, str) or not url:
+        raise DatabaseConfigError(f"a database URL must be a non-empty string, not {url!r}")
+    base, _, query = url.partition("?")
+    rest_query, own = _split_own_parameters(query, url)
+    pool_size = own.get("pool_size", 10)
+    busy = own.get("busy_timeout_ms", 5000)
+    scheme, sep, rest = base.partition(":")
+    scheme = scheme.lower()
+    if scheme == "sqlite":
+        if rest_query:
+            raise DatabaseConfigError(
+                f"database URL {url!r}: SQLite takes no parameters but pool_size and "
+                f"busy_timeout_ms (got {rest_query!r})"
+            )
+        if rest.startswith("//"):
+            rest = rest[2:]
+            if rest.startswith("/:memory:"):
+                rest = rest[1:]
+            elif rest.startswith("/"):
+                rest = "/" + rest.lstrip("/")
+            else:
+                raise DatabaseConfigError(
+                    f"database URL {url!r}: a host part is not allowed in a SQLite URL; "
+                    "write sqlite:///absolute/path.db or sqlite:relative/path.db"
+                )
+        if not rest or rest.endswith("/"):
+            raise DatabaseConfigError(f"database URL {url!r} names no SQLite database file")
+        target = rest if rest == ":memory:" else os.path.normpath(rest)
+        return DatabaseURL(SQLITE, target, 1, busy, url)
+    if scheme in ("postgresql", "postgres"):
+        if not rest.startswith("//"):
+            raise DatabaseConfigError(
+                f"database URL {redact_url(url)}: expected postgresql://[user@]host[:port]/database"
+            )
+        target = "postgresql:" + rest + (f"?{rest_query}" if rest_query else "")
+        return DatabaseURL(POSTGRES, target, pool_size, busy, url)
+    raise DatabaseConfigError(
+        f"database URL {redact_url(url)}: unsupported scheme {scheme!r} "
+        "(use sqlite:///path or postgresql://...)"
+    )

@@ -1,0 +1,177 @@
+"""The database layer on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import io
+import sqlite3
+import uuid
+
+import gevent
+import pytest
+
+from streamrep.db import Database, Migration, parse_database_url, register_schema
+from streamrep.db.migrations import unregister_schema
+from streamrep.db.sql import to_pyformat
+from streamrep.errors import DatabaseConfigError, SchemaVersionError
+
+
+def test_sqlite_urls() -> None:
+    assert parse_database_url("sqlite:///var/lib/x.db").target == "/var/lib/x.db"
+    assert parse_database_url("sqlite:////var/lib/x.db").target == "/var/lib/x.db"
+    assert parse_database_url("sqlite:rel/x.db").target == "rel/x.db"
+    assert parse_database_url("sqlite:///:memory:").target == ":memory:"
+    assert parse_database_url("sqlite:///x.db?busy_timeout_ms=100").busy_timeout_ms == 100
+    for bad in ["", "sqlite://host/x.db", "sqlite:///", "mysql://x/y", "sqlite:///x.db?foo=1",
+                "sqlite:///x.db?busy_timeout_ms=abc", "postgresql:x"]:
+        with pytest.raises(DatabaseConfigError):
+            parse_database_url(bad)
+
+
+def test_postgres_url_keeps_libpq_parameters() -> None:
+    url = ("postgresql://u:secret@h:5432/db?application_name=a"
+           "&options=-csearch_path%3Ds1&pool_size=3")
+    parsed = parse_database_url(url)
+    assert parsed.engine == "postgres"
+    assert parsed.pool_size == 3
+    assert parsed.target == "postgresql://u:secret@h:5432/db?application_name=a&options=-csearch_path%3Ds1"
+    assert "secret" not in parsed.redacted()
+
+
+def test_placeholder_translation() -> None:
+    assert to_pyformat("SELECT ? WHERE a = ?") == "SELECT %s WHERE a = %s"
+    assert to_pyformat("SELECT '?', 'it''s ?%' , \"q?\" -- ?%\n, ?") == (
+        "SELECT '?', 'it''s ?%%' , \"q?\" -- ?%%\n, %s")
+    assert to_pyformat("SELECT a % 2 /* ? */ FROM t") == "SELECT a %% 2 /* ? */ FROM t"
+
+
+def test_transactions_commit_roll_back_and_call_back(db_url: str) -> None:
+    db = Database.open(db_url)
+    events: list[str] = []
+    with db.transaction() as txn:
+        txn.execute("CREATE TABLE t (a INTEGER PRIMARY KEY, b TEXT)")
+        txn.executemany("INSERT INTO t (a, b) VALUES (?, ?)", [(i, f"v{i}%") for i in range(5)])
+        txn.call_after(events.append, "committed")
+        txn.call_on_exception(events.append, "not this")
+    assert events == ["committed"]
+    with pytest.raises(ZeroDivisionError):
+        with db.transaction() as txn:
+            txn.execute("INSERT INTO t (a, b) VALUES (?, ?)", (10, "x"))
+            txn.call_after(events.append, "not this")
+            txn.call_on_finish(events.append, "rolled back")
+            1 / 0
+    assert events == ["committed", "rolled back"]
+    assert db.fetchval("SELECT COUNT(*) FROM t") == 5
+    assert db.fetchall("SELECT a, b FROM t WHERE a >= ? ORDER BY a", (3,)) == [(3, "v3%"), (4, "v4%")]
+    assert db.fetchone("SELECT b FROM t WHERE a = ?", (99,)) is None
+    assert db.fetchval("SELECT b FROM t WHERE a = ?", (99,), "none") == "none"
+    assert db.run(lambda txn, a: txn.fetchval("SELECT b FROM t WHERE a = ?", (a,)), 2) == "v2%"
+    db.close()
+    with pytest.raises(DatabaseConfigError):
+        db.fetchall("SELECT 1")
+
+
+def test_migrations_are_versioned_and_registrable(db_url: str) -> None:
+    component = f"test_{uuid.uuid4().hex[:8]}"
+    table = f"widgets_{component}"
+    first = Migration(1, sql=[f"CREATE TABLE {table} (id BIGINT PRIMARY KEY)"])
+    register_schema(component, [
+        first,
+        Migration(2, sqlite=[f"ALTER TABLE {table} ADD COLUMN name TEXT"],
+                  postgres=[f"ALTER TABLE {table} ADD COLUMN name TEXT NOT NULL DEFAULT ''"]),
+    ])
+    try:
+        register_schema(component, [first])
+        with pytest.raises(DatabaseConfigError):
+            register_schema(component, [Migration(1, sql=["CREATE TABLE other (id BIGINT)"])])
+        with pytest.raises(DatabaseConfigError):
+            register_schema(component, [Migration(4, sql=["SELECT 1"])])
+        db = Database.open(db_url, migrate=False)
+        assert db.schema_version(component) == 0
+        assert db.apply_migrations([component]) == {component: 2}
+        db.execute(f"INSERT INTO {table} (id, name) VALUES (?, ?)", (1, "a"))
+        # A second handle sees the schema as current and does nothing.
+        db2 = Database.open(db_url, migrate=False)
+        db2.ensure_schema(component)
+        assert db2.fetchval(f"SELECT name FROM {table}") == "a"
+        db.execute("UPDATE schema_versions SET version = 7 WHERE component = ?", (component,))
+        with pytest.raises(SchemaVersionError, match="version 7"):
+            db2.apply_migrations([component])
+        db.close()
+        db2.close()
+    finally:
+        unregister_schema(component)
+
+
+def test_multi_writer_refused_on_sqlite(sqlite_url: str) -> None:
+    db = Database.open(sqlite_url)
+    db.require_multiple_writers("events", ["master"])
+    with pytest.raises(DatabaseConfigError, match="single writer"):
+        db.require_multiple_writers("events", ["w1", "w2"])
+    assert db.fetchval("PRAGMA journal_mode") == "wal"
+    db.close()
+
+
+def test_sqlite_refuses_nested_transaction(sqlite_url: str) -> None:
+    db = Database.open(sqlite_url)
+    with db.transaction():
+        with pytest.raises(DatabaseConfigError, match="nested"):
+            with db.transaction():
+                pass
+    db.close()
+
+
+def test_sqlite_bad_path() -> None:
+    with pytest.raises(DatabaseConfigError):
+        Database.open("sqlite:///nonexistent-dir-xyz/sub/db.sqlite")
+
+
+@pytest.mark.postgres
+def test_postgres_unreachable_is_a_config_error() -> None:
+    with pytest.raises(DatabaseConfigError, match="cannot connect"):
+        Database.open("postgresql://postgres@127.0.0.1:1/test?connect_timeout=2")
+
+
+@pytest.mark.postgres
+def test_postgres_copy_and_search_path(pg_url: str) -> None:
+    db = Database.open(pg_url)
+    db.execute("CREATE TABLE c (a INTEGER, b TEXT)")
+    with db.copy_connection() as conn:
+        with conn.cursor() as cur:
+            cur.copy_expert("COPY c FROM STDIN", io.StringIO("1\tx\n2\ty\n"))
+        conn.commit()
+        out = io.StringIO()
+        with conn.cursor() as cur:
+            cur.copy_expert("COPY (SELECT a, b FROM c ORDER BY a) TO STDOUT", out)
+    assert out.getvalue() == "1\tx\n2\ty\n"
+    # Green mode is back after the copy block.
+    assert db.fetchall("SELECT a FROM c ORDER BY a") == [(1,), (2,)]
+    db.close()
+
+
+@pytest.mark.postgres
+def test_postgres_queries_yield_to_other_greenlets(pg_url: str) -> None:
+    db = Database.open(pg_url + "&pool_size=2")
+    ticks: list[int] = []
+
+    def ticker() -> None:
+        for i in range(1000):
+            ticks.append(i)
+            gevent.sleep(0.005)
+
+    background = gevent.spawn(ticker)
+    gevent.sleep(0)
+    db.fetchval("SELECT pg_sleep(0.3)")
+    seen_during_query = len(ticks)
+    background.kill()
+    # A blocking driver would have starved the ticker until the query ended.
+    assert seen_during_query > 5
+    db.close()
+
+
+def test_sqlite_raw_connection(sqlite_url: str) -> None:
+    db = Database.open(sqlite_url)
+    with db.raw_connection() as conn:
+        assert isinstance(conn, sqlite3.Connection)
+        conn.execute("CREATE TABLE r (a INTEGER)")
+    assert db.fetchval("SELECT COUNT(*) FROM r") == 0
+    db.close()
