@@ -6,6 +6,8 @@ carry a message fit to send back to the peer in an ``ERROR`` line.
 
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 
 class StreamrepError(Exception):
     """Base class of streamrep's own errors."""
@@ -15,7 +17,15 @@ class StreamrepError(Exception):
 
 
 class ProtocolError(StreamrepError):
-    """A line that cannot be accepted; ``str(exc)`` is fit for an ``ERROR`` line."""
+    """A line that cannot be accepted; ``str(exc)`` is fit for an ``ERROR`` line.
+
+    When ``Decoder.feed`` raises one, ``commands`` holds every command decoded
+    from that call's data (bad lines are skipped, good ones kept) and ``errors``
+    every error of the call, this one first.
+    """
+
+    commands: Sequence[Any] = ()
+    errors: Sequence[ProtocolError] = ()
 
 
 class UnknownCommandError(ProtocolError):
