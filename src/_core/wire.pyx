@@ -1,0 +1,1116 @@
+"""The replication wire format, compiled (twin of ``streamrep._pure.wire``).
+
+Bytes in, commands out, and back: no sockets here. The decoder finds newlines
+with ``memchr``, parses each line in place with C pointers, interns stream and
+instance names, and copies each line once into the command that keeps it. RDATA
+rows stay raw JSON until ``.row`` is read.
+
+Lines it rejects are explained by the pure twin's parser, so both
+implementations raise the same errors with the same messages.
+"""
+
+cimport cython
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.list cimport PyList_Append
+from cpython.mem cimport PyMem_Free, PyMem_Realloc
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF, Py_XDECREF
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.math cimport isfinite
+from libc.stdint cimport int64_t, uint64_t
+from libc.string cimport memchr, memcmp, memcpy
+
+import orjson
+
+from streamrep._pure import wire as _ref
+from streamrep.errors import (  # noqa: F401  (re-exported names users expect here)
+    LineTooLongError,
+    MalformedCommandError,
+    ProtocolError,
+    UnknownCommandError,
+)
+
+cdef extern from "Python.h":
+    object PyMemoryView_FromMemory(char* mem, Py_ssize_t size, int flags)
+    int PyBUF_READ
+
+__all__ = list(_ref.__all__)
+
+DEFAULT_MAX_LINE_LENGTH = _ref.DEFAULT_MAX_LINE_LENGTH
+
+cdef object _loads = orjson.loads
+cdef object _dumps = orjson.dumps
+cdef object _JSONDecodeError = orjson.JSONDecodeError
+cdef object _MISSING = _ref._MISSING
+cdef object _explain = _ref._explain
+cdef object _too_long = _ref._too_long
+cdef object _word = _ref._word
+cdef object _text = _ref._text
+cdef object _str = _ref._str
+cdef object _int64 = _ref._int64
+cdef object _decode_json = _ref._decode_json
+cdef object _raise_collected = _ref._raise_collected
+
+cdef Py_ssize_t _PREFIX_LIMIT = _ref._PREFIX_LIMIT
+
+
+cdef enum CommandKind:
+    CMD_UNKNOWN = 0
+    CMD_SERVER
+    CMD_RDATA
+    CMD_POSITION
+    CMD_ERROR
+    CMD_PING
+    CMD_NAME
+    CMD_REPLICATE
+    CMD_USER_SYNC
+    CMD_CLEAR_USER_SYNC
+    CMD_FEDERATION_ACK
+    CMD_USER_IP
+    CMD_REMOTE_SERVER_UP
+    CMD_LOCK_RELEASED
+    CMD_NEW_ACTIVE_TASK
+    CMD_CANCEL_TASK
+
+
+# --- small C helpers --------------------------------------------------------------
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef inline bint _is_ascii(const char* p, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i = 0
+    cdef uint64_t word
+    while i + 8 <= n:
+        memcpy(&word, p + i, 8)
+        if word & 0x8080808080808080ULL:
+            return False
+        i += 8
+    while i < n:
+        if <unsigned char>p[i] & 0x80:
+            return False
+        i += 1
+    return True
+
+
+cdef bint _valid_utf8(const char* p, Py_ssize_t n):
+    # Fast for the usual all-ASCII line; a full check otherwise.
+    if _is_ascii(p, n):
+        return True
+    try:
+        PyUnicode_DecodeUTF8(<char*>p, n, "strict")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+cdef inline bint _parse_int(const char* p, Py_ssize_t n, int64_t* out) noexcept nogil:
+    """Strict decimal int64: ``-?(0|[1-9][0-9]*)``, no ``-0``. False if invalid."""
+    cdef bint negative = False
+    cdef uint64_t value = 0
+    cdef uint64_t limit
+    cdef Py_ssize_t i = 0
+    cdef unsigned char c
+    if n > 0 and p[0] == b'-':
+        negative = True
+        i = 1
+    if i >= n or n - i > 19:
+        return False
+    if p[i] == b'0' and n - i > 1:
+        return False
+    while i < n:
+        c = <unsigned char>p[i] - <unsigned char>b'0'
+        if c > 9:
+            return False
+        value = value * 10 + c
+        i += 1
+    limit = 9223372036854775808ULL if negative else 9223372036854775807ULL
+    if value > limit:
+        return False
+    if negative:
+        if value == 0:
+            return False
+        out[0] = <int64_t>(0 - value)
+    else:
+        out[0] = <int64_t>value
+    return True
+
+
+# Stream, instance and user names repeat on nearly every line: decode each once.
+cdef enum:
+    _NAME_CACHE_SIZE = 512
+    _NAME_CACHE_MAX = 64
+cdef PyObject* _cache_keys[_NAME_CACHE_SIZE]
+cdef PyObject* _cache_values[_NAME_CACHE_SIZE]
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef str _name(const char* p, Py_ssize_t n):
+    """The str of UTF-8 bytes already validated, from the cache when seen before."""
+    cdef uint64_t h = 14695981039346656037ULL
+    cdef Py_ssize_t i
+    cdef PyObject* key
+    cdef bytes new_key
+    cdef str value
+    if n > _NAME_CACHE_MAX:
+        return PyUnicode_DecodeUTF8(<char*>p, n, NULL)
+    for i in range(n):
+        h = (h ^ <unsigned char>p[i]) * 1099511628211ULL
+    h = (h ^ (h >> 29)) & (_NAME_CACHE_SIZE - 1)
+    key = _cache_keys[h]
+    if key is not NULL and PyBytes_GET_SIZE(<object>key) == n and \
+            memcmp(PyBytes_AS_STRING(<object>key), p, n) == 0:
+        return <str>_cache_values[h]
+    value = PyUnicode_DecodeUTF8(<char*>p, n, NULL)
+    new_key = PyBytes_FromStringAndSize(p, n)
+    Py_XDECREF(_cache_keys[h])
+    Py_XDECREF(_cache_values[h])
+    Py_INCREF(new_key)
+    Py_INCREF(value)
+    _cache_keys[h] = <PyObject*>new_key
+    _cache_values[h] = <PyObject*>value
+    return value
+
+
+cdef inline str _decode(const char* p, Py_ssize_t n):
+    return PyUnicode_DecodeUTF8(<char*>p, n, NULL)
+
+
+cdef inline bint _same(const char* p, Py_ssize_t n, const char* word, Py_ssize_t m) noexcept nogil:
+    return n == m and memcmp(p, word, m) == 0
+
+
+cdef CommandKind _kind(const char* p, Py_ssize_t n) noexcept nogil:
+    if n == 5:
+        if memcmp(p, b"RDATA", 5) == 0:
+            return CMD_RDATA
+        if memcmp(p, b"ERROR", 5) == 0:
+            return CMD_ERROR
+    elif n == 8:
+        if memcmp(p, b"POSITION", 8) == 0:
+            return CMD_POSITION
+    elif n == 4:
+        if memcmp(p, b"PING", 4) == 0:
+            return CMD_PING
+        if memcmp(p, b"NAME", 4) == 0:
+            return CMD_NAME
+    elif n == 6:
+        if memcmp(p, b"SERVER", 6) == 0:
+            return CMD_SERVER
+    elif n == 9:
+        if memcmp(p, b"REPLICATE", 9) == 0:
+            return CMD_REPLICATE
+        if memcmp(p, b"USER_SYNC", 9) == 0:
+            return CMD_USER_SYNC
+    elif n == 7:
+        if memcmp(p, b"USER_IP", 7) == 0:
+            return CMD_USER_IP
+    elif n == 14:
+        if memcmp(p, b"FEDERATION_ACK", 14) == 0:
+            return CMD_FEDERATION_ACK
+    elif n == 15:
+        if memcmp(p, b"CLEAR_USER_SYNC", 15) == 0:
+            return CMD_CLEAR_USER_SYNC
+        if memcmp(p, b"NEW_ACTIVE_TASK", 15) == 0:
+            return CMD_NEW_ACTIVE_TASK
+    elif n == 16:
+        if memcmp(p, b"REMOTE_SERVER_UP", 16) == 0:
+            return CMD_REMOTE_SERVER_UP
+    elif n == 13:
+        if memcmp(p, b"LOCK_RELEASED", 13) == 0:
+            return CMD_LOCK_RELEASED
+    elif n == 11:
+        if memcmp(p, b"CANCEL_TASK", 11) == 0:
+            return CMD_CANCEL_TASK
+    return CMD_UNKNOWN
+
+
+cdef inline const char* _next_space(const char* p, const char* end) noexcept nogil:
+    return <const char*>memchr(p, b' ', end - p)
+
+
+# --- row JSON ---------------------------------------------------------------------
+
+
+cdef int _check_finite(object value, int depth) except -1:
+    cdef object item
+    if depth > 256:
+        # orjson refuses such depth anyway; let it report the error.
+        return 0
+    if type(value) is float:
+        if not isfinite(<double>value):
+            raise ValueError("JSON cannot carry NaN or Infinity")
+    elif type(value) is list or type(value) is tuple:
+        for item in value:
+            if type(item) is not str and type(item) is not int:
+                _check_finite(item, depth + 1)
+    elif type(value) is dict:
+        for item in (<dict>value).values():
+            if type(item) is not str and type(item) is not int:
+                _check_finite(item, depth + 1)
+    elif isinstance(value, (float, list, tuple, dict)):
+        _ref._check_finite(value)
+    return 0
+
+
+cpdef bytes encode_row(object row):
+    """Serialise *row* as the protocol's JSON: compact, ASCII-escaped, finite.
+
+    Raises :class:`ValueError` for NaN or Infinity and :class:`TypeError` for
+    values JSON cannot carry.
+    """
+    cdef bytes raw
+    _check_finite(row, 0)
+    raw = _dumps(row)
+    if _is_ascii(PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw)):
+        return raw
+    return raw.decode("utf-8").encode("ascii", "streamrep.json_ascii")
+
+
+# --- commands ---------------------------------------------------------------------
+
+
+@cython.freelist(1024)
+cdef class Command:
+    """A line of the replication protocol.
+
+    Commands are immutable. ``to_bytes()`` is the line as sent or received (no
+    newline); two commands are equal when their lines are.
+    """
+
+    cdef bytes _line
+
+    NAME = ""
+    FIELDS = ()
+
+    def to_bytes(self):
+        """The whole line as UTF-8 bytes, name included, without the newline."""
+        return self._line
+
+    def to_line(self):
+        """The whole line as text, name included, without the newline."""
+        return self._line.decode("utf-8")
+
+    def __eq__(self, other):
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._line == (<Command>other)._line
+
+    def __ne__(self, other):
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._line != (<Command>other)._line
+
+    def __hash__(self):
+        return hash(self._line)
+
+    def __repr__(self):
+        fields = ", ".join([f"{f}={getattr(self, f)!r}" for f in self.FIELDS])
+        return f"{type(self).__name__}({fields})"
+
+
+cdef bytes _join(bytes name, tuple args):
+    if not args:
+        return name
+    return name + b" " + " ".join(args).encode("utf-8")
+
+
+cdef class _TextCommand(Command):
+    """A command whose arguments are the rest of the line, as one string."""
+
+    cdef readonly str data
+
+    FIELDS = ("data",)
+
+    def __init__(self, str data):
+        _text(data, "data")
+        self.data = data
+        self._line = _join(self.NAME.encode(), (data,)) if data else self.NAME.encode()
+
+
+cdef class ServerCommand(_TextCommand):
+    """``SERVER <server_name>``: the server says who it is (server to client)."""
+
+    NAME = "SERVER"
+
+
+cdef class ErrorCommand(_TextCommand):
+    """``ERROR <message>``: the sender hit an error and usually closes (both ways)."""
+
+    NAME = "ERROR"
+
+
+cdef class PingCommand(_TextCommand):
+    """``PING <data>``: keep-alive, usually a timestamp in ms (both ways)."""
+
+    NAME = "PING"
+
+
+cdef class NameCommand(_TextCommand):
+    """``NAME <name>``: the client's human-friendly name (client to server)."""
+
+    NAME = "NAME"
+
+
+cdef class RemoteServerUpCommand(_TextCommand):
+    """``REMOTE_SERVER_UP <server_name>``: a remote server may be back online."""
+
+    NAME = "REMOTE_SERVER_UP"
+
+
+cdef class NewActiveTaskCommand(_TextCommand):
+    """``NEW_ACTIVE_TASK <task_id>``: a scheduled task became active."""
+
+    NAME = "NEW_ACTIVE_TASK"
+
+
+cdef class CancelTaskCommand(_TextCommand):
+    """``CANCEL_TASK <task_id>``: cancel a running scheduled task."""
+
+    NAME = "CANCEL_TASK"
+
+
+cdef class ClearUserSyncCommand(_TextCommand):
+    """``CLEAR_USER_SYNC <instance_id>``: forget a worker's user syncs (it is stopping)."""
+
+    NAME = "CLEAR_USER_SYNC"
+    FIELDS = ("instance_id",)
+
+    def __init__(self, str instance_id):
+        _TextCommand.__init__(self, instance_id)
+
+    @property
+    def instance_id(self):
+        """The worker whose syncs to clear (the whole argument string)."""
+        return self.data
+
+
+cdef class RdataCommand(Command):
+    """``RDATA <stream_name> <instance_name> <token|batch> <row_json>``: one stream row.
+
+    ``token`` is None for ``batch`` (more rows with the same token follow). The
+    row stays raw JSON (``row_json``) until ``row`` is first read, so routing
+    by ``stream_name`` costs no JSON decoding.
+    """
+
+    cdef readonly str stream_name
+    cdef readonly str instance_name
+    cdef int64_t _token
+    cdef bint _batch
+    cdef Py_ssize_t _row_start
+    cdef object _row
+
+    NAME = "RDATA"
+    FIELDS = ("stream_name", "instance_name", "token", "row")
+
+    def __init__(self, str stream_name, str instance_name, object token,
+                 object row=_MISSING, *, object row_json=None):
+        cdef bytes head
+        if not stream_name or " " in stream_name or "\n" in stream_name:
+            _word(stream_name, "stream_name")
+        if not instance_name or " " in instance_name or "\n" in instance_name:
+            _word(instance_name, "instance_name")
+        self.stream_name = stream_name
+        self.instance_name = instance_name
+        if token is None:
+            self._batch = True
+            self._token = 0
+        else:
+            self._batch = False
+            self._token = _int64(token, "token")
+        if row_json is None:
+            if row is _MISSING:
+                raise TypeError("RdataCommand needs row or row_json")
+            row_json = encode_row(row)
+            self._row = row
+        else:
+            if row is not _MISSING:
+                raise TypeError("RdataCommand takes row or row_json, not both")
+            row_json = bytes(row_json)
+            if not row_json or b"\n" in row_json:
+                raise ValueError("row_json must be non-empty without newlines")
+            row_json.decode("utf-8")
+            self._row = _MISSING
+        if self._batch:
+            head = f"RDATA {stream_name} {instance_name} batch ".encode("utf-8")
+        else:
+            head = f"RDATA {stream_name} {instance_name} {self._token} ".encode("utf-8")
+        self._row_start = PyBytes_GET_SIZE(head)
+        self._line = head + row_json
+
+    @property
+    def token(self):
+        """The row's stream token, or None for ``batch``."""
+        return None if self._batch else self._token
+
+    @property
+    def row_json(self):
+        """The row's JSON exactly as on the wire."""
+        return self._line[self._row_start:]
+
+    @property
+    def row(self):
+        """The decoded row (decoded on first access; MalformedCommandError if invalid)."""
+        if self._row is _MISSING:
+            self._row = self._decode_row()
+        return self._row
+
+    cdef object _decode_row(self):
+        cdef object view = PyMemoryView_FromMemory(
+            PyBytes_AS_STRING(self._line) + self._row_start,
+            PyBytes_GET_SIZE(self._line) - self._row_start,
+            PyBUF_READ,
+        )
+        try:
+            return _loads(view)
+        except _JSONDecodeError:
+            return _decode_json(self.row_json, "RDATA row")
+
+    def __repr__(self):
+        return (
+            f"RdataCommand(stream_name={self.stream_name!r}, "
+            f"instance_name={self.instance_name!r}, token={self.token!r}, "
+            f"row_json={self.row_json!r})"
+        )
+
+
+cdef class PositionCommand(Command):
+    """``POSITION <stream_name> <instance_name> <prev_token> <new_token>`` (server to client).
+
+    The writer's stream advanced from ``prev_token`` to ``new_token``; a client
+    fetches out of band only if it is behind ``prev_token``.
+    """
+
+    cdef readonly str stream_name
+    cdef readonly str instance_name
+    cdef int64_t _prev_token
+    cdef int64_t _new_token
+
+    NAME = "POSITION"
+    FIELDS = ("stream_name", "instance_name", "prev_token", "new_token")
+
+    def __init__(self, str stream_name, str instance_name, object prev_token, object new_token):
+        self.stream_name = _word(stream_name, "stream_name")
+        self.instance_name = _word(instance_name, "instance_name")
+        self._prev_token = _int64(prev_token, "prev_token")
+        self._new_token = _int64(new_token, "new_token")
+        self._line = _join(b"POSITION", (stream_name, instance_name,
+                                         str(self._prev_token), str(self._new_token)))
+
+    @property
+    def prev_token(self):
+        """The position sent before this one."""
+        return self._prev_token
+
+    @property
+    def new_token(self):
+        """The writer's current position."""
+        return self._new_token
+
+
+cdef class ReplicateCommand(Command):
+    """``REPLICATE`` asks for every stream's position (client to server).
+
+    The legacy form ``REPLICATE <stream_name|ALL> <token|NOW>`` subscribes from a
+    token: ``stream_name`` is the stream (or ``"ALL"``) and ``token`` is None for
+    ``NOW``. In the current form both are None.
+    """
+
+    cdef readonly object stream_name
+    cdef readonly object token
+
+    NAME = "REPLICATE"
+    FIELDS = ("stream_name", "token")
+
+    def __init__(self, stream_name=None, token=None):
+        if stream_name is None:
+            if token is not None:
+                raise ValueError("a REPLICATE token needs a stream_name")
+            self._line = b"REPLICATE"
+        else:
+            _word(stream_name, "stream_name")
+            if token is not None:
+                _int64(token, "token")
+            self._line = _join(b"REPLICATE", (stream_name, "NOW" if token is None else str(token)))
+        self.stream_name = stream_name
+        self.token = token
+
+    @property
+    def all_streams(self):
+        """True when every stream is asked for (current form, or legacy ``ALL``)."""
+        return self.stream_name is None or self.stream_name == "ALL"
+
+
+cdef class UserSyncCommand(Command):
+    """``USER_SYNC <instance_id> <user_id> <device_id|None> <start|end> <last_sync_ms>``.
+
+    A user started or stopped syncing on a worker (client to server).
+    """
+
+    cdef readonly str instance_id
+    cdef readonly str user_id
+    cdef readonly object device_id
+    cdef readonly bint is_syncing
+    cdef readonly int64_t last_sync_ms
+
+    NAME = "USER_SYNC"
+    FIELDS = ("instance_id", "user_id", "device_id", "is_syncing", "last_sync_ms")
+
+    def __init__(self, str instance_id, str user_id, device_id, is_syncing, last_sync_ms):
+        self.instance_id = _word(instance_id, "instance_id")
+        self.user_id = _word(user_id, "user_id")
+        self.device_id = None if device_id is None else _word(device_id, "device_id")
+        self.is_syncing = bool(is_syncing)
+        self.last_sync_ms = _int64(last_sync_ms, "last_sync_ms")
+        self._line = _join(b"USER_SYNC", (
+            instance_id,
+            user_id,
+            "None" if device_id is None else device_id,
+            "start" if is_syncing else "end",
+            str(self.last_sync_ms),
+        ))
+
+
+cdef class FederationAckCommand(Command):
+    """``FEDERATION_ACK <instance_name> <token>``: federation data received up to a token."""
+
+    cdef readonly str instance_name
+    cdef readonly int64_t token
+
+    NAME = "FEDERATION_ACK"
+    FIELDS = ("instance_name", "token")
+
+    def __init__(self, str instance_name, token):
+        self.instance_name = _word(instance_name, "instance_name")
+        self.token = _int64(token, "token")
+        self._line = _join(b"FEDERATION_ACK", (instance_name, str(self.token)))
+
+
+cdef class UserIpCommand(Command):
+    """``USER_IP <user_id> <[access_token, ip, user_agent, device_id, last_seen]>``.
+
+    A worker saw a user's client (client to server).
+    """
+
+    cdef readonly str user_id
+    cdef readonly str access_token
+    cdef readonly str ip
+    cdef readonly str user_agent
+    cdef readonly object device_id
+    cdef readonly int64_t last_seen
+
+    NAME = "USER_IP"
+    FIELDS = ("user_id", "access_token", "ip", "user_agent", "device_id", "last_seen")
+
+    def __init__(self, str user_id, access_token, ip, user_agent, device_id, last_seen):
+        self.user_id = _word(user_id, "user_id")
+        self.access_token = _str(access_token, "access_token")
+        self.ip = _str(ip, "ip")
+        self.user_agent = _str(user_agent, "user_agent")
+        self.device_id = None if device_id is None else _str(device_id, "device_id")
+        self.last_seen = _int64(last_seen, "last_seen")
+        payload = encode_row([access_token, ip, user_agent, device_id, last_seen])
+        self._line = b"USER_IP " + user_id.encode("utf-8") + b" " + payload
+
+
+cdef class LockReleasedCommand(Command):
+    """``LOCK_RELEASED <[instance_name, lock_name, lock_key]>``: a named lock was released."""
+
+    cdef readonly str instance_name
+    cdef readonly str lock_name
+    cdef readonly str lock_key
+
+    NAME = "LOCK_RELEASED"
+    FIELDS = ("instance_name", "lock_name", "lock_key")
+
+    def __init__(self, instance_name, lock_name, lock_key):
+        self.instance_name = _str(instance_name, "instance_name")
+        self.lock_name = _str(lock_name, "lock_name")
+        self.lock_key = _str(lock_key, "lock_key")
+        self._line = b"LOCK_RELEASED " + encode_row([instance_name, lock_name, lock_key])
+
+
+#: Every command class by its wire name.
+COMMANDS = {
+    cls.NAME: cls
+    for cls in (
+        ServerCommand,
+        RdataCommand,
+        PositionCommand,
+        ErrorCommand,
+        PingCommand,
+        NameCommand,
+        ReplicateCommand,
+        UserSyncCommand,
+        ClearUserSyncCommand,
+        FederationAckCommand,
+        UserIpCommand,
+        RemoteServerUpCommand,
+        LockReleasedCommand,
+        NewActiveTaskCommand,
+        CancelTaskCommand,
+    )
+}
+
+
+# --- parsing ----------------------------------------------------------------------
+
+
+cdef inline bytes _line_bytes(object line_obj, const char* p, Py_ssize_t n):
+    # Reuse the caller's bytes object when it is exactly the line.
+    if line_obj is not None:
+        return <bytes>line_obj
+    return PyBytes_FromStringAndSize(p, n)
+
+
+cdef object _text_command(CommandKind kind, bytes line, const char* a, const char* end):
+    cdef _TextCommand cmd
+    if kind == CMD_PING:
+        cmd = PingCommand.__new__(PingCommand)
+    elif kind == CMD_SERVER:
+        cmd = ServerCommand.__new__(ServerCommand)
+    elif kind == CMD_ERROR:
+        cmd = ErrorCommand.__new__(ErrorCommand)
+    elif kind == CMD_NAME:
+        cmd = NameCommand.__new__(NameCommand)
+    elif kind == CMD_REMOTE_SERVER_UP:
+        cmd = RemoteServerUpCommand.__new__(RemoteServerUpCommand)
+    elif kind == CMD_NEW_ACTIVE_TASK:
+        cmd = NewActiveTaskCommand.__new__(NewActiveTaskCommand)
+    elif kind == CMD_CANCEL_TASK:
+        cmd = CancelTaskCommand.__new__(CancelTaskCommand)
+    else:
+        cmd = ClearUserSyncCommand.__new__(ClearUserSyncCommand)
+    cmd._line = line
+    cmd.data = _decode(a, end - a)
+    return cmd
+
+
+cdef object _parse(const char* p, Py_ssize_t n, object line_obj):
+    """The command of line ``p[:n]``, or None when the line is rejected.
+
+    ``line_obj`` is the line as a bytes object when the caller has one.
+    """
+    cdef const char* end = p + n
+    cdef const char* a
+    cdef const char* s1
+    cdef const char* s2
+    cdef const char* s3
+    cdef const char* s4
+    cdef const char* name_end = <const char*>memchr(p, b' ', n)
+    cdef CommandKind kind
+    cdef int64_t t1, t2
+    cdef RdataCommand rdata
+    cdef PositionCommand position
+    cdef ReplicateCommand replicate
+    cdef UserSyncCommand user_sync
+    cdef FederationAckCommand fed_ack
+    cdef UserIpCommand user_ip
+    cdef LockReleasedCommand lock
+    cdef object value
+    cdef bint syncing
+    if name_end is NULL:
+        name_end = end
+        a = end
+    else:
+        a = name_end + 1
+    kind = _kind(p, name_end - p)
+    if kind == CMD_UNKNOWN:
+        return None
+    if not _valid_utf8(a, end - a):
+        return None
+
+    if kind == CMD_RDATA:
+        s1 = _next_space(a, end)
+        if s1 is NULL or s1 == a:
+            return None
+        s2 = _next_space(s1 + 1, end)
+        if s2 is NULL or s2 == s1 + 1:
+            return None
+        s3 = _next_space(s2 + 1, end)
+        if s3 is NULL or s3 == s2 + 1 or s3 + 1 == end:
+            return None
+        rdata = RdataCommand.__new__(RdataCommand)
+        if _same(s2 + 1, s3 - s2 - 1, b"batch", 5):
+            rdata._batch = True
+            rdata._token = 0
+        elif _parse_int(s2 + 1, s3 - s2 - 1, &t1):
+            rdata._batch = False
+            rdata._token = t1
+        else:
+            return None
+        rdata._line = _line_bytes(line_obj, p, n)
+        rdata.stream_name = _name(a, s1 - a)
+        rdata.instance_name = _name(s1 + 1, s2 - s1 - 1)
+        rdata._row_start = s3 + 1 - p
+        rdata._row = _MISSING
+        return rdata
+
+    if kind == CMD_POSITION:
+        s1 = _next_space(a, end)
+        if s1 is NULL or s1 == a:
+            return None
+        s2 = _next_space(s1 + 1, end)
+        if s2 is NULL or s2 == s1 + 1:
+            return None
+        s3 = _next_space(s2 + 1, end)
+        if s3 is NULL or s3 == s2 + 1:
+            return None
+        if not _parse_int(s2 + 1, s3 - s2 - 1, &t1) or not _parse_int(s3 + 1, end - s3 - 1, &t2):
+            return None
+        position = PositionCommand.__new__(PositionCommand)
+        position._line = _line_bytes(line_obj, p, n)
+        position.stream_name = _name(a, s1 - a)
+        position.instance_name = _name(s1 + 1, s2 - s1 - 1)
+        position._prev_token = t1
+        position._new_token = t2
+        return position
+
+    if kind == CMD_PING or kind == CMD_SERVER or kind == CMD_ERROR or kind == CMD_NAME \
+            or kind == CMD_REMOTE_SERVER_UP or kind == CMD_NEW_ACTIVE_TASK \
+            or kind == CMD_CANCEL_TASK or kind == CMD_CLEAR_USER_SYNC:
+        return _text_command(kind, _line_bytes(line_obj, p, n), a, end)
+
+    if kind == CMD_REPLICATE:
+        replicate = ReplicateCommand.__new__(ReplicateCommand)
+        if a == end:
+            replicate.stream_name = None
+            replicate.token = None
+        else:
+            s1 = _next_space(a, end)
+            if s1 is NULL or s1 == a or _next_space(s1 + 1, end) is not NULL:
+                return None
+            if _same(s1 + 1, end - s1 - 1, b"NOW", 3):
+                replicate.token = None
+            elif _parse_int(s1 + 1, end - s1 - 1, &t1):
+                replicate.token = t1
+            else:
+                return None
+            replicate.stream_name = _name(a, s1 - a)
+        replicate._line = _line_bytes(line_obj, p, n)
+        return replicate
+
+    if kind == CMD_USER_SYNC:
+        s1 = _next_space(a, end)
+        if s1 is NULL or s1 == a:
+            return None
+        s2 = _next_space(s1 + 1, end)
+        if s2 is NULL or s2 == s1 + 1:
+            return None
+        s3 = _next_space(s2 + 1, end)
+        if s3 is NULL or s3 == s2 + 1:
+            return None
+        s4 = _next_space(s3 + 1, end)
+        if s4 is NULL or s4 == s3 + 1:
+            return None
+        if _same(s3 + 1, s4 - s3 - 1, b"start", 5):
+            syncing = True
+        elif _same(s3 + 1, s4 - s3 - 1, b"end", 3):
+            syncing = False
+        else:
+            return None
+        if not _parse_int(s4 + 1, end - s4 - 1, &t1):
+            return None
+        user_sync = UserSyncCommand.__new__(UserSyncCommand)
+        user_sync._line = _line_bytes(line_obj, p, n)
+        user_sync.instance_id = _name(a, s1 - a)
+        user_sync.user_id = _name(s1 + 1, s2 - s1 - 1)
+        if _same(s2 + 1, s3 - s2 - 1, b"None", 4):
+            user_sync.device_id = None
+        else:
+            user_sync.device_id = _decode(s2 + 1, s3 - s2 - 1)
+        user_sync.is_syncing = syncing
+        user_sync.last_sync_ms = t1
+        return user_sync
+
+    if kind == CMD_FEDERATION_ACK:
+        s1 = _next_space(a, end)
+        if s1 is NULL or s1 == a or not _parse_int(s1 + 1, end - s1 - 1, &t1):
+            return None
+        fed_ack = FederationAckCommand.__new__(FederationAckCommand)
+        fed_ack._line = _line_bytes(line_obj, p, n)
+        fed_ack.instance_name = _name(a, s1 - a)
+        fed_ack.token = t1
+        return fed_ack
+
+    if kind == CMD_USER_IP:
+        s1 = _next_space(a, end)
+        if s1 is NULL or s1 == a:
+            return None
+        try:
+            value = _loads(PyBytes_FromStringAndSize(s1 + 1, end - s1 - 1))
+        except _JSONDecodeError:
+            return None
+        if (type(value) is not list or len(value) != 5
+                or type(value[0]) is not str or type(value[1]) is not str
+                or type(value[2]) is not str
+                or not (value[3] is None or type(value[3]) is str)
+                or type(value[4]) is not int
+                or not (-9223372036854775808 <= value[4] <= 9223372036854775807)):
+            return None
+        user_ip = UserIpCommand.__new__(UserIpCommand)
+        user_ip._line = _line_bytes(line_obj, p, n)
+        user_ip.user_id = _decode(a, s1 - a)
+        user_ip.access_token = value[0]
+        user_ip.ip = value[1]
+        user_ip.user_agent = value[2]
+        user_ip.device_id = value[3]
+        user_ip.last_seen = value[4]
+        return user_ip
+
+    if kind == CMD_LOCK_RELEASED:
+        try:
+            value = _loads(PyBytes_FromStringAndSize(a, end - a))
+        except _JSONDecodeError:
+            return None
+        if (type(value) is not list or len(value) != 3 or type(value[0]) is not str
+                or type(value[1]) is not str or type(value[2]) is not str):
+            return None
+        lock = LockReleasedCommand.__new__(LockReleasedCommand)
+        lock._line = _line_bytes(line_obj, p, n)
+        lock.instance_name = value[0]
+        lock.lock_name = value[1]
+        lock.lock_key = value[2]
+        return lock
+    return None
+
+
+def parse_line(line):
+    """Parse one line (without its newline) into a command.
+
+    Raises :class:`UnknownCommandError` or :class:`MalformedCommandError`, whose
+    messages are fit for an ``ERROR`` line.
+    """
+    cdef bytes raw
+    cdef object command
+    if isinstance(line, str):
+        try:
+            raw = (<str>line).encode("utf-8")
+        except UnicodeEncodeError:
+            raise MalformedCommandError("line is not valid Unicode") from None
+    elif type(line) is bytes:
+        raw = <bytes>line
+    else:
+        raw = bytes(line)
+    if memchr(PyBytes_AS_STRING(raw), b'\n', PyBytes_GET_SIZE(raw)) is not NULL:
+        raise MalformedCommandError("a line cannot contain a newline")
+    command = _parse(PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw), raw)
+    if command is None:
+        raise _explain(raw)
+    return command
+
+
+# --- the incremental decoder ------------------------------------------------------
+
+
+cdef class Decoder:
+    """Turns a byte stream into commands, in chunks of any size.
+
+    ``feed(data)`` returns the commands of every line completed by *data* and
+    keeps the partial tail (never more than ``max_line_length`` bytes). Blank
+    lines are skipped. A bad line is skipped too; the remaining lines of the
+    call are still decoded, and then the first error is raised with every good
+    command of the call in ``exc.commands`` and every error in ``exc.errors``.
+    The decoder stays usable. An over-long line raises :class:`LineTooLongError`
+    as soon as it passes the limit and is dropped up to its newline.
+    """
+
+    cdef char* _buf
+    cdef Py_ssize_t _len
+    cdef Py_ssize_t _cap
+    cdef Py_ssize_t _max
+    cdef bint _discarding
+
+    def __cinit__(self):
+        self._buf = NULL
+        self._len = 0
+        self._cap = 0
+        self._discarding = False
+
+    def __init__(self, max_line_length=DEFAULT_MAX_LINE_LENGTH):
+        if type(max_line_length) is not int or max_line_length < 1:
+            raise ValueError("max_line_length must be a positive int")
+        self._max = max_line_length
+
+    def __dealloc__(self):
+        PyMem_Free(self._buf)
+
+    @property
+    def max_line_length(self):
+        """The longest line accepted, in bytes, without its newline."""
+        return self._max
+
+    @property
+    def buffered(self):
+        """How many bytes of an incomplete line are held."""
+        return self._len
+
+    cdef int _reserve(self, Py_ssize_t size) except -1:
+        cdef char* grown
+        cdef Py_ssize_t cap
+        if size <= self._cap:
+            return 0
+        cap = max(size, 2 * self._cap, 256)
+        grown = <char*>PyMem_Realloc(self._buf, cap)
+        if grown is NULL:
+            raise MemoryError()
+        self._buf = grown
+        self._cap = cap
+        return 0
+
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
+    cdef int _line(self, const char* p, Py_ssize_t n, list commands, list errors) except -1:
+        cdef object command
+        if n == 0:
+            return 0
+        if n > self._max:
+            errors.append(_too_long(PyBytes_FromStringAndSize(p, min(n, _PREFIX_LIMIT)), self._max))
+            return 0
+        command = _parse(p, n, None)
+        if command is None:
+            errors.append(_explain(PyBytes_FromStringAndSize(p, n)))
+        else:
+            PyList_Append(commands, command)
+        return 0
+
+    def feed(self, data):
+        """Decode *data*; return the commands of the lines it completes."""
+        cdef Py_buffer view
+        cdef const char* p
+        cdef const char* end
+        cdef const char* newline
+        cdef Py_ssize_t tail, head
+        cdef list commands = []
+        cdef list errors = []
+        cdef bytes prefix
+        PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+        try:
+            p = <const char*>view.buf
+            end = p + view.len
+            if self._discarding:
+                newline = <const char*>memchr(p, b'\n', end - p)
+                if newline is NULL:
+                    return commands
+                p = newline + 1
+                self._discarding = False
+            if self._len > 0:
+                # Complete the buffered partial line first.
+                newline = <const char*>memchr(p, b'\n', end - p)
+                head = (end - p) if newline is NULL else (newline - p)
+                if self._len + head > self._max:
+                    prefix = PyBytes_FromStringAndSize(self._buf, min(self._len, _PREFIX_LIMIT))
+                    if PyBytes_GET_SIZE(prefix) < _PREFIX_LIMIT:
+                        prefix += PyBytes_FromStringAndSize(
+                            p, min(head, _PREFIX_LIMIT - PyBytes_GET_SIZE(prefix)))
+                    errors.append(_too_long(prefix, self._max))
+                    self._len = 0
+                    if newline is NULL:
+                        self._discarding = True
+                        p = end
+                    else:
+                        p = newline + 1
+                else:
+                    self._reserve(self._len + head)
+                    memcpy(self._buf + self._len, p, head)
+                    self._len += head
+                    if newline is NULL:
+                        p = end
+                    else:
+                        p = newline + 1
+                        head = self._len
+                        self._len = 0
+                        self._line(self._buf, head, commands, errors)
+            while p < end:
+                newline = <const char*>memchr(p, b'\n', end - p)
+                if newline is NULL:
+                    break
+                self._line(p, newline - p, commands, errors)
+                p = newline + 1
+            tail = end - p
+            if tail > self._max:
+                errors.append(_too_long(PyBytes_FromStringAndSize(p, min(tail, _PREFIX_LIMIT)), self._max))
+                self._discarding = True
+            elif tail > 0:
+                self._reserve(self._len + tail)
+                memcpy(self._buf + self._len, p, tail)
+                self._len += tail
+        finally:
+            PyBuffer_Release(&view)
+        if errors:
+            _raise_collected(errors, commands)
+        return commands
+
+
+# --- the encoder ------------------------------------------------------------------
+
+
+cdef class Encoder:
+    """Collects commands into one buffer, for one ``sendall`` per batch."""
+
+    cdef char* _buf
+    cdef Py_ssize_t _len
+    cdef Py_ssize_t _cap
+
+    def __cinit__(self):
+        self._buf = NULL
+        self._len = 0
+        self._cap = 0
+
+    def __dealloc__(self):
+        PyMem_Free(self._buf)
+
+    cdef int _append(self, Command command) except -1:
+        cdef bytes line = command._line
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(line)
+        cdef Py_ssize_t need = self._len + n + 1
+        cdef char* grown
+        cdef Py_ssize_t cap
+        if need > self._cap:
+            cap = max(need, 2 * self._cap, 4096)
+            grown = <char*>PyMem_Realloc(self._buf, cap)
+            if grown is NULL:
+                raise MemoryError()
+            self._buf = grown
+            self._cap = cap
+        memcpy(self._buf + self._len, PyBytes_AS_STRING(line), n)
+        self._buf[self._len + n] = b'\n'
+        self._len = need
+        return 0
+
+    def encode(self, command):
+        """Append *command*'s line and its newline."""
+        if not isinstance(command, Command):
+            raise TypeError(f"cannot encode {type(command).__name__}: not a Command")
+        self._append(<Command>command)
+
+    def encode_many(self, commands):
+        """Append every command of *commands*, in order."""
+        cdef object command
+        if type(commands) is list:
+            for command in <list>commands:
+                if not isinstance(command, Command):
+                    raise TypeError(f"cannot encode {type(command).__name__}: not a Command")
+                self._append(<Command>command)
+        else:
+            for command in commands:
+                if not isinstance(command, Command):
+                    raise TypeError(f"cannot encode {type(command).__name__}: not a Command")
+                self._append(<Command>command)
+
+    def __len__(self):
+        """How many bytes are buffered."""
+        return self._len
+
+    def take(self):
+        """Return the buffered bytes and empty the buffer."""
+        cdef bytes data = PyBytes_FromStringAndSize(self._buf, self._len)
+        self._len = 0
+        if self._cap > (1 << 22):
+            # Do not hold on to the memory of one exceptional batch.
+            PyMem_Free(self._buf)
+            self._buf = NULL
+            self._cap = 0
+        return data
