@@ -69,6 +69,11 @@ class SequenceMismatchError(StreamrepError):
     """
 
 
+class StreamIdError(StreamrepError, ValueError):
+    """A stream ID used out of turn: tracked twice, completed twice or never tracked,
+    or at or behind the position it should be ahead of."""
+
+
 class UnknownStreamError(StreamrepError):
     """A stream name that no stream definition carries."""
 
