@@ -1,0 +1,534 @@
+"""Writing one batch of events: orderings, edges, extremities, state, visibility.
+
+Everything for a batch happens in one transaction; the in-memory caches are only
+updated through :class:`PersistOutcome` once it has committed.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+from streamrep import _impl
+from streamrep.db import Transaction
+from streamrep.events.resolver import StateKey, StateResolver, conflicted_ids
+from streamrep.events.state import EMPTY_STATE, GroupState, StateGroupStore
+from streamrep.events.validation import EventRecord
+from streamrep.events.visibility import DEFAULT_VISIBILITY, more_permissive, normalise_visibility
+
+if TYPE_CHECKING:
+    from streamrep._pure import extremities as _core_ext
+else:
+    _core_ext = _impl.load("extremities")
+
+__all__ = ["PersistOutcome", "StreamAllocator", "persist_batch", "topological_sort",
+           "current_state_of"]
+
+HISTORY_VISIBILITY_KEY: StateKey = ("m.room.history_visibility", "")
+
+
+def _ph(n: int) -> str:
+    return ",".join("?" * n)
+
+
+def _chunks(items: Sequence[Any], size: int = 500) -> Iterable[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+class StreamAllocator:
+    """Stream orderings for this (single) writer of events: live events count up
+    from the highest stored ordering, backfilled ones down from -1."""
+
+    def __init__(self) -> None:
+        self._live: int | None = None
+        self._backfill: int | None = None
+
+    def _load(self, txn: Transaction) -> None:
+        if self._live is None or self._backfill is None:
+            self._live = max(
+                int(txn.fetchval("SELECT MAX(stream_ordering) FROM events", (), 0)),
+                int(txn.fetchval("SELECT MAX(stream_id) FROM current_state_delta_stream", (), 0)),
+                0)
+            self._backfill = min(
+                int(txn.fetchval("SELECT MIN(stream_ordering) FROM events", (), 0)), 0)
+
+    def current(self, txn: Transaction) -> tuple[int, int]:
+        """``(highest live ordering, lowest backfill ordering)`` handed out so far."""
+        self._load(txn)
+        assert self._live is not None and self._backfill is not None
+        return self._live, self._backfill
+
+    def next_live(self, txn: Transaction) -> int:
+        self._load(txn)
+        assert self._live is not None
+        self._live += 1
+        return self._live
+
+    def next_backfill(self, txn: Transaction) -> int:
+        self._load(txn)
+        assert self._backfill is not None
+        self._backfill -= 1
+        return self._backfill
+
+    def reset(self) -> None:
+        self._live = self._backfill = None
+
+
+@dataclass
+class PersistOutcome:
+    """What a committed batch changes in the in-memory caches and streams."""
+
+    event_orderings: dict[str, int] = field(default_factory=dict)
+    event_groups: dict[str, int] = field(default_factory=dict)
+    new_groups: dict[int, tuple[GroupState, int]] = field(default_factory=dict)
+    forward: dict[str, frozenset[str]] = field(default_factory=dict)
+    current_state: dict[str, GroupState] = field(default_factory=dict)
+    # room -> users whose current membership changed
+    current_state_changes: dict[str, set[str]] = field(default_factory=dict)
+    visibility_values: dict[str, str] = field(default_factory=dict)
+    room_positions: dict[str, int] = field(default_factory=dict)
+    membership_positions: dict[str, int] = field(default_factory=dict)
+    redacted: set[str] = field(default_factory=set)
+    max_stream: int = 0
+    max_live: int = 0
+    persisted: list[str] = field(default_factory=list)
+
+
+def topological_sort(records: Sequence[EventRecord]) -> list[EventRecord]:
+    """Order *records* so that each comes after the batch events it lists as
+    prev_events (stable otherwise; cycles keep their input order)."""
+    by_id = {r.event_id: i for i, r in enumerate(records)}
+    indegree = [0] * len(records)
+    children: list[list[int]] = [[] for _ in records]
+    for i, record in enumerate(records):
+        for prev in record.prev_events:
+            j = by_id.get(prev)
+            if j is not None:
+                indegree[i] += 1
+                children[j].append(i)
+    if not any(indegree):
+        return list(records)
+    import heapq
+
+    ready = [i for i, d in enumerate(indegree) if d == 0]
+    heapq.heapify(ready)
+    out: list[EventRecord] = []
+    done = [False] * len(records)
+    while len(out) < len(records):
+        if not ready:  # a cycle: release the earliest remaining event
+            ready = [min(i for i in range(len(records)) if not done[i])]
+        i = heapq.heappop(ready)
+        if done[i]:
+            continue
+        done[i] = True
+        out.append(records[i])
+        for c in children[i]:
+            indegree[c] -= 1
+            if indegree[c] == 0 and not done[c]:
+                heapq.heappush(ready, c)
+    return out
+
+
+def current_state_of(txn: Transaction, states: StateGroupStore, resolver: StateResolver,
+                     room_id: str, extremities: Iterable[str],
+                     known_groups: dict[str, int], known_states: dict[int, tuple[GroupState, int]],
+                     orderings: dict[str, tuple[int, int]]) -> GroupState:
+    """The room state at *extremities*, resolved where they disagree."""
+    ext = sorted(extremities)
+    missing = [e for e in ext if e not in known_groups]
+    groups = dict(known_groups)
+    if missing:
+        groups.update(states.groups_for_events(txn, missing))
+    group_ids = sorted({groups[e] for e in ext if e in groups})
+    if not group_ids:
+        return EMPTY_STATE
+    sets = [known_states[g][0] if g in known_states else states.load(txn, g)[0]
+            for g in group_ids]
+    if len(sets) == 1:
+        return sets[0]
+    return MappingProxyType(_resolve(txn, resolver, room_id, sets, orderings))
+
+
+def _resolve(txn: Transaction, resolver: StateResolver, room_id: str,
+             sets: list[GroupState], orderings: dict[str, tuple[int, int]]) -> dict[StateKey, str]:
+    conflicted = conflicted_ids(sets)
+    wanted = [e for e in conflicted if e not in orderings]
+    for chunk in _chunks(wanted):
+        for event_id, topo, stream in txn.fetchall(
+            "SELECT event_id, topological_ordering, stream_ordering FROM events"
+            " WHERE event_id IN (" + _ph(len(chunk)) + ")", list(chunk)):
+            orderings[event_id] = (int(topo), int(stream))
+    return resolver.resolve(room_id, sets, {e: orderings[e] for e in conflicted if e in orderings})
+
+
+def persist_batch(
+    txn: Transaction,
+    records: list[EventRecord],
+    backfilled: bool,
+    *,
+    states: StateGroupStore,
+    resolver: StateResolver,
+    allocator: StreamAllocator,
+    forward_cache: dict[str, frozenset[str]],
+    current_state_cache: dict[str, GroupState],
+    visibility_cache: dict[str, str],
+) -> PersistOutcome:
+    """Persist *records* (validated, distinct IDs) in *txn*."""
+    out = PersistOutcome()
+    if not records:
+        return out
+
+    # Which events are stored already: skip repeats, de-outlier upgraded ones.
+    stored: dict[str, bool] = {}
+    for chunk in _chunks([r.event_id for r in records]):
+        for event_id, outlier in txn.fetchall(
+                "SELECT event_id, outlier FROM events WHERE event_id IN (" + _ph(len(chunk)) + ")",
+                list(chunk)):
+            stored[event_id] = bool(outlier)
+    todo: list[EventRecord] = []
+    deoutliered: set[str] = set()
+    for record in records:
+        if record.event_id in stored:
+            if stored[record.event_id] and not record.outlier:
+                deoutliered.add(record.event_id)
+                todo.append(record)
+            continue
+        todo.append(record)
+    if not todo:
+        return out
+    todo = topological_sort(todo)
+
+    orderings: dict[str, tuple[int, int]] = {}
+    for record in todo:
+        stream = allocator.next_backfill(txn) if backfilled else allocator.next_live(txn)
+        out.event_orderings[record.event_id] = stream
+        orderings[record.event_id] = (record.depth, stream)
+    out.max_stream = max(out.event_orderings.values())
+    out.max_live = max(out.max_stream, 0)
+
+    if deoutliered:
+        ids = sorted(deoutliered)
+        for chunk in _chunks(ids):
+            txn.execute("DELETE FROM events WHERE event_id IN (" + _ph(len(chunk)) + ")", chunk)
+            txn.execute("DELETE FROM room_memberships WHERE event_id IN (" + _ph(len(chunk)) + ")",
+                        chunk)
+
+    rooms: dict[str, list[EventRecord]] = {}
+    for record in todo:
+        rooms.setdefault(record.room_id, []).append(record)
+
+    # Redactions already stored for events of this batch.
+    redacted_now: set[str] = set()
+    for chunk in _chunks([r.event_id for r in todo]):
+        for (target,) in txn.fetchall(
+                "SELECT redacts FROM events WHERE NOT rejected AND redacts IN ("
+                + _ph(len(chunk)) + ")", list(chunk)):
+            redacted_now.add(target)
+
+    history_rows: list[tuple[str, str, str]] = []
+    for record in todo:
+        if record.type == "m.room.history_visibility" and record.state_key == "":
+            value = normalise_visibility(record.content)
+            out.visibility_values[record.event_id] = value
+            history_rows.append((record.event_id, record.room_id, value))
+
+    event_rows: list[tuple[Any, ...]] = []
+    json_rows: list[tuple[str, str, bytes]] = []
+    edge_rows: list[tuple[str, str, str]] = []
+    member_rows: list[tuple[Any, ...]] = []
+    group_rows: list[tuple[int, str, str]] = []
+    group_edge_rows: list[tuple[int, int]] = []
+    group_state_rows: list[tuple[int, str, str, str, str]] = []
+    event_group_rows: list[tuple[str, int]] = []
+    now_ms = int(time.time() * 1000)
+
+    for room_id, room_records in rooms.items():
+        _extremities(txn, room_id, room_records, forward_cache, out)
+        visibility = _assign_state(txn, room_id, room_records, states, resolver, orderings,
+                                   visibility_cache, out, group_rows, group_edge_rows,
+                                   group_state_rows, event_group_rows)
+        for record in room_records:
+            stream = out.event_orderings[record.event_id]
+            event_rows.append((
+                stream, record.depth, record.event_id, room_id, record.type, record.state_key,
+                record.sender, record.outlier, record.rejected, record.soft_failed,
+                record.event_id in redacted_now, record.redacts, record.relates_to,
+                record.membership, visibility.get(record.event_id), now_ms))
+            if record.event_id not in deoutliered:
+                json_rows.append((record.event_id, room_id, record.json))
+            if not record.outlier:
+                edge_rows.extend((record.event_id, p, room_id) for p in record.prev_events)
+            if (record.membership is not None and record.state_key is not None
+                    and not record.rejected and not record.soft_failed):
+                member_rows.append((record.event_id, record.state_key, record.sender, room_id,
+                                    record.membership, stream, record.depth, record.outlier))
+                if not backfilled:
+                    prev = out.membership_positions.get(record.state_key, stream)
+                    out.membership_positions[record.state_key] = max(prev, stream)
+            if not backfilled:
+                out.room_positions[room_id] = max(out.room_positions.get(room_id, stream), stream)
+            out.persisted.append(record.event_id)
+
+    txn.executemany(
+        "INSERT INTO events (stream_ordering, topological_ordering, event_id, room_id, type,"
+        " state_key, sender, outlier, rejected, soft_failed, redacted, redacts, relates_to,"
+        " membership, history_visibility, received_ts)"
+        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", event_rows)
+    if json_rows:
+        txn.executemany("INSERT INTO event_json (event_id, room_id, json) VALUES (?,?,?)",
+                        json_rows)
+    if edge_rows:
+        txn.executemany("INSERT INTO event_edges (event_id, prev_event_id, room_id)"
+                        " VALUES (?,?,?) ON CONFLICT DO NOTHING", edge_rows)
+    if member_rows:
+        txn.executemany(
+            "INSERT INTO room_memberships (event_id, user_id, sender, room_id, membership,"
+            " stream_ordering, topological_ordering, outlier) VALUES (?,?,?,?,?,?,?,?)",
+            member_rows)
+    if history_rows:
+        txn.executemany("INSERT INTO room_history_visibility (event_id, room_id,"
+                        " history_visibility) VALUES (?,?,?) ON CONFLICT DO NOTHING",
+                        history_rows)
+    if group_rows:
+        txn.executemany("INSERT INTO state_groups (id, room_id, event_id) VALUES (?,?,?)",
+                        group_rows)
+    if group_edge_rows:
+        txn.executemany("INSERT INTO state_group_edges (state_group, prev_state_group)"
+                        " VALUES (?,?)", group_edge_rows)
+    if group_state_rows:
+        txn.executemany("INSERT INTO state_groups_state (state_group, room_id, type, state_key,"
+                        " event_id) VALUES (?,?,?,?,?)", group_state_rows)
+    if event_group_rows:
+        txn.executemany("INSERT INTO event_to_state_groups (event_id, state_group) VALUES (?,?)",
+                        event_group_rows)
+
+    # Redactions in this batch mark their (stored or just inserted) targets.
+    for record in todo:
+        if record.redacts is not None and not record.rejected:
+            txn.execute("UPDATE events SET redacted = ? WHERE event_id = ? AND room_id = ?",
+                        (True, record.redacts, record.room_id))
+            if txn.rowcount:
+                out.redacted.add(record.redacts)
+    out.redacted |= redacted_now
+
+    for room_id in rooms:
+        if room_id in out.forward:
+            _update_current_state(txn, room_id, states, resolver, orderings, out,
+                                  current_state_cache, allocator)
+    return out
+
+
+def _extremities(txn: Transaction, room_id: str, records: list[EventRecord],
+                 forward_cache: dict[str, frozenset[str]], out: PersistOutcome) -> None:
+    """Run the extremity core for one room's share of the batch and write the changes."""
+    non_outliers = [r for r in records if not r.outlier]
+    if not non_outliers:
+        return
+    forward = forward_cache.get(room_id)
+    if forward is None:
+        forward = frozenset(e for (e,) in txn.fetchall(
+            "SELECT event_id FROM event_forward_extremities WHERE room_id = ?", (room_id,)))
+    ids: dict[str, int] = {}
+    names: list[str] = []
+
+    def intern(event_id: str) -> int:
+        i = ids.get(event_id)
+        if i is None:
+            i = ids[event_id] = len(names)
+            names.append(event_id)
+        return i
+
+    batch_ids = array("q")
+    batch_flags = bytearray()
+    offsets = array("q", [0])
+    prev_ids = array("q")
+    for record in non_outliers:
+        batch_ids.append(intern(record.event_id))
+        batch_flags.append(_core_ext.BATCH_NON_OUTLIER
+                           | (_core_ext.BATCH_COUNTED if record.counts else 0))
+        prev_ids.extend(intern(p) for p in record.prev_events)
+        offsets.append(len(prev_ids))
+    n_batch_known = len(names)
+    for event_id in forward:
+        intern(event_id)
+    id_flags = bytearray(len(names))
+    for event_id in forward:
+        id_flags[ids[event_id]] |= _core_ext.ID_FORWARD
+
+    batch_set = {r.event_id for r in non_outliers}
+    prevs = [names[i] for i in range(n_batch_known) if names[i] not in batch_set]
+    for chunk in _chunks(prevs):
+        for (event_id,) in txn.fetchall(
+                "SELECT event_id FROM events WHERE NOT outlier AND event_id IN ("
+                + _ph(len(chunk)) + ")", list(chunk)):
+            id_flags[ids[event_id]] |= _core_ext.ID_STORED_NON_OUTLIER
+    counted = [r.event_id for r in non_outliers if r.counts]
+    for chunk in _chunks(counted):
+        for (event_id,) in txn.fetchall(
+                "SELECT DISTINCT ee.prev_event_id FROM event_edges ee"
+                " JOIN events e ON e.event_id = ee.event_id"
+                " WHERE NOT e.outlier AND NOT e.rejected AND NOT e.soft_failed"
+                " AND ee.prev_event_id IN (" + _ph(len(chunk)) + ")", list(chunk)):
+            id_flags[ids[event_id]] |= _core_ext.ID_HAS_COUNTED_CHILD
+
+    f_add, f_rem, b_add, b_rem = _core_ext.update_extremities(
+        batch_ids, bytes(batch_flags), offsets, prev_ids, bytes(id_flags))
+    if f_rem:
+        removed = [names[i] for i in f_rem]
+        for chunk in _chunks(removed):
+            txn.execute("DELETE FROM event_forward_extremities WHERE room_id = ? AND event_id IN ("
+                        + _ph(len(chunk)) + ")", [room_id, *chunk])
+    if f_add:
+        txn.executemany("INSERT INTO event_forward_extremities (event_id, room_id) VALUES (?,?)",
+                        [(names[i], room_id) for i in f_add])
+    if b_rem:
+        gone = [names[i] for i in b_rem]
+        for chunk in _chunks(gone):
+            txn.execute("DELETE FROM event_backward_extremities WHERE room_id = ? AND event_id IN ("
+                        + _ph(len(chunk)) + ")", [room_id, *chunk])
+    if b_add:
+        txn.executemany("INSERT INTO event_backward_extremities (event_id, room_id) VALUES (?,?)"
+                        " ON CONFLICT DO NOTHING", [(names[i], room_id) for i in b_add])
+    if f_add or f_rem or room_id not in forward_cache:
+        new_forward = (forward - {names[i] for i in f_rem}) | {names[i] for i in f_add}
+        out.forward[room_id] = frozenset(new_forward)
+
+
+def _visibility_value(txn: Transaction, event_id: str, visibility_cache: dict[str, str],
+                      out: PersistOutcome) -> str:
+    value = out.visibility_values.get(event_id) or visibility_cache.get(event_id)
+    if value is None:
+        value = txn.fetchval(
+            "SELECT history_visibility FROM room_history_visibility WHERE event_id = ?",
+            (event_id,), "joined")
+        visibility_cache[event_id] = value
+    return str(value)
+
+
+def _assign_state(txn: Transaction, room_id: str, records: list[EventRecord],
+                  states: StateGroupStore, resolver: StateResolver,
+                  orderings: dict[str, tuple[int, int]], visibility_cache: dict[str, str],
+                  out: PersistOutcome, group_rows: list[tuple[int, str, str]],
+                  group_edge_rows: list[tuple[int, int]],
+                  group_state_rows: list[tuple[int, str, str, str, str]],
+                  event_group_rows: list[tuple[str, int]]) -> dict[str, str]:
+    """Give each non-outlier event the group of the state after it; return each
+    event's history visibility."""
+    visibility: dict[str, str] = {}
+    non_outliers = [r for r in records if not r.outlier]
+    if not non_outliers:
+        return visibility
+    batch_ids = {r.event_id for r in non_outliers}
+    outside = sorted({p for r in non_outliers for p in r.prev_events if p not in batch_ids})
+    groups = states.groups_for_events(txn, outside) if outside else {}
+
+    def group_state(group: int) -> tuple[GroupState, int]:
+        return out.new_groups.get(group) or states.load(txn, group)
+
+    for record in non_outliers:
+        prev_groups: list[int] = []
+        for p in record.prev_events:
+            g = out.event_groups.get(p, groups.get(p))
+            if g is not None and g not in prev_groups:
+                prev_groups.append(g)
+        base_group: int | None
+        if not prev_groups:
+            before: GroupState = EMPTY_STATE
+            base_group = None
+        elif len(prev_groups) == 1:
+            base_group = prev_groups[0]
+            before = group_state(base_group)[0]
+        else:
+            sets = [group_state(g)[0] for g in sorted(prev_groups)]
+            resolved = _resolve(txn, resolver, room_id, sets, orderings)
+            base_group = next((g for g, s in zip(sorted(prev_groups), sets) if s == resolved),
+                              None)
+            before = group_state(base_group)[0] if base_group is not None else \
+                MappingProxyType(resolved)
+
+        changes_state = record.is_state and not record.rejected
+        key: StateKey = (record.type, record.state_key or "")
+        vis_id = before.get(HISTORY_VISIBILITY_KEY)
+        vis = (_visibility_value(txn, vis_id, visibility_cache, out) if vis_id
+               else DEFAULT_VISIBILITY)
+        if changes_state and key == HISTORY_VISIBILITY_KEY:
+            vis = more_permissive(vis, out.visibility_values[record.event_id])
+        visibility[record.event_id] = vis
+
+        if base_group is not None and (not changes_state or before.get(key) == record.event_id):
+            out.event_groups[record.event_id] = base_group
+            event_group_rows.append((record.event_id, base_group))
+            continue
+        after = dict(before)
+        if changes_state:
+            after[key] = record.event_id
+        group = states.next_group_id(txn)
+        # Store over the prev group that needs the smallest delta, unless its chain is
+        # already max_delta_hops long: then store a full snapshot.
+        best: tuple[int, int, dict[StateKey, str]] | None = None
+        for g in prev_groups:
+            g_state, g_hops = group_state(g)
+            if g_hops + 1 > states.max_delta_hops or any(k not in after for k in g_state):
+                continue
+            delta = {k: v for k, v in after.items() if g_state.get(k) != v}
+            if best is None or len(delta) < len(best[2]):
+                best = (g, g_hops + 1, delta)
+        if best is None:
+            delta, hops = after, 0
+        else:
+            group_edge_rows.append((group, best[0]))
+            delta, hops = best[2], best[1]
+        group_rows.append((group, room_id, record.event_id))
+        group_state_rows.extend((group, room_id, t, sk, e) for (t, sk), e in delta.items())
+        out.new_groups[group] = (MappingProxyType(after), hops)
+        out.event_groups[record.event_id] = group
+        event_group_rows.append((record.event_id, group))
+    return visibility
+
+
+def _update_current_state(txn: Transaction, room_id: str, states: StateGroupStore,
+                          resolver: StateResolver, orderings: dict[str, tuple[int, int]],
+                          out: PersistOutcome, current_state_cache: dict[str, GroupState],
+                          allocator: StreamAllocator) -> None:
+    new_state = current_state_of(txn, states, resolver, room_id, out.forward[room_id],
+                                 out.event_groups, out.new_groups, orderings)
+    old_state = current_state_cache.get(room_id)
+    if old_state is None:
+        old_state = MappingProxyType({
+            (t, sk): e for t, sk, e in txn.fetchall(
+                "SELECT type, state_key, event_id FROM current_state_events WHERE room_id = ?",
+                (room_id,))})
+    out.current_state[room_id] = new_state
+    if old_state == new_state:
+        return
+    changed = [k for k in set(old_state) | set(new_state) if old_state.get(k) != new_state.get(k)]
+    changed.sort()
+    memberships: dict[str, str] = {}
+    member_ids = [new_state[k] for k in changed if k[0] == "m.room.member" and k in new_state]
+    for chunk in _chunks(member_ids):
+        for event_id, membership in txn.fetchall(
+                "SELECT event_id, membership FROM events WHERE event_id IN ("
+                + _ph(len(chunk)) + ")", list(chunk)):
+            memberships[event_id] = membership
+    # A backfill can move extremities too; its state rows still need a live position.
+    stream_id = out.max_stream if out.max_stream > 0 else allocator.next_live(txn)
+    out.max_live = max(out.max_live, stream_id)
+    users = out.current_state_changes.setdefault(room_id, set())
+    for etype, state_key in changed:
+        new_id = new_state.get((etype, state_key))
+        txn.execute("DELETE FROM current_state_events WHERE room_id = ? AND type = ?"
+                    " AND state_key = ?", (room_id, etype, state_key))
+        if new_id is not None:
+            txn.execute("INSERT INTO current_state_events (event_id, room_id, type, state_key,"
+                        " membership) VALUES (?,?,?,?,?)",
+                        (new_id, room_id, etype, state_key, memberships.get(new_id)))
+        txn.execute("INSERT INTO current_state_delta_stream (stream_id, room_id, type,"
+                    " state_key, event_id, prev_event_id) VALUES (?,?,?,?,?,?)",
+                    (stream_id, room_id, etype, state_key, new_id,
+                     old_state.get((etype, state_key))))
+        if etype == "m.room.member":
+            users.add(state_key)

@@ -1,0 +1,85 @@
+"""The event store's tables (schema component ``events``) on SQLite and PostgreSQL.
+
+The four state tables keep the reference system's table and column names so
+state tooling written for its databases also runs here.
+"""
+
+from __future__ import annotations
+
+from streamrep.db import Migration, register_schema
+
+COMPONENT = "events"
+
+_COMMON = [
+    # One row per stored event; stream_ordering < 0 for backfilled events.
+    """CREATE TABLE events (
+        stream_ordering BIGINT NOT NULL PRIMARY KEY,
+        topological_ordering BIGINT NOT NULL,
+        event_id TEXT NOT NULL UNIQUE,
+        room_id TEXT NOT NULL,
+        type TEXT NOT NULL,
+        state_key TEXT,
+        sender TEXT NOT NULL,
+        outlier BOOLEAN NOT NULL,
+        rejected BOOLEAN NOT NULL,
+        soft_failed BOOLEAN NOT NULL,
+        redacted BOOLEAN NOT NULL,
+        redacts TEXT,
+        relates_to TEXT,
+        membership TEXT,
+        history_visibility TEXT,
+        received_ts BIGINT NOT NULL
+    )""",
+    "CREATE INDEX events_room_topo ON events (room_id, topological_ordering, stream_ordering)",
+    "CREATE INDEX events_room_stream ON events (room_id, stream_ordering)",
+    "CREATE INDEX events_redacts ON events (redacts)",
+    "CREATE TABLE event_edges (event_id TEXT NOT NULL, prev_event_id TEXT NOT NULL,"
+    " room_id TEXT NOT NULL, PRIMARY KEY (event_id, prev_event_id))",
+    "CREATE INDEX event_edges_prev ON event_edges (prev_event_id)",
+    "CREATE TABLE event_forward_extremities (event_id TEXT NOT NULL, room_id TEXT NOT NULL,"
+    " PRIMARY KEY (room_id, event_id))",
+    "CREATE TABLE event_backward_extremities (event_id TEXT NOT NULL, room_id TEXT NOT NULL,"
+    " PRIMARY KEY (room_id, event_id))",
+    "CREATE TABLE current_state_events (event_id TEXT NOT NULL, room_id TEXT NOT NULL,"
+    " type TEXT NOT NULL, state_key TEXT NOT NULL, membership TEXT,"
+    " PRIMARY KEY (room_id, type, state_key))",
+    "CREATE INDEX current_state_members ON current_state_events (state_key, type, membership)",
+    # The ``state`` rows of the events stream: one per current-state key change.
+    "CREATE TABLE current_state_delta_stream (stream_id BIGINT NOT NULL, room_id TEXT NOT NULL,"
+    " type TEXT NOT NULL, state_key TEXT NOT NULL, event_id TEXT, prev_event_id TEXT)",
+    "CREATE INDEX current_state_delta_stream_id ON current_state_delta_stream (stream_id)",
+    "CREATE TABLE room_memberships (event_id TEXT NOT NULL PRIMARY KEY, user_id TEXT NOT NULL,"
+    " sender TEXT NOT NULL, room_id TEXT NOT NULL, membership TEXT NOT NULL,"
+    " stream_ordering BIGINT NOT NULL, topological_ordering BIGINT NOT NULL,"
+    " outlier BOOLEAN NOT NULL)",
+    "CREATE INDEX room_memberships_user ON room_memberships (user_id, stream_ordering)",
+    "CREATE INDEX room_memberships_room_user ON room_memberships"
+    " (room_id, user_id, topological_ordering, stream_ordering)",
+    "CREATE TABLE room_history_visibility (event_id TEXT NOT NULL PRIMARY KEY,"
+    " room_id TEXT NOT NULL, history_visibility TEXT NOT NULL)",
+    "CREATE TABLE state_groups (id BIGINT NOT NULL PRIMARY KEY, room_id TEXT NOT NULL,"
+    " event_id TEXT NOT NULL)",
+    "CREATE TABLE state_group_edges (state_group BIGINT NOT NULL, prev_state_group BIGINT NOT NULL)",
+    "CREATE UNIQUE INDEX state_group_edges_unique ON state_group_edges (state_group)",
+    "CREATE INDEX state_group_edges_prev ON state_group_edges (prev_state_group)",
+    "CREATE TABLE state_groups_state (state_group BIGINT NOT NULL, room_id TEXT NOT NULL,"
+    " type TEXT NOT NULL, state_key TEXT NOT NULL, event_id TEXT NOT NULL)",
+    "CREATE INDEX state_groups_state_group ON state_groups_state (state_group)",
+    "CREATE TABLE event_to_state_groups (event_id TEXT NOT NULL PRIMARY KEY,"
+    " state_group BIGINT NOT NULL)",
+]
+
+MIGRATIONS = [
+    Migration(
+        version=1,
+        sql=_COMMON,
+        # The exact bytes received, so signatures stay valid.
+        sqlite=["CREATE TABLE event_json (event_id TEXT NOT NULL PRIMARY KEY,"
+                " room_id TEXT NOT NULL, json BLOB NOT NULL)"],
+        postgres=["CREATE TABLE event_json (event_id TEXT NOT NULL PRIMARY KEY,"
+                  " room_id TEXT NOT NULL, json BYTEA NOT NULL)"],
+        description="events, edges, extremities, current state, memberships, state groups",
+    ),
+]
+
+register_schema(COMPONENT, MIGRATIONS)

@@ -1,0 +1,188 @@
+"""State groups: storing the state after each event as deltas, and reading it back.
+
+Every non-outlier event points (``event_to_state_groups``) at the group holding
+the room state after it. A group stores only the keys it changes over its prev
+group (``state_group_edges``); after ``max_delta_hops`` hops a group is stored
+as a full snapshot instead, which bounds the work of reading any group.
+Full states are rebuilt by the ``state`` core's ``expand_groups`` and kept in
+an in-memory LRU.
+"""
+
+from __future__ import annotations
+
+from array import array
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Iterable, Mapping
+
+from streamrep import _impl
+from streamrep.db import Transaction
+from streamrep.errors import StateCorruptionError
+from streamrep.events.lru import Lru
+from streamrep.events.resolver import StateKey
+
+if TYPE_CHECKING:
+    from streamrep._pure import state as _core_state
+else:
+    _core_state = _impl.load("state")
+
+__all__ = ["GroupState", "StateGroupStore", "EMPTY_STATE"]
+
+#: A full state, read-only: ``{(type, state_key): event_id}``.
+GroupState = Mapping[StateKey, str]
+EMPTY_STATE: GroupState = MappingProxyType({})
+
+
+def _placeholders(n: int) -> str:
+    return ",".join("?" * n)
+
+
+class StateGroupStore:
+    """Reads, caches and writes state groups (one per process, single writer)."""
+
+    def __init__(self, max_delta_hops: int = 100, cache_size: int = 20_000) -> None:
+        if max_delta_hops < 1:
+            raise ValueError("max_delta_hops must be at least 1")
+        self.max_delta_hops = max_delta_hops
+        # group -> (full state, hops from the snapshot it is stored over)
+        self.group_cache: Lru[int, tuple[GroupState, int]] = Lru("state_group", cache_size)
+        self.event_group_cache: Lru[str, int] = Lru("event_to_state_group", cache_size * 5)
+        self._next_group: int | None = None
+
+    def clear(self) -> None:
+        """Forget every cached group and event mapping."""
+        self.group_cache.clear()
+        self.event_group_cache.clear()
+
+    # -- reading --------------------------------------------------------------------
+
+    def groups_for_events(self, txn: Transaction, event_ids: Iterable[str]) -> dict[str, int]:
+        """The state group of each of *event_ids* that has one."""
+        out: dict[str, int] = {}
+        missing: list[str] = []
+        for event_id in event_ids:
+            group = self.event_group_cache.get(event_id)
+            if group is None:
+                missing.append(event_id)
+            else:
+                out[event_id] = group
+        for start in range(0, len(missing), 500):
+            chunk = missing[start:start + 500]
+            for event_id, group in txn.fetchall(
+                "SELECT event_id, state_group FROM event_to_state_groups WHERE event_id IN ("
+                + _placeholders(len(chunk)) + ")", chunk):
+                out[event_id] = int(group)
+                self.event_group_cache.put(event_id, int(group))
+        return out
+
+    def load(self, txn: Transaction, group: int) -> tuple[GroupState, int]:
+        """The full state of *group* and its hop count; raises
+        :class:`StateCorruptionError` when the tables cannot describe it."""
+        cached = self.group_cache.get(group)
+        if cached is not None:
+            return cached
+        chain = [group]
+        parents: list[int] = []
+        seen = {group}
+        while True:
+            prev = txn.fetchval(
+                "SELECT prev_state_group FROM state_group_edges WHERE state_group = ?",
+                (chain[-1],))
+            if prev is None:
+                parents.append(-1)
+                break
+            prev = int(prev)
+            parents.append(prev)
+            if prev in seen:
+                raise StateCorruptionError(f"state group chain of {group} has a cycle at {prev}")
+            seen.add(prev)
+            cached_prev = self.group_cache.get(prev)
+            chain.append(prev)
+            if cached_prev is not None:
+                break
+        # Rows of every group on the chain whose state is not cached.
+        base_state: GroupState | None = None
+        base_hops = 0
+        if parents[-1] != -1:
+            base_state, base_hops = self.group_cache.get(chain[-1]) or (EMPTY_STATE, 0)
+            chain_to_read = chain[:-1]
+        else:
+            chain_to_read = chain
+        rows: dict[int, list[tuple[str, str, str]]] = {g: [] for g in chain_to_read}
+        for start in range(0, len(chain_to_read), 500):
+            chunk = chain_to_read[start:start + 500]
+            for sg, etype, state_key, event_id in txn.fetchall(
+                "SELECT state_group, type, state_key, event_id FROM state_groups_state"
+                " WHERE state_group IN (" + _placeholders(len(chunk)) + ")", chunk):
+                rows[int(sg)].append((etype, state_key, event_id))
+        if parents[-1] == -1 and not txn.fetchval(
+                "SELECT 1 FROM state_groups WHERE id = ?", (chain[-1],)):
+            raise StateCorruptionError(f"state group {chain[-1]} is not stored")
+        state = self._expand(chain_to_read, rows, base_state)
+        hops = base_hops + len(chain_to_read) - (0 if parents[-1] != -1 else 1)
+        result: tuple[GroupState, int] = (MappingProxyType(state), hops)
+        self.group_cache.put(group, result)
+        return result
+
+    @staticmethod
+    def _expand(chain: list[int], rows: dict[int, list[tuple[str, str, str]]],
+                base: GroupState | None) -> dict[StateKey, str]:
+        """Apply the deltas of *chain* (newest first) over *base* with the state core."""
+        key_ids: dict[StateKey, int] = {}
+        keys: list[StateKey] = []
+        event_ids: dict[str, int] = {}
+        events: list[str] = []
+
+        def intern_key(key: StateKey) -> int:
+            k = key_ids.get(key)
+            if k is None:
+                k = key_ids[key] = len(keys)
+                keys.append(key)
+            return k
+
+        def intern_event(event_id: str) -> int:
+            e = event_ids.get(event_id)
+            if e is None:
+                e = event_ids[event_id] = len(events)
+                events.append(event_id)
+            return e
+
+        ordered = list(reversed(chain))  # root (or the cached base) first
+        group_ids = array("q")
+        prev_ids = array("q")
+        offsets = array("q", [0])
+        delta_keys = array("q")
+        delta_events = array("q")
+        if base is not None:
+            # The cached base enters as a pseudo-root holding its full state.
+            group_ids.append(-2)
+            prev_ids.append(-1)
+            for key, event_id in base.items():
+                delta_keys.append(intern_key(key))
+                delta_events.append(intern_event(event_id))
+            offsets.append(len(delta_keys))
+        for idx, group in enumerate(ordered):
+            group_ids.append(group)
+            prev_ids.append(ordered[idx - 1] if idx else (-2 if base is not None else -1))
+            for etype, state_key, event_id in rows[group]:
+                delta_keys.append(intern_key((etype, state_key)))
+                delta_events.append(intern_event(event_id))
+            offsets.append(len(delta_keys))
+        wanted = bytearray(len(group_ids))
+        wanted[-1] = 1
+        _, out_keys, out_events = _core_state.expand_groups(
+            group_ids, prev_ids, offsets, delta_keys, delta_events, wanted)
+        return {keys[k]: events[e] for k, e in zip(out_keys, out_events)}
+
+    # -- writing --------------------------------------------------------------------
+
+    def next_group_id(self, txn: Transaction) -> int:
+        """A new state group ID (this process is the only writer of state groups)."""
+        if self._next_group is None:
+            self._next_group = int(txn.fetchval("SELECT MAX(id) FROM state_groups", (), 0)) + 1
+        group = self._next_group
+        self._next_group += 1
+        return group
+
+    def reset_allocator(self) -> None:
+        """Re-read the next group ID from the database (after a rolled-back write)."""
+        self._next_group = None

@@ -1,0 +1,452 @@
+"""The room DAG event store: ``EventStore(url)``.
+
+Persists events with their edges, forward/backward extremities, state groups and
+visibility in one transaction per batch, and answers reads (orders, state, sync,
+pagination) from in-memory caches where it can. See docs/events.md.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+
+from streamrep import _impl
+from streamrep.db import Database, Transaction
+from streamrep.errors import EventNotFoundError, InvalidEventError, InvalidTokenError
+from streamrep.events import schema
+from streamrep.events.lru import Lru
+from streamrep.events.persist import (
+    PersistOutcome,
+    StreamAllocator,
+    current_state_of,
+    persist_batch,
+)
+from streamrep.events.reading import (
+    StoredEvent,
+    fetch_events,
+    user_membership_changes,
+    visible_timeline,
+)
+from streamrep.events.resolver import DepthOrderResolver, StateKey, StateResolver
+from streamrep.events.state import GroupState, StateGroupStore
+from streamrep.events.tokens import StreamToken, TopologicalToken, parse_token
+from streamrep.events.validation import EventRecord, parse_event
+
+if TYPE_CHECKING:
+    from streamrep._pure import changecache as _core_changecache
+else:
+    _core_changecache = _impl.load("changecache")
+
+__all__ = ["EventStore", "PersistResult", "SyncResult", "RoomTimeline"]
+
+#: ``[cache_name, key, ts]`` rows for the ``caches`` stream.
+CacheRow = tuple[str, list[Any] | None]
+
+
+@dataclass(frozen=True)
+class PersistResult:
+    """What ``persist_events`` stored: each new event's stream ordering (events
+    already stored are left out) and the highest live stream position now in use."""
+
+    orderings: Mapping[str, int]
+    max_stream: int
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    """New events for a user since a stream token."""
+
+    events: list[StoredEvent]
+    membership_changes: list[StoredEvent]
+    next_token: StreamToken
+
+
+@dataclass(frozen=True)
+class RoomTimeline:
+    """A room's most recent events (topological order) and the token to paginate
+    back from."""
+
+    room_id: str
+    events: list[StoredEvent]
+    prev_token: TopologicalToken | None
+
+
+class EventStore:
+    """The event store over a database URL (or an open :class:`Database`).
+
+    One process writes events to a database (it hands out stream orderings and
+    state group IDs from memory); any number of processes may read, keeping their
+    caches correct from the ``events`` stream (see :mod:`streamrep.events.streams`).
+    """
+
+    def __init__(
+        self,
+        database: str | Database,
+        *,
+        resolver: StateResolver | None = None,
+        max_delta_hops: int = 100,
+        cache_size: int = 20_000,
+        change_cache_size: int = 100_000,
+        on_persisted: Callable[[PersistOutcome, list[CacheRow]], None] | None = None,
+    ) -> None:
+        self._owns_db = isinstance(database, str)
+        self.db = Database.open(database, migrate=False) if isinstance(database, str) else database
+        self.db.ensure_schema(schema.COMPONENT)
+        self.resolver: StateResolver = resolver or DepthOrderResolver()
+        self.states = StateGroupStore(max_delta_hops, cache_size)
+        self._allocator = StreamAllocator()
+        self._write_lock = threading.RLock()
+        self._forward: dict[str, frozenset[str]] = {}
+        self._current_state: dict[str, GroupState] = {}
+        self._visibility_values: dict[str, str] = {}
+        self.event_cache: Lru[str, StoredEvent] = Lru("get_event", cache_size)
+        self._on_persisted = on_persisted
+        live, _ = self.db.run(lambda txn: self._allocator.current(txn), name="positions")
+        self.room_changes = _core_changecache.StreamChangeCache(
+            "room_changes", live, change_cache_size)
+        self.membership_changes = _core_changecache.StreamChangeCache(
+            "membership_changes", live, change_cache_size)
+
+    def close(self) -> None:
+        """Close the database if this store opened it."""
+        if self._owns_db:
+            self.db.close()
+
+    def __enter__(self) -> "EventStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- writing --------------------------------------------------------------------
+
+    def persist_events(self, events: Iterable[Any], backfilled: bool = False) -> PersistResult:
+        """Persist a batch of events in one transaction.
+
+        Each event is a mapping with ``event_id`` beside the event's own fields
+        (optional ``outlier``, ``rejected``, ``soft_failed`` flags), or an
+        ``(event_id, json_bytes[, flags])`` tuple. Live events get increasing
+        positive stream orderings; ``backfilled=True`` gives negative, decreasing
+        ones. Events already stored are skipped, except that an outlier persisted
+        again as a non-outlier is de-outliered. Raises :class:`InvalidEventError`
+        (and stores nothing) when any event of the batch is invalid.
+        """
+        records = self._validate(events)
+        with self._write_lock:
+            try:
+                outcome = self.db.run(self._persist_txn, records, backfilled, name="persist_events")
+            except BaseException:
+                self._allocator.reset()
+                self.states.reset_allocator()
+                self._forward.clear()
+                self._current_state.clear()
+                raise
+            cache_rows = self._apply_outcome(outcome)
+        if self._on_persisted is not None:
+            self._on_persisted(outcome, cache_rows)
+        return PersistResult(MappingProxyType(outcome.event_orderings), outcome.max_live)
+
+    @staticmethod
+    def _validate(events: Iterable[Any]) -> list[EventRecord]:
+        if isinstance(events, (Mapping, bytes, str)):
+            raise InvalidEventError("persist_events takes a list of events")
+        records: dict[str, EventRecord] = {}
+        for item in events:
+            record = parse_event(item)
+            seen = records.get(record.event_id)
+            if seen is None:
+                records[record.event_id] = record
+            elif seen.json != record.json:
+                raise InvalidEventError(
+                    f"event {record.event_id} appears twice in the batch with different JSON")
+            elif seen.outlier and not record.outlier:
+                records[record.event_id] = record
+        return list(records.values())
+
+    def _persist_txn(self, txn: Transaction, records: list[EventRecord],
+                     backfilled: bool) -> PersistOutcome:
+        return persist_batch(
+            txn, records, backfilled, states=self.states, resolver=self.resolver,
+            allocator=self._allocator, forward_cache=self._forward,
+            current_state_cache=self._current_state,
+            visibility_cache=self._visibility_values)
+
+    def _apply_outcome(self, outcome: PersistOutcome) -> list[CacheRow]:
+        """Bring the caches up to date with a committed batch; return the ``caches``
+        stream rows other processes need."""
+        for event_id, group in outcome.event_groups.items():
+            self.states.event_group_cache.put(event_id, group)
+        for group, value in outcome.new_groups.items():
+            self.states.group_cache.put(group, value)
+        self._forward.update(outcome.forward)
+        self._current_state.update(outcome.current_state)
+        self._visibility_values.update(outcome.visibility_values)
+        for event_id in outcome.persisted:
+            self.event_cache.pop(event_id)
+        for event_id in outcome.redacted:
+            self.event_cache.pop(event_id)
+        for room_id, pos in outcome.room_positions.items():
+            self.room_changes.entity_has_changed(room_id, pos)
+        for user_id, pos in outcome.membership_positions.items():
+            self.membership_changes.entity_has_changed(user_id, pos)
+        rows: list[CacheRow] = []
+        for room_id, users in outcome.current_state_changes.items():
+            rows.append(("cs_cache_fake", [room_id, *sorted(users)]))
+        for event_id in sorted(outcome.redacted):
+            rows.append(("get_event", [event_id]))
+        return rows
+
+    def invalidate_current_state(self, room_id: str | None) -> None:
+        """Drop cached current state and extremities of *room_id* (None: of every room)."""
+        if room_id is None:
+            self._current_state.clear()
+            self._forward.clear()
+        else:
+            self._current_state.pop(room_id, None)
+            self._forward.pop(room_id, None)
+
+    # -- extremities and orders ------------------------------------------------------
+
+    def get_forward_extremities(self, room_id: str) -> set[str]:
+        """The room's forward extremities."""
+        cached = self._forward.get(room_id)
+        if cached is not None:
+            return set(cached)
+        rows = self.db.fetchall(
+            "SELECT event_id FROM event_forward_extremities WHERE room_id = ?", (room_id,))
+        return {r[0] for r in rows}
+
+    def get_backward_extremities(self, room_id: str) -> set[str]:
+        """The room's backward extremities (where backfill continues from)."""
+        rows = self.db.fetchall(
+            "SELECT event_id FROM event_backward_extremities WHERE room_id = ?", (room_id,))
+        return {r[0] for r in rows}
+
+    def get_room_events(self, room_id: str, order: str = "topological") -> list[str]:
+        """The room's non-outlier event IDs in ``(topological_ordering,
+        stream_ordering)`` order, or in stream order with ``order="stream"``."""
+        if order == "topological":
+            by = "topological_ordering, stream_ordering"
+        elif order == "stream":
+            by = "stream_ordering"
+        else:
+            raise ValueError(f"order must be 'topological' or 'stream', not {order!r}")
+        rows = self.db.fetchall(
+            f"SELECT event_id FROM events WHERE room_id = ? AND NOT outlier ORDER BY {by}",
+            (room_id,))
+        return [r[0] for r in rows]
+
+    # -- events -----------------------------------------------------------------------
+
+    def get_event(self, event_id: str) -> StoredEvent:
+        """One stored event (outliers included); pruned when redacted."""
+        cached = self.event_cache.get(event_id)
+        if cached is not None:
+            return cached
+        found = self.db.run(fetch_events, [event_id], name="get_event").get(event_id)
+        if found is None:
+            raise EventNotFoundError(f"event {event_id} is not stored")
+        self.event_cache.put(event_id, found)
+        return found
+
+    def get_events(self, event_ids: Sequence[str]) -> dict[str, StoredEvent]:
+        """The stored ones of *event_ids*."""
+        out: dict[str, StoredEvent] = {}
+        missing = []
+        for event_id in event_ids:
+            cached = self.event_cache.get(event_id)
+            if cached is None:
+                missing.append(event_id)
+            else:
+                out[event_id] = cached
+        if missing:
+            found = self.db.run(fetch_events, missing, name="get_events")
+            for event_id, event in found.items():
+                self.event_cache.put(event_id, event)
+            out.update(found)
+        return out
+
+    def get_event_json(self, event_id: str) -> bytes:
+        """The exact JSON bytes received for *event_id* (never pruned)."""
+        raw = self.db.fetchval("SELECT json FROM event_json WHERE event_id = ?", (event_id,))
+        if raw is None:
+            raise EventNotFoundError(f"event {event_id} is not stored")
+        return bytes(raw)
+
+    # -- state --------------------------------------------------------------------------
+
+    def get_state_group_for_event(self, event_id: str) -> int:
+        """The state group of the state after *event_id*; raises
+        :class:`EventNotFoundError` for unknown events and outliers."""
+        group = self.states.event_group_cache.get(event_id)
+        if group is None:
+            group = self.db.run(
+                lambda txn: self.states.groups_for_events(txn, [event_id]),
+                name="event_state_group").get(event_id)
+            if group is None:
+                raise EventNotFoundError(
+                    f"event {event_id} has no state group (not stored, or an outlier)")
+        return group
+
+    def get_state_group(self, group: int) -> GroupState:
+        """The full state of state group *group*."""
+        cached = self.states.group_cache.get(group)
+        if cached is not None:
+            return cached[0]
+        return self.db.run(lambda txn: self.states.load(txn, group), name="state_group")[0]
+
+    def get_state_after_event(self, event_id: str) -> Mapping[StateKey, str]:
+        """The room state after *event_id*: ``{(type, state_key): event_id}``."""
+        group = self.states.event_group_cache.get(event_id)
+        if group is not None:
+            cached = self.states.group_cache.get(group)
+            if cached is not None:
+                return cached[0]
+        return self.get_state_group(self.get_state_group_for_event(event_id))
+
+    def get_current_state(self, room_id: str) -> Mapping[StateKey, str]:
+        """The room's current state (the resolved state at its forward extremities)."""
+        cached = self._current_state.get(room_id)
+        if cached is not None:
+            return cached
+        state: GroupState = MappingProxyType({
+            (t, sk): e for t, sk, e in self.db.fetchall(
+                "SELECT type, state_key, event_id FROM current_state_events WHERE room_id = ?",
+                (room_id,))})
+        self._current_state[room_id] = state
+        return state
+
+    def compute_state_at_extremities(self, room_id: str) -> Mapping[StateKey, str]:
+        """Recompute the room's state from its forward extremities (bypassing
+        ``current_state_events``)."""
+        forward = self.get_forward_extremities(room_id)
+        return self.db.run(lambda txn: current_state_of(
+            txn, self.states, self.resolver, room_id, forward, {}, {}, {}), name="state_at_ext")
+
+    # -- positions, sync and pagination ---------------------------------------------------
+
+    def current_token(self) -> StreamToken:
+        """The stream position of the newest live event or state change."""
+        live, _ = self.db.run(lambda txn: self._allocator.current(txn), name="positions")
+        return StreamToken(live)
+
+    def has_room_changed_since(self, room_id: str, token: str | StreamToken) -> bool:
+        """Answered from the change cache: may *room_id* have new events after *token*?"""
+        return self.room_changes.has_entity_changed(room_id, _stream_position(token))
+
+    def get_user_rooms(self, user_id: str, memberships: Sequence[str] = ("join",)) -> list[str]:
+        """Rooms where *user_id*'s current membership is one of *memberships*."""
+        rows = self.db.fetchall(
+            "SELECT room_id FROM current_state_events WHERE type = ? AND state_key = ?"
+            " AND membership IN (" + ",".join("?" * len(memberships)) + ") ORDER BY room_id",
+            ("m.room.member", user_id, *memberships))
+        return [r[0] for r in rows]
+
+    def get_new_events_for_user(self, user_id: str, since: str | StreamToken,
+                                limit: int = 100) -> SyncResult:
+        """Events after *since* in the rooms *user_id* is in (visible to them), and
+        their membership changes in any room, invites from rooms not joined included."""
+        since_pos = _stream_position(since)
+        now = self.current_token().stream
+
+        def run(txn: Transaction) -> SyncResult:
+            memberships = user_membership_changes(txn, user_id, since_pos, now, limit)
+            rooms = {r[0] for r in txn.fetchall(
+                "SELECT room_id FROM current_state_events WHERE type = ? AND state_key = ?"
+                " AND membership = ?", ("m.room.member", user_id, "join"))}
+            rooms |= {e.room_id for e in memberships if not e.outlier}
+            changed = self.room_changes.get_entities_changed(sorted(rooms), since_pos)
+            events: list[StoredEvent] = []
+            for room_id in sorted(changed):
+                events.extend(visible_timeline(
+                    txn, room_id, user_id,
+                    where="e.stream_ordering > ? AND e.stream_ordering <= ?",
+                    params=(since_pos, now), order="x.stream_ordering", limit=limit))
+            events.sort(key=lambda e: e.stream_ordering)
+            return SyncResult(events[:limit], memberships, StreamToken(now))
+
+        return self.db.run(run, name="sync")
+
+    def get_initial_sync(self, user_id: str, rooms: int = 20,
+                         events_per_room: int = 10) -> list[RoomTimeline]:
+        """The most recent *events_per_room* visible events in each of the user's
+        *rooms* most recently active joined rooms."""
+        def run(txn: Transaction) -> list[RoomTimeline]:
+            room_rows = txn.fetchall(
+                "SELECT c.room_id, MAX(e.stream_ordering) AS last FROM current_state_events c"
+                " JOIN events e ON e.room_id = c.room_id"
+                " WHERE c.type = ? AND c.state_key = ? AND c.membership = ?"
+                " GROUP BY c.room_id ORDER BY last DESC, c.room_id LIMIT ?",
+                ("m.room.member", user_id, "join", rooms))
+            out = []
+            for room_id, _ in room_rows:
+                newest = visible_timeline(
+                    txn, room_id, user_id, where="1 = 1", params=(),
+                    order="x.topological_ordering DESC, x.stream_ordering DESC",
+                    limit=events_per_room)
+                newest.reverse()
+                prev = newest[0].token if newest else None
+                out.append(RoomTimeline(room_id, newest, prev))
+            return out
+
+        return self.db.run(run, name="initial_sync")
+
+    def room_end_token(self, room_id: str) -> TopologicalToken:
+        """A token after every event of the room, to paginate back from."""
+        row = self.db.fetchone(
+            "SELECT topological_ordering, stream_ordering FROM events WHERE room_id = ?"
+            " AND NOT outlier ORDER BY topological_ordering DESC, stream_ordering DESC LIMIT 1",
+            (room_id,))
+        if row is None:
+            return TopologicalToken(0, 0)
+        return TopologicalToken(int(row[0]), int(row[1]) + 1)
+
+    def paginate_back(self, room_id: str, user_id: str,
+                      from_token: str | StreamToken | TopologicalToken | None = None,
+                      limit: int = 10) -> tuple[list[StoredEvent], TopologicalToken | None]:
+        """Events before *from_token* that *user_id* may see, newest first in
+        topological order, and the token to continue from (None at the start).
+
+        ``from_token`` may be a topological token, a stream token (events up to that
+        stream position), or None for the room's end."""
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        if isinstance(from_token, str):
+            from_token = parse_token(from_token)
+        if from_token is None:
+            from_token = self.room_end_token(room_id)
+        elif isinstance(from_token, StreamToken):
+            from_token = self._topological_at_stream(room_id, from_token.stream)
+
+        bound = from_token
+
+        def run(txn: Transaction) -> list[StoredEvent]:
+            return visible_timeline(
+                txn, room_id, user_id,
+                where="(e.topological_ordering < ? OR (e.topological_ordering = ?"
+                      " AND e.stream_ordering < ?))",
+                params=(bound.topological, bound.topological, bound.stream),
+                order="x.topological_ordering DESC, x.stream_ordering DESC", limit=limit)
+
+        events = self.db.run(run, name="paginate")
+        next_token = events[-1].token if len(events) == limit else None
+        return events, next_token
+
+    def _topological_at_stream(self, room_id: str, stream: int) -> TopologicalToken:
+        row = self.db.fetchone(
+            "SELECT topological_ordering FROM events WHERE room_id = ? AND NOT outlier"
+            " AND stream_ordering <= ? ORDER BY stream_ordering DESC LIMIT 1", (room_id, stream))
+        if row is None:
+            return TopologicalToken(0, 0)
+        return TopologicalToken(int(row[0]), stream + 1)
+
+
+def _stream_position(token: str | StreamToken) -> int:
+    if isinstance(token, StreamToken):
+        return token.stream
+    parsed = parse_token(token)
+    if not isinstance(parsed, StreamToken):
+        raise InvalidTokenError(f"expected a stream token (s<n>), got {token!r}")
+    return parsed.stream

@@ -1,0 +1,168 @@
+"""Turning what callers hand to ``persist_events`` into checked event records.
+
+An event is either a mapping holding ``event_id`` beside the event's own fields
+(plus optional ``outlier``/``rejected``/``soft_failed`` flags, which are not part
+of the event and are not stored in its JSON), or a pair ``(event_id, json_bytes)``,
+or a triple ``(event_id, json_bytes, flags)`` with ``flags`` a mapping of those
+flags. Bytes are stored exactly as received; a mapping is serialized once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import orjson
+
+from streamrep.errors import InvalidEventError
+
+__all__ = ["EventRecord", "FLAG_KEYS", "parse_event"]
+
+#: Keys of a mapping that are persistence flags rather than event fields.
+FLAG_KEYS = ("outlier", "rejected", "soft_failed")
+
+
+@dataclass(slots=True)
+class EventRecord:
+    """One validated event on its way into the database."""
+
+    event_id: str
+    room_id: str
+    type: str
+    sender: str
+    depth: int
+    prev_events: list[str]
+    state_key: str | None
+    json: bytes
+    content: dict[str, Any]
+    outlier: bool
+    rejected: bool
+    soft_failed: bool
+    membership: str | None
+    redacts: str | None
+    relates_to: str | None
+
+    @property
+    def is_state(self) -> bool:
+        return self.state_key is not None
+
+    @property
+    def counts(self) -> bool:
+        """Whether it can be (or remove) a forward extremity."""
+        return not (self.outlier or self.rejected or self.soft_failed)
+
+
+def _flag(flags: Mapping[str, Any], name: str, event_id: str) -> bool:
+    value = flags.get(name, False)
+    if not isinstance(value, bool):
+        raise InvalidEventError(f"event {event_id}: flag {name!r} must be a boolean, "
+                                f"not {type(value).__name__}")
+    return value
+
+
+def _str_field(body: Mapping[str, Any], name: str, event_id: str) -> str:
+    if name not in body:
+        raise InvalidEventError(f"event {event_id}: missing field {name!r}")
+    value = body[name]
+    if not isinstance(value, str) or not value:
+        raise InvalidEventError(f"event {event_id}: field {name!r} must be a non-empty "
+                                f"string, not {value!r}"[:300])
+    return value
+
+
+def _prev_events(body: Mapping[str, Any], event_id: str) -> list[str]:
+    if "prev_events" not in body:
+        raise InvalidEventError(f"event {event_id}: missing field 'prev_events'")
+    raw = body["prev_events"]
+    if not isinstance(raw, list):
+        raise InvalidEventError(f"event {event_id}: 'prev_events' must be a list")
+    out: list[str] = []
+    for item in raw:
+        # Room versions 1 and 2 list [event_id, hashes] pairs.
+        if isinstance(item, list) and item and isinstance(item[0], str):
+            item = item[0]
+        if not isinstance(item, str) or not item:
+            raise InvalidEventError(f"event {event_id}: 'prev_events' holds {item!r}"[:300])
+        if item == event_id:
+            raise InvalidEventError(f"event {event_id}: lists itself in 'prev_events'")
+        if item not in out:
+            out.append(item)
+    return out
+
+
+def _build(event_id: Any, body: Any, raw: bytes, flags: Mapping[str, Any]) -> EventRecord:
+    if not isinstance(event_id, str) or not event_id:
+        raise InvalidEventError(f"event_id must be a non-empty string, not {event_id!r}"[:300])
+    if not isinstance(body, dict):
+        raise InvalidEventError(f"event {event_id}: JSON must be an object")
+    room_id = _str_field(body, "room_id", event_id)
+    etype = _str_field(body, "type", event_id)
+    sender = _str_field(body, "sender", event_id)
+    if "depth" not in body:
+        raise InvalidEventError(f"event {event_id}: missing field 'depth'")
+    depth = body["depth"]
+    if not isinstance(depth, int) or isinstance(depth, bool) or not 0 <= depth < 2**62:
+        raise InvalidEventError(f"event {event_id}: 'depth' must be a non-negative integer")
+    prev_events = _prev_events(body, event_id)
+    state_key = body.get("state_key")
+    if state_key is not None and not isinstance(state_key, str):
+        raise InvalidEventError(f"event {event_id}: 'state_key' must be a string")
+    content = body.get("content", {})
+    if not isinstance(content, dict):
+        raise InvalidEventError(f"event {event_id}: 'content' must be an object")
+    membership = None
+    if etype == "m.room.member":
+        membership = content.get("membership")
+        if not isinstance(membership, str) or state_key is None:
+            raise InvalidEventError(
+                f"event {event_id}: m.room.member needs a state_key and a string "
+                "content.membership")
+    redacts = None
+    if etype == "m.room.redaction":
+        redacts = body.get("redacts", content.get("redacts"))
+        if not isinstance(redacts, str) or not redacts:
+            raise InvalidEventError(f"event {event_id}: m.room.redaction needs 'redacts'")
+    relates_to = None
+    relation = content.get("m.relates_to")
+    if isinstance(relation, dict) and isinstance(relation.get("event_id"), str):
+        relates_to = relation["event_id"]
+    return EventRecord(
+        event_id=event_id, room_id=room_id, type=etype, sender=sender, depth=depth,
+        prev_events=prev_events, state_key=state_key, json=raw, content=content,
+        outlier=_flag(flags, "outlier", event_id),
+        rejected=_flag(flags, "rejected", event_id),
+        soft_failed=_flag(flags, "soft_failed", event_id),
+        membership=membership, redacts=redacts, relates_to=relates_to,
+    )
+
+
+def parse_event(item: Any) -> EventRecord:
+    """Validate one ``persist_events`` item; raises :class:`InvalidEventError`."""
+    if isinstance(item, Mapping):
+        if "event_id" not in item:
+            raise InvalidEventError("event mapping has no 'event_id'")
+        body = {k: v for k, v in item.items() if k != "event_id" and k not in FLAG_KEYS}
+        try:
+            raw = orjson.dumps(body)
+        except TypeError as exc:
+            raise InvalidEventError(
+                f"event {item['event_id']!r}: not serializable as JSON ({exc})") from exc
+        return _build(item["event_id"], body, raw, item)
+    if isinstance(item, tuple) and len(item) in (2, 3):
+        event_id, raw = item[0], item[1]
+        flags = item[2] if len(item) == 3 else {}
+        if not isinstance(flags, Mapping):
+            raise InvalidEventError(f"event {event_id!r}: flags must be a mapping")
+        if isinstance(raw, (bytearray, memoryview)):
+            raw = bytes(raw)
+        if not isinstance(raw, bytes):
+            raise InvalidEventError(f"event {event_id!r}: JSON must be bytes, "
+                                    f"not {type(raw).__name__}")
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidEventError(f"event {event_id!r}: bad JSON ({exc})") from exc
+        return _build(event_id, body, raw, flags)
+    raise InvalidEventError(
+        "an event is a mapping with 'event_id' or an (event_id, json_bytes[, flags]) tuple, "
+        f"not {type(item).__name__}")
