@@ -1,0 +1,105 @@
+"""Prometheus metrics of a replication hub or client.
+
+Counting happens in plain dicts on the hot path; a custom collector turns them
+into Prometheus families only when scraped, so a million commands a second do
+not pay for a lock each. Each hub owns its own :class:`CollectorRegistry`, so
+several hubs (or tests) in one process do not collide.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+__all__ = ["ReplicationMetrics", "serve_metrics"]
+
+
+class ReplicationMetrics(Collector):
+    """Counters of one hub or client, exposed through :attr:`registry`.
+
+    ``positions`` and ``queue_depths`` are callables the owner supplies, read at
+    scrape time: ``() -> {(stream, instance): token}`` and
+    ``() -> {connection_name: queued_commands}``.
+    """
+
+    def __init__(
+        self,
+        positions: Callable[[], dict[tuple[str, str], int]] | None = None,
+        queue_depths: Callable[[], dict[str, int]] | None = None,
+        prefix: str = "streamrep_replication",
+    ) -> None:
+        self.prefix = prefix
+        self.commands_in: Counter[str] = Counter()
+        self.commands_out: Counter[str] = Counter()
+        self.disconnects: Counter[str] = Counter()
+        self.connections_total = 0
+        self._positions = positions
+        self._queue_depths = queue_depths
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    # --- hot-path counting ------------------------------------------------------------
+
+    def received_commands(self, commands: Iterable[Any]) -> None:
+        counts = self.commands_in
+        for command in commands:
+            counts[command.NAME] += 1
+
+    def sent(self, name: str, count: int) -> None:
+        self.commands_out[name] += count
+
+    def disconnected(self, reason: str) -> None:
+        self.disconnects[reason] += 1
+
+    def connected(self) -> None:
+        self.connections_total += 1
+
+    # --- the collector ----------------------------------------------------------------
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        p = self.prefix
+        inbound = CounterMetricFamily(f"{p}_commands_received", "Commands received, by command", labels=["command"])
+        for name, count in sorted(self.commands_in.items()):
+            inbound.add_metric([name], count)
+        yield inbound
+        outbound = CounterMetricFamily(f"{p}_commands_sent", "Commands queued to peers, by command", labels=["command"])
+        for name, count in sorted(self.commands_out.items()):
+            outbound.add_metric([name], count)
+        yield outbound
+        disconnects = CounterMetricFamily(f"{p}_disconnects", "Connections ended, by reason", labels=["reason"])
+        for reason, count in sorted(self.disconnects.items()):
+            disconnects.add_metric([reason], count)
+        yield disconnects
+        yield CounterMetricFamily(f"{p}_connections", "Connections accepted or made", value=self.connections_total)
+        if self._positions is not None:
+            positions = GaugeMetricFamily(
+                f"{p}_stream_position", "Latest token per stream and writer", labels=["stream", "instance"]
+            )
+            for (stream, instance), token in sorted(self._positions().items()):
+                positions.add_metric([stream, instance], token)
+            yield positions
+        if self._queue_depths is not None:
+            depth = GaugeMetricFamily(
+                f"{p}_queued_commands", "Commands waiting to be written, per connection", labels=["connection"]
+            )
+            for conn_name, queued in sorted(self._queue_depths().items()):
+                depth.add_metric([conn_name], queued)
+            yield depth
+
+
+def serve_metrics(metrics: ReplicationMetrics, host: str, port: int) -> Any:
+    """Serve ``/metrics`` on *host*:*port* from a gevent WSGI server; returns it
+    (started). Stop it with ``.stop()``."""
+    from gevent.pywsgi import WSGIServer
+    from prometheus_client import make_wsgi_app
+
+    server = WSGIServer((host, port), make_wsgi_app(metrics.registry), log=None)
+    server.start()
+    return server

@@ -1,0 +1,96 @@
+"""Where replication reads stream rows from: the :class:`StreamSource` protocol.
+
+The hub reads its writers' new rows and serves catch-up from one; a worker
+fills gaps from one. Rows are ``(token, row_json)`` pairs in token order, the
+JSON being exactly what an ``RDATA`` line carries, so the hub relays without
+re-encoding and a worker decodes database rows and wire rows the same way.
+:class:`MemorySource` keeps streams in memory (for streams that are never
+persisted, and for embedding without a database);
+:class:`streamrep.replication.registry_source.RegistrySource` reads the
+database-backed stream registry.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any, Protocol, Sequence
+
+import orjson
+
+__all__ = ["StreamSource", "MemorySource"]
+
+
+class StreamSource(Protocol):
+    """Read access to streams, by stream and writer."""
+
+    def stream_names(self) -> Sequence[str]:
+        """Names of every stream."""
+        ...
+
+    def writers(self, stream: str) -> Sequence[str]:
+        """Instances known to have written (or to write) *stream*."""
+        ...
+
+    def current_token(self, stream: str, instance: str) -> int:
+        """The writer's persisted position: every fact up to it is readable."""
+        ...
+
+    def updates(
+        self, stream: str, instance: str, from_token: int, upto_token: int, limit: int
+    ) -> tuple[list[tuple[int, bytes]], bool]:
+        """Rows of *instance* with ``from_token < token <= upto_token``, token order,
+        at most *limit*; the flag is True when more rows remain."""
+        ...
+
+
+class MemorySource:
+    """Streams held in memory: a complete :class:`StreamSource`.
+
+    ``append(stream, instance, token, rows)`` records one fact; tokens of one
+    writer must increase.
+    """
+
+    def __init__(self, streams: Sequence[str] = ()) -> None:
+        self._tokens: dict[tuple[str, str], list[int]] = {}
+        self._rows: dict[tuple[str, str], list[tuple[int, bytes]]] = {}
+        self._positions: dict[tuple[str, str], int] = {}
+        self._streams: dict[str, None] = dict.fromkeys(streams)
+
+    def append(self, stream: str, instance: str, token: int, rows: Sequence[Any]) -> None:
+        key = (stream, instance)
+        if token <= self._positions.get(key, 0):
+            raise ValueError(f"token {token} is not past {instance}'s position on {stream}")
+        self._streams.setdefault(stream, None)
+        tokens = self._tokens.setdefault(key, [])
+        stored = self._rows.setdefault(key, [])
+        for row in rows:
+            tokens.append(token)
+            stored.append((token, orjson.dumps(row)))
+        self._positions[key] = token
+
+    def advance(self, stream: str, instance: str, token: int) -> None:
+        """Move a writer's position without rows (e.g. a rolled-back fact)."""
+        key = (stream, instance)
+        self._streams.setdefault(stream, None)
+        self._positions[key] = max(token, self._positions.get(key, 0))
+
+    def stream_names(self) -> Sequence[str]:
+        return list(self._streams)
+
+    def writers(self, stream: str) -> Sequence[str]:
+        return [inst for (s, inst) in self._positions if s == stream]
+
+    def current_token(self, stream: str, instance: str) -> int:
+        return self._positions.get((stream, instance), 0)
+
+    def updates(
+        self, stream: str, instance: str, from_token: int, upto_token: int, limit: int
+    ) -> tuple[list[tuple[int, bytes]], bool]:
+        key = (stream, instance)
+        tokens = self._tokens.get(key, [])
+        rows = self._rows.get(key, [])
+        lo = bisect.bisect_right(tokens, from_token)
+        hi = bisect.bisect_right(tokens, upto_token)
+        if hi - lo > limit:
+            return rows[lo : lo + limit], True
+        return rows[lo:hi], False
