@@ -387,6 +387,10 @@ cdef class ClearUserSyncCommand(_TextCommand):
         return self.data
 
 
+# Decoded rows are JSON values and cannot refer back to their command, so RDATA
+# commands stay out of the cyclic GC: a chunk's hundreds of commands do not
+# trigger collections on their own.
+@cython.no_gc
 cdef class RdataCommand(Command):
     """``RDATA <stream_name> <instance_name> <token|batch> <row_json>``: one stream row.
 
