@@ -12,7 +12,8 @@
   blocks are not run (long-running commands such as ``serve``).
 * ```` ```yaml ```` blocks are streamrep configuration files: the configuration
   loader must accept them. ```` ```yaml fragment ```` blocks must parse as YAML.
-* ``docs/examples/*.yaml`` files must load too.
+* ``docs/examples/*.yaml`` files must load too, and ``docs/examples/invalid/*.yaml``
+  (examples of mistakes) must be refused.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import pytest
 import yaml
 
 from streamrep.config import load_config
+from streamrep.errors import ConfigError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -210,6 +212,15 @@ EXAMPLE_FILES = sorted((DOCS / "examples").glob("*.yaml"))
 @pytest.mark.parametrize("path", EXAMPLE_FILES, ids=[p.name for p in EXAMPLE_FILES])
 def test_example_files_load(path: pathlib.Path) -> None:
     load_config(path)
+
+
+INVALID_FILES = sorted((DOCS / "examples" / "invalid").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", INVALID_FILES, ids=[p.name for p in INVALID_FILES])
+def test_invalid_example_files_are_refused(path: pathlib.Path) -> None:
+    with pytest.raises(ConfigError):
+        load_config(path)
 
 
 # --- the mechanism itself ----------------------------------------------------------
