@@ -14,6 +14,7 @@ import click
 #: subcommand name -> "module:attribute" of its click command or group.
 SUBCOMMANDS: dict[str, str] = {
     "check-config": "streamrep.cli.config:check_config",
+    "db": "streamrep.cli.db:db",
 }
 
 

@@ -263,6 +263,19 @@ class Database:
                 self._check_open()
                 yield self._sqlite
 
+    def dedicated_connection(self) -> Any:
+        """A new psycopg2 connection in autocommit mode, outside the pool.
+
+        For long-lived private uses (e.g. fetching sequence values) that must never
+        wait for a pool slot. The caller closes it. PostgreSQL only.
+        """
+        if self.engine != POSTGRES:
+            raise DatabaseConfigError("dedicated connections exist on PostgreSQL only")
+        self._check_open()
+        conn = self._new_pg_connection()
+        conn.autocommit = True
+        return conn
+
     @contextlib.contextmanager
     def copy_connection(self) -> Iterator[Any]:
         """A connection on which ``cursor.copy_expert`` works (PostgreSQL).
@@ -389,17 +402,17 @@ class Database:
 
     def fetchall(self, sql: str, params: Params = ()) -> list[Row]:
         """Run one query in its own transaction and return its rows."""
-        with self.transaction("fetchall", read_only=True) as txn:
+        with self.transaction("fetchall") as txn:
             return txn.fetchall(sql, params)
 
     def fetchone(self, sql: str, params: Params = ()) -> Row | None:
         """Run one query in its own transaction and return its first row."""
-        with self.transaction("fetchone", read_only=True) as txn:
+        with self.transaction("fetchone") as txn:
             return txn.fetchone(sql, params)
 
     def fetchval(self, sql: str, params: Params = (), default: Any = None) -> Any:
         """Run one query in its own transaction and return its first value."""
-        with self.transaction("fetchval", read_only=True) as txn:
+        with self.transaction("fetchval") as txn:
             return txn.fetchval(sql, params, default)
 
     # -- schema ----------------------------------------------------------------------

@@ -1,0 +1,51 @@
+"""The single-writer stream ID generator (SQLite or PostgreSQL)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from streamrep.db import Database, Transaction
+from streamrep.idgen.base import BackingTable, IdGenerator
+from streamrep.idgen.tracking import CompletionTracker, WriterPositions
+
+
+def max_stored_token(txn: Transaction, tables: Sequence[BackingTable], negative: bool,
+                     instance: str | None = None) -> int:
+    """The largest token stored in *tables* (0 when empty); with *instance*, only
+    rows that writer wrote (tables without a writer column count whole)."""
+    best = 0
+    for table in tables:
+        func = "MIN" if negative else "MAX"
+        sql = f"SELECT {func}({table.id_column}) FROM {table.table}"
+        params: tuple[str, ...] = ()
+        if instance is not None and table.instance_column:
+            sql += f" WHERE {table.instance_column} = ?"
+            params = (instance,)
+        value = txn.fetchval(sql, params)
+        if value is not None:
+            best = max(best, -int(value) if negative else int(value))
+    return best
+
+
+class StreamIdGenerator(IdGenerator):
+    """IDs for a stream with one writer, handed out from memory.
+
+    At startup the position is the largest ID in the backing tables (``MAX``, or
+    ``-MIN`` for a negative stream); there is nothing in flight then, since a
+    transaction that did not commit left no rows. Works on SQLite and PostgreSQL.
+    """
+
+    def __init__(self, db: Database, stream_name: str, tables: Sequence[BackingTable], *,
+                 instance_name: str = "master", negative: bool = False) -> None:
+        super().__init__(stream_name, instance_name, [instance_name], negative)
+        self.db = db
+        self.tables = tuple(tables)
+        with db.transaction(f"{stream_name}:startup", read_only=True) as txn:
+            start = max_stored_token(txn, self.tables, negative)
+        self._tracker = CompletionTracker(start)
+        self._positions = WriterPositions({instance_name: start})
+
+    def _reserve(self, count: int) -> list[int]:
+        with self._lock:
+            first = int(self._tracker.reserve(count))
+        return list(range(first, first + count))
