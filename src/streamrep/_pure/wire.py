@@ -62,6 +62,7 @@ _QUOTE_LIMIT = 48
 #: How many bytes of an over-long line LineTooLongError.line_prefix keeps.
 _PREFIX_LIMIT = 64
 _MISSING: Any = object()
+_SURROGATE_ESCAPE = re.compile(r"\\udc([89a-f][0-9a-f])")
 
 BytesLike = Union[bytes, bytearray, memoryview]
 
@@ -71,7 +72,11 @@ BytesLike = Union[bytes, bytearray, memoryview]
 
 def _quote(raw: bytes) -> str:
     """A short, single-line, ASCII rendering of *raw* for error messages."""
-    text = ascii(raw[:_QUOTE_LIMIT].decode("utf-8", "backslashreplace"))
+    # Undecodable bytes become lone surrogates, which ascii() shows as \udcXX:
+    # show them as the \xXX byte escapes they stand for.
+    text = _SURROGATE_ESCAPE.sub(
+        r"\\x\1", ascii(raw[:_QUOTE_LIMIT].decode("utf-8", "surrogateescape"))
+    )
     return text + "..." if len(raw) > _QUOTE_LIMIT else text
 
 
