@@ -266,9 +266,12 @@ def persist_batch(
                     and not record.rejected and not record.soft_failed):
                 member_rows.append((record.event_id, record.state_key, record.sender, room_id,
                                     record.membership, stream, record.depth, record.outlier))
-                if not backfilled:
-                    prev = out.membership_positions.get(record.state_key, stream)
-                    out.membership_positions[record.state_key] = max(prev, stream)
+            if (record.membership is not None and record.state_key is not None
+                    and not record.rejected and not backfilled):
+                # Same rule as a worker applying the ``ev`` row (which has no
+                # soft-failed flag): conservative for soft-failed events.
+                prev = out.membership_positions.get(record.state_key, stream)
+                out.membership_positions[record.state_key] = max(prev, stream)
             if not backfilled:
                 out.room_positions[room_id] = max(out.room_positions.get(room_id, stream), stream)
             out.persisted.append(record.event_id)

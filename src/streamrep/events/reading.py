@@ -83,9 +83,10 @@ def fetch_events(txn: Transaction, event_ids: Sequence[str]) -> dict[str, Stored
 
 
 def currently_joined(txn: Transaction, room_id: str, user_id: str) -> bool:
-    return txn.fetchval(
+    membership = txn.fetchval(
         "SELECT membership FROM current_state_events WHERE room_id = ? AND type = ?"
-        " AND state_key = ?", (room_id, "m.room.member", user_id)) == "join"
+        " AND state_key = ?", (room_id, "m.room.member", user_id))
+    return bool(membership == "join")
 
 
 def visible_timeline(txn: Transaction, room_id: str, user_id: str, *, where: str,

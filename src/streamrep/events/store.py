@@ -198,6 +198,10 @@ class EventStore:
             rows.append(("get_event", [event_id]))
         return rows
 
+    def invalidate_extremities(self, room_id: str) -> None:
+        """Drop the cached forward extremities of *room_id* (another process wrote)."""
+        self._forward.pop(room_id, None)
+
     def invalidate_current_state(self, room_id: str | None) -> None:
         """Drop cached current state and extremities of *room_id* (None: of every room)."""
         if room_id is None:
@@ -359,7 +363,7 @@ class EventStore:
             rooms |= {e.room_id for e in memberships if not e.outlier}
             changed = self.room_changes.get_entities_changed(sorted(rooms), since_pos)
             events: list[StoredEvent] = []
-            for room_id in sorted(changed):
+            for room_id in sorted(str(r) for r in changed):
                 events.extend(visible_timeline(
                     txn, room_id, user_id,
                     where="e.stream_ordering > ? AND e.stream_ordering <= ?",

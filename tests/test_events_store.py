@@ -1,0 +1,373 @@
+"""Scenarios for the event store, on SQLite and PostgreSQL (``db_url``)."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from streamrep import EventStore
+from streamrep.errors import EventNotFoundError, InvalidEventError, InvalidTokenError
+from streamrep.events.streams import (
+    EventsStreamFollower,
+    current_backfill_token,
+    current_events_token,
+    get_backfill_stream_rows,
+    get_events_stream_rows,
+)
+from streamrep.events.tokens import StreamToken, TopologicalToken, parse_token
+
+ROOM = "!room:x"
+ANN, BOB, CAT = "@ann:x", "@bob:x", "@cat:x"
+
+
+def ev(event_id, prevs, depth, *, type="m.room.message", room=ROOM, sender=ANN, **extra):
+    body = {"event_id": event_id, "room_id": room, "type": type, "sender": sender,
+            "depth": depth, "prev_events": list(prevs), "content": {"body": event_id}}
+    body.update(extra)
+    return body
+
+
+def member(event_id, prevs, depth, user, membership, room=ROOM, **extra):
+    return ev(event_id, prevs, depth, type="m.room.member", state_key=user, room=room,
+              sender=user, content={"membership": membership}, **extra)
+
+
+def create_room(store, room=ROOM):
+    prefix = "" if room == ROOM else room
+    store.persist_events([
+        ev(f"${prefix}create", [], 1, type="m.room.create", state_key="", room=room,
+           content={"creator": ANN}),
+        member(f"${prefix}ann_join", [f"${prefix}create"], 2, ANN, "join", room=room),
+    ])
+
+
+@pytest.fixture
+def store(db_url):
+    s = EventStore(db_url, max_delta_hops=4)
+    yield s
+    s.close()
+
+
+def test_fork_and_merge(store):
+    create_room(store)
+    store.persist_events([ev("$a", ["$ann_join"], 3), ev("$b", ["$ann_join"], 3)])
+    assert store.get_forward_extremities(ROOM) == {"$a", "$b"}
+    store.persist_events([ev("$m", ["$a", "$b"], 4)])
+    assert store.get_forward_extremities(ROOM) == {"$m"}
+    assert store.get_backward_extremities(ROOM) == set()
+    assert store.get_room_events(ROOM) == ["$create", "$ann_join", "$a", "$b", "$m"]
+    assert store.get_room_events(ROOM, order="stream") == [
+        "$create", "$ann_join", "$a", "$b", "$m"]
+    with pytest.raises(ValueError):
+        store.get_room_events(ROOM, order="random")
+
+
+def test_conflicting_fork_is_resolved_by_the_default_resolver(store):
+    create_room(store)
+    store.persist_events([
+        ev("$t1", ["$ann_join"], 3, type="m.room.topic", state_key="", content={"topic": "1"}),
+        ev("$t2", ["$ann_join"], 3, type="m.room.topic", state_key="", content={"topic": "2"}),
+    ])
+    current = store.get_current_state(ROOM)
+    # Same depth: the later stream ordering ($t2) wins.
+    assert current[("m.room.topic", "")] == "$t2"
+    store.persist_events([ev("$merge", ["$t1", "$t2"], 4)])
+    assert store.get_state_after_event("$merge")[("m.room.topic", "")] == "$t2"
+    assert store.get_state_after_event("$t1")[("m.room.topic", "")] == "$t1"
+    assert dict(store.compute_state_at_extremities(ROOM)) == dict(store.get_current_state(ROOM))
+
+
+def test_out_of_order_arrival(store):
+    create_room(store)
+    # The child arrives before its parent: the parent is a backward extremity meanwhile.
+    store.persist_events([ev("$c", ["$p"], 4)])
+    assert store.get_forward_extremities(ROOM) == {"$ann_join", "$c"}
+    assert store.get_backward_extremities(ROOM) == {"$p"}
+    store.persist_events([ev("$p", ["$ann_join"], 3)])
+    # $p has a stored child, so it never becomes a forward extremity; it does
+    # take $ann_join's place.
+    assert store.get_forward_extremities(ROOM) == {"$c"}
+    assert store.get_backward_extremities(ROOM) == set()
+
+
+def test_outlier_then_deoutliered(store):
+    create_room(store)
+    store.persist_events([ev("$o", ["$missing"], 3, outlier=True)])
+    assert store.get_event("$o").outlier
+    assert "$o" not in store.get_room_events(ROOM)
+    assert store.get_forward_extremities(ROOM) == {"$ann_join"}
+    assert store.get_backward_extremities(ROOM) == set()
+    with pytest.raises(EventNotFoundError):
+        store.get_state_after_event("$o")
+    before = store.get_event("$o").stream_ordering
+    result = store.persist_events([ev("$o", ["$ann_join"], 3)])
+    assert result.orderings["$o"] > before
+    assert not store.get_event("$o").outlier
+    assert store.get_forward_extremities(ROOM) == {"$o"}
+    assert store.get_state_after_event("$o")[("m.room.member", ANN)] == "$ann_join"
+    # Persisting it again changes nothing.
+    assert dict(store.persist_events([ev("$o", ["$ann_join"], 3)]).orderings) == {}
+
+
+def test_backfill_below_the_oldest_event(store):
+    store.persist_events([
+        ev("$e10", ["$e9"], 10, type="m.room.create", state_key="", content={"creator": ANN}),
+        member("$j11", ["$e10"], 11, ANN, "join")])
+    assert store.get_backward_extremities(ROOM) == {"$e9"}
+    result = store.persist_events([ev("$e9", ["$e8"], 9), ev("$e8", ["$e7"], 8)],
+                                  backfilled=True)
+    assert all(o < 0 for o in result.orderings.values())
+    assert result.orderings["$e8"] < 0 and result.orderings["$e9"] < 0
+    assert store.get_backward_extremities(ROOM) == {"$e7"}
+    assert store.get_forward_extremities(ROOM) == {"$j11"}
+    assert store.get_room_events(ROOM) == ["$e8", "$e9", "$e10", "$j11"]
+    assert store.get_room_events(ROOM, order="stream")[-2:] == ["$e10", "$j11"]
+    rows = get_backfill_stream_rows(store.db, 0, current_backfill_token(store.db))
+    assert [r[1][1][0] for r in rows.rows] == ["$e9", "$e8"] or \
+        sorted(r[1][1][0] for r in rows.rows) == ["$e8", "$e9"]
+    assert all(token > 0 for token, _ in rows.rows)
+
+
+def test_rejected_and_soft_failed_events(store):
+    create_room(store)
+    store.persist_events([
+        ev("$rej", ["$ann_join"], 3, type="m.room.topic", state_key="", rejected=True,
+           content={"topic": "bad"}),
+        ev("$soft", ["$ann_join"], 3, soft_failed=True),
+    ])
+    # Neither counts: the extremity stays where it was.
+    assert store.get_forward_extremities(ROOM) == {"$ann_join"}
+    assert ("m.room.topic", "") not in store.get_state_after_event("$rej")
+    assert "$rej" in store.get_room_events(ROOM)
+    page, _ = store.paginate_back(ROOM, ANN, None, limit=10)
+    assert [e.event_id for e in page] == ["$ann_join", "$create"]
+    store.persist_events([ev("$next", ["$rej", "$soft", "$ann_join"], 4)])
+    assert store.get_forward_extremities(ROOM) == {"$next"}
+
+
+def test_redaction_prunes_content_but_keeps_the_bytes(store):
+    create_room(store)
+    raw = b'{"room_id": "!room:x", "type": "m.room.message", "sender": "@ann:x",' \
+          b' "depth": 3, "prev_events": ["$ann_join"], "content": {"body": "secret"}}'
+    store.persist_events([("$secret", raw)])
+    assert store.get_event("$secret").as_dict()["content"] == {"body": "secret"}
+    store.persist_events([ev("$red", ["$secret"], 4, type="m.room.redaction", redacts="$secret")])
+    redacted = store.get_event("$secret")
+    assert redacted.redacted and redacted.as_dict()["content"] == {}
+    assert store.get_event_json("$secret") == raw  # the exact bytes received
+    # A redaction that arrives before its target applies when the target comes.
+    store.persist_events([ev("$red2", ["$red"], 5, type="m.room.redaction", redacts="$late")])
+    store.persist_events([ev("$late", ["$red"], 5)])
+    assert store.get_event("$late").redacted
+
+
+def test_visibility_changes_mid_room(store):
+    create_room(store)
+    store.persist_events([
+        ev("$hv1", ["$ann_join"], 3, type="m.room.history_visibility", state_key="",
+           content={"history_visibility": "joined"}),
+        ev("$before_bob", ["$hv1"], 4),
+        member("$bob_join", ["$before_bob"], 5, BOB, "join"),
+        ev("$after_bob", ["$bob_join"], 6),
+        ev("$hv2", ["$after_bob"], 7, type="m.room.history_visibility", state_key="",
+           content={"history_visibility": "world_readable"}),
+        ev("$public", ["$hv2"], 8),
+    ])
+    bob_view = [e.event_id for e in store.paginate_back(ROOM, BOB, None, limit=50)[0]]
+    assert "$before_bob" not in bob_view
+    # The events before $hv1 were under the default "shared" setting (and $hv1 itself
+    # takes the more permissive of old and new): Bob, now joined, sees them.
+    assert bob_view == ["$public", "$hv2", "$after_bob", "$bob_join", "$hv1", "$ann_join",
+                        "$create"]
+    # Cat never joined: only the world-readable part.
+    cat_view = [e.event_id for e in store.paginate_back(ROOM, CAT, None, limit=50)[0]]
+    assert cat_view == ["$public", "$hv2"]
+    assert store.get_event("$hv2").history_visibility == "world_readable"
+    assert store.get_event("$after_bob").history_visibility == "joined"
+
+
+def test_shared_history_follows_current_membership(store):
+    create_room(store)
+    store.persist_events([ev("$old", ["$ann_join"], 3), member("$bj", ["$old"], 4, BOB, "join")])
+    assert [e.event_id for e in store.paginate_back(ROOM, BOB, None, 10)[0]] == [
+        "$bj", "$old", "$ann_join", "$create"]
+    store.persist_events([member("$bl", ["$bj"], 5, BOB, "leave"), ev("$later", ["$bl"], 6)])
+    # Left: no longer sees shared history from before joining, nor what came after.
+    assert [e.event_id for e in store.paginate_back(ROOM, BOB, None, 10)[0]] == ["$bl", "$bj"]
+
+
+def test_invite_to_a_room_not_joined_reaches_sync(store):
+    create_room(store)
+    token = store.current_token()
+    invite = member("$inv", ["$elsewhere"], 20, CAT, "invite", room="!other:y", outlier=True)
+    invite["sender"] = "@dan:y"
+    store.persist_events([invite])
+    assert store.membership_changes.has_entity_changed(CAT, token.stream)
+    sync = store.get_new_events_for_user(CAT, str(token))
+    assert [e.event_id for e in sync.membership_changes] == ["$inv"]
+    assert sync.events == []
+    assert sync.next_token.stream > token.stream
+    assert store.get_forward_extremities("!other:y") == set()
+
+
+def test_sync_and_initial_sync(store):
+    create_room(store)
+    create_room(store, room="!two:x")
+    token = store.current_token()
+    assert not store.has_room_changed_since(ROOM, token)
+    store.persist_events([ev("$n1", ["$ann_join"], 3), ev("$n2", ["$n1"], 4)])
+    assert store.has_room_changed_since(ROOM, token)
+    assert not store.has_room_changed_since("!two:x", token)
+    sync = store.get_new_events_for_user(ANN, token)
+    assert [e.event_id for e in sync.events] == ["$n1", "$n2"]
+    again = store.get_new_events_for_user(ANN, sync.next_token)
+    assert again.events == [] and again.membership_changes == []
+    timelines = store.get_initial_sync(ANN, rooms=1, events_per_room=2)
+    assert [t.room_id for t in timelines] == [ROOM]
+    assert [e.event_id for e in timelines[0].events] == ["$n1", "$n2"]
+    page, _ = store.paginate_back(ROOM, ANN, timelines[0].prev_token, limit=10)
+    assert [e.event_id for e in page] == ["$ann_join", "$create"]
+    assert store.get_user_rooms(ANN) == ["!room:x", "!two:x"]
+
+
+def test_state_groups_reuse_and_bounded_chains(store):
+    create_room(store)
+    prev, depth = "$ann_join", 3
+    events = []
+    for i in range(12):
+        events.append(ev(f"$s{i}", [prev], depth, type="m.room.topic", state_key="",
+                         content={"topic": str(i)}))
+        events.append(ev(f"$m{i}", [f"$s{i}"], depth + 1))
+        prev, depth = f"$m{i}", depth + 2
+    store.persist_events(events)
+    for i in range(12):
+        assert store.get_state_group_for_event(f"$m{i}") == \
+            store.get_state_group_for_event(f"$s{i}")
+    groups = {store.get_state_group_for_event(f"$s{i}") for i in range(12)}
+    assert len(groups) == 12
+    store.states.clear()
+    assert store.get_state_after_event("$m11")[("m.room.topic", "")] == "$s11"
+    # max_delta_hops=4: no chain is longer than 4 edges.
+    for group in groups:
+        assert store.db.run(lambda txn: store.states.load(txn, group))[1] <= 4
+    edges = store.db.fetchval("SELECT COUNT(*) FROM state_group_edges")
+    snapshots = store.db.fetchval(
+        "SELECT COUNT(*) FROM state_groups WHERE id NOT IN"
+        " (SELECT state_group FROM state_group_edges)")
+    assert snapshots >= 3 and edges >= 8
+
+
+def test_invalid_events_store_nothing(store):
+    create_room(store)
+    good = ev("$good", ["$ann_join"], 3)
+    cases = [
+        {k: v for k, v in ev("$x", [], 3).items() if k != "room_id"},
+        ev("$x", [], "3"),
+        {**ev("$x", [], 3), "prev_events": "notalist"},
+        {**ev("$x", [], 3), "content": [1]},
+        {**ev("$x", [], 3), "depth": True},
+        {**ev("$x", [], 3), "sender": ""},
+        ev("$x", [], 3, type="m.room.redaction"),
+        ev("$x", ["$x"], 3),
+        ev("$x", [5], 3),
+        ev("$x", [], 3, state_key=7),
+        ev("$x", [], 3, type="m.room.member", state_key=BOB, content={}),
+        ev("$x", [], 3, outlier="yes"),
+        ("$x", b"{not json"),
+        ("$x", "text, not bytes"),
+        ("$x", b"[1, 2]"),
+        42,
+    ]
+    for bad in cases:
+        with pytest.raises(InvalidEventError):
+            store.persist_events([good, bad])
+    with pytest.raises(InvalidEventError):
+        store.persist_events(good)
+    assert "$good" not in store.get_room_events(ROOM)
+    with pytest.raises(EventNotFoundError):
+        store.get_event("$good")
+
+
+def test_tokens():
+    assert parse_token("s42") == StreamToken(42)
+    assert parse_token("t7-42") == TopologicalToken(7, 42)
+    assert parse_token("t7--3") == TopologicalToken(7, -3)
+    assert str(TopologicalToken(7, -3)) == "t7--3"
+    for bad in ["", "x1", "s", "t1", "t-1-2", "s1.5", "s" + "9" * 30]:
+        with pytest.raises(InvalidTokenError):
+            parse_token(bad)
+
+
+def test_pagination_tokens_round_trip(store):
+    create_room(store)
+    store.persist_events([ev(f"$p{i}", [f"$p{i-1}" if i else "$ann_join"], 3 + i)
+                          for i in range(7)])
+    seen, token = [], None
+    while True:
+        page, token = store.paginate_back(ROOM, ANN, str(token) if token else None, limit=2)
+        seen += [e.event_id for e in page]
+        if token is None:
+            break
+    assert seen == [f"$p{i}" for i in reversed(range(7))] + ["$ann_join", "$create"]
+    with pytest.raises(InvalidTokenError):
+        store.paginate_back(ROOM, ANN, "bogus")
+    # From a stream token: the events up to that stream position.
+    at = store.get_event("$p3").stream_ordering
+    page, _ = store.paginate_back(ROOM, ANN, f"s{at}", limit=3)
+    assert [e.event_id for e in page] == ["$p3", "$p2", "$p1"]
+
+
+def test_events_stream_rows_and_worker_follower(db_url, store):
+    create_room(store)
+    worker = EventStore(db_url)
+    try:
+        follower = EventsStreamFollower(worker)
+        start = current_events_token(store.db)
+        worker_token = worker.current_token().stream
+        assert worker.get_current_state(ROOM)[("m.room.member", ANN)] == "$ann_join"
+        assert worker.get_forward_extremities(ROOM) == {"$ann_join"}
+        store.persist_events([member("$bob", ["$ann_join"], 3, BOB, "join"),
+                              ev("$hello", ["$bob"], 4)])
+        rows = get_events_stream_rows(store.db, start, current_events_token(store.db))
+        kinds = [(row[0], row[1][0] if row[0] == "ev" else row[1][1]) for _, row in rows.rows]
+        assert ("ev", "$bob") in kinds and ("ev", "$hello") in kinds
+        assert ("state", "m.room.member") in kinds
+        ev_row = next(row for _, row in rows.rows if row[0] == "ev" and row[1][0] == "$bob")
+        assert ev_row[1] == ["$bob", ROOM, "m.room.member", BOB, None, None, "join", False, False]
+        # Before the rows arrive the worker's caches are stale; after, correct.
+        assert worker.get_current_state(ROOM).get(("m.room.member", BOB)) is None
+        reached = follower.catch_up(worker_token, current_events_token(store.db))
+        assert reached == current_events_token(store.db)
+        assert worker.get_current_state(ROOM)[("m.room.member", BOB)] == "$bob"
+        assert worker.get_forward_extremities(ROOM) == {"$hello"}
+        assert worker.has_room_changed_since(ROOM, StreamToken(worker_token))
+        assert worker.membership_changes.has_entity_changed(BOB, worker_token)
+        # Limited reads stay complete per position and make progress.
+        small = get_events_stream_rows(store.db, start, current_events_token(store.db), limit=1)
+        assert small.limited and small.rows and small.upto_token > start
+    finally:
+        worker.close()
+
+
+def test_persist_emits_cache_invalidations(db_url):
+    seen = []
+    store = EventStore(db_url, on_persisted=lambda outcome, rows: seen.extend(rows))
+    try:
+        create_room(store)
+        store.persist_events([member("$bob", ["$ann_join"], 3, BOB, "join")])
+        assert ("cs_cache_fake", [ROOM, BOB]) in seen
+        seen.clear()
+        store.persist_events([ev("$msg", ["$bob"], 4)])
+        assert seen == []
+        store.persist_events([ev("$red", ["$msg"], 5, type="m.room.redaction", redacts="$msg")])
+        assert ("get_event", ["$msg"]) in seen
+    finally:
+        store.close()
+
+
+def test_exact_bytes_for_mapping_events(store):
+    create_room(store)
+    body = ev("$m", ["$ann_join"], 3)
+    store.persist_events([body])
+    stored = orjson.loads(store.get_event_json("$m"))
+    assert "event_id" not in stored and stored["content"] == {"body": "$m"}
