@@ -105,6 +105,19 @@ class StateCorruptionError(StreamrepError):
     parents, duplicate keys in one delta). The message names the groups."""
 
 
+class StateVerificationError(StreamrepError):
+    """A reconstructed state differs from the state recomputed by walking its chain.
+
+    ``groups`` lists the state groups that differ."""
+
+    def __init__(self, message: str, groups: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.groups = groups
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.groups))
+
+
 # --- configuration ---------------------------------------------------------------
 
 

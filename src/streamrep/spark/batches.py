@@ -1,0 +1,420 @@
+"""Arrow-level steps of bulk state reconstruction, shared by Spark and the local mode.
+
+Nothing here imports PySpark: the same functions run inside ``mapInArrow`` on the
+executors and in the single-process mode. Per-row work happens in pyarrow, numpy
+and the compiled state core (``expand_groups``, ``digest_states``); Python only
+loops over batches.
+
+Two steps:
+
+* :func:`assign_trees` takes the topology (every group with its prev group and
+  whether it is wanted), checks it with the core, finds each group's tree root by
+  pointer jumping, drops trees without wanted groups and splits giant trees into
+  pieces by the branch under the root (the root is copied into every piece).
+* :func:`expand_partition` takes the rows of whole trees (topology joined with
+  the delta rows, sorted by ``root, piece, state_group``), interns the strings per
+  batch and calls ``expand_groups`` once per batch of whole trees.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from typing import TYPE_CHECKING, Iterable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from streamrep import _impl
+from streamrep.errors import StateCorruptionError
+
+if TYPE_CHECKING:
+    from streamrep._pure import state as _core_state
+else:
+    _core_state = _impl.load("state")
+
+__all__ = [
+    "TOPOLOGY_SCHEMA",
+    "TREES_SCHEMA",
+    "TREE_ROWS_SCHEMA",
+    "STATE_SCHEMA",
+    "DIGEST_SCHEMA",
+    "assign_trees",
+    "expand_partition",
+    "expand_table",
+]
+
+#: Input of :func:`assign_trees`: one row per group (prev null for a root).
+TOPOLOGY_SCHEMA = pa.schema(
+    [("state_group", pa.int64()), ("prev_state_group", pa.int64()), ("wanted", pa.bool_())]
+)
+
+#: Output of :func:`assign_trees`: prev is -1 for roots; piece numbers a split tree's parts.
+TREES_SCHEMA = pa.schema(
+    [
+        ("root", pa.int64()),
+        ("piece", pa.int32()),
+        ("state_group", pa.int64()),
+        ("prev_state_group", pa.int64()),
+        ("wanted", pa.bool_()),
+    ]
+)
+
+#: Input of :func:`expand_partition`: the trees joined with the delta rows (a group
+#: without delta rows has one row whose ``type`` is null).
+TREE_ROWS_SCHEMA = pa.schema(
+    list(TREES_SCHEMA)
+    + [("type", pa.string()), ("state_key", pa.string()), ("event_id", pa.string())]
+)
+
+#: Full-state output: one row per entry of each wanted group's state.
+STATE_SCHEMA = pa.schema(
+    [
+        ("state_group", pa.int64()),
+        ("type", pa.string()),
+        ("state_key", pa.string()),
+        ("event_id", pa.string()),
+    ]
+)
+
+#: Digest output: one row per wanted group.
+DIGEST_SCHEMA = pa.schema(
+    [("state_group", pa.int64()), ("entries", pa.int64()), ("state_digest", pa.string())]
+)
+
+#: Rows per output record batch (bounds the strings materialised at once).
+OUTPUT_BATCH_ROWS = 262_144
+
+
+def _int64_numpy(column: pa.Array | pa.ChunkedArray, fill: int | None = None) -> np.ndarray:
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    column = column.cast(pa.int64())
+    if fill is not None:
+        column = column.fill_null(fill)
+    return np.ascontiguousarray(column.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _bool_numpy(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    return np.ascontiguousarray(column.fill_null(False).to_numpy(zero_copy_only=False), dtype=np.bool_)
+
+
+def _check_topology(groups: np.ndarray, prevs: np.ndarray) -> None:
+    """Raise the core's StateCorruptionError for duplicates, missing prevs, cycles."""
+    n = len(groups)
+    empty = np.zeros(0, dtype=np.int64)
+    try:
+        _core_state.expand_groups(
+            groups, prevs, np.zeros(n + 1, dtype=np.int64), empty, empty, np.zeros(n, dtype=np.uint8)
+        )
+    except StateCorruptionError as exc:
+        if "listed more than once" in str(exc):
+            named = tuple(getattr(exc, "groups", ()))
+            shown = ", ".join(str(g) for g in named[: _core_state.MAX_NAMED_GROUPS])
+            err = StateCorruptionError(
+                "state groups listed more than once in state_groups, or with several prev "
+                f"groups in state_group_edges: {shown}"
+            )
+            err.groups = named  # type: ignore[attr-defined]
+            raise err from None
+        raise
+
+
+def _pointer_jump(parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Root index and depth of every node; ``parent`` is -1 for roots (acyclic)."""
+    n = len(parent)
+    idx = np.arange(n, dtype=np.int64)
+    has_parent = parent >= 0
+    ptr = np.where(has_parent, parent, idx)
+    depth = has_parent.astype(np.int64)
+    for _ in range(max(1, math.ceil(math.log2(n + 1))) + 2):
+        nxt = ptr[ptr]
+        if np.array_equal(nxt, ptr):
+            break
+        depth = depth + depth[ptr]
+        ptr = nxt
+    return ptr, depth
+
+
+def assign_trees(topology: pa.Table, split_threshold: int = 200_000) -> pa.Table:
+    """Find every group's tree, keep trees with a wanted group, split giant ones.
+
+    *topology* has :data:`TOPOLOGY_SCHEMA` (one row per group, wanted may be
+    null for False). Returns a table of :data:`TREES_SCHEMA`. A tree with more
+    than *split_threshold* groups is cut into ``ceil(size / threshold)`` pieces
+    by the branch under its root; the root is copied into every piece (wanted
+    only in piece 0) so each piece is a closed batch on its own.
+
+    Raises :class:`StateCorruptionError` naming the groups for duplicate groups,
+    a prev group that does not exist, or a cycle.
+    """
+    groups = _int64_numpy(topology.column("state_group"))
+    if topology.column("state_group").null_count:
+        raise StateCorruptionError("state_groups has rows with a null id")
+    prevs = _int64_numpy(topology.column("prev_state_group"), fill=-1)
+    wanted = _bool_numpy(topology.column("wanted"))
+    n = len(groups)
+    _check_topology(groups, prevs)
+    if n == 0:
+        return TREES_SCHEMA.empty_table()
+
+    order = np.argsort(groups, kind="stable")
+    sorted_ids = groups[order]
+    parent = np.full(n, -1, dtype=np.int64)
+    has_parent = prevs != -1
+    parent[has_parent] = order[np.searchsorted(sorted_ids, prevs[has_parent])]
+    root, depth = _pointer_jump(parent)
+
+    # Trees without a wanted group need no work at all.
+    tree_wanted = np.zeros(n, dtype=np.bool_)
+    np.logical_or.at(tree_wanted, root, wanted)
+    keep = tree_wanted[root]
+    size = np.bincount(root[keep], minlength=n)
+    pieces = np.where(size > split_threshold, -(-size // max(1, split_threshold)), 1)
+    tree_pieces = pieces[root]
+
+    piece = np.zeros(n, dtype=np.int32)
+    giant = keep & (tree_pieces > 1) & (depth > 0)
+    if giant.any():
+        # The branch of a group is its ancestor at depth 1 (itself at depth 1).
+        bptr = np.where(depth > 1, parent, np.arange(n, dtype=np.int64))
+        for _ in range(max(1, math.ceil(math.log2(n + 1))) + 2):
+            nxt = bptr[bptr]
+            if np.array_equal(nxt, bptr):
+                break
+            bptr = nxt
+        branch_ids = groups[bptr[giant]]
+        piece[giant] = (
+            (branch_ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(33)
+        ) % tree_pieces[giant].astype(np.uint64)
+
+    kept = np.flatnonzero(keep)
+    out_root = groups[root[kept]]
+    out_piece = piece[kept]
+    out_group = groups[kept]
+    out_prev = prevs[kept]
+    out_wanted = wanted[kept]
+
+    # Copies of the roots of split trees, one per extra piece, never wanted there.
+    split_roots = np.flatnonzero(keep & (depth == 0) & (tree_pieces > 1))
+    if len(split_roots):
+        copies = tree_pieces[split_roots] - 1
+        rep = np.repeat(split_roots, copies)
+        extra_piece = np.concatenate([np.arange(1, c + 1, dtype=np.int32) for c in copies])
+        out_root = np.concatenate([out_root, groups[rep]])
+        out_piece = np.concatenate([out_piece, extra_piece])
+        out_group = np.concatenate([out_group, groups[rep]])
+        out_prev = np.concatenate([out_prev, prevs[rep]])
+        out_wanted = np.concatenate([out_wanted, np.zeros(len(rep), dtype=np.bool_)])
+
+    return pa.table(
+        [
+            pa.array(out_root, pa.int64()),
+            pa.array(out_piece, pa.int32()),
+            pa.array(out_group, pa.int64()),
+            pa.array(out_prev, pa.int64()),
+            pa.array(out_wanted, pa.bool_()),
+        ],
+        schema=TREES_SCHEMA,
+    )
+
+
+# --- expanding batches of whole trees ------------------------------------------
+
+
+def _sorted_dictionary(values: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """Intern *values* into IDs ranked in bytewise order: (dictionary, ids)."""
+    unique = pc.unique(values)
+    dictionary = unique.take(pc.sort_indices(unique))
+    ids = pc.index_in(values, value_set=dictionary)
+    return dictionary, _int64_numpy(ids)
+
+
+def _string_table(values: pa.Array) -> tuple[pa.Buffer, pa.Buffer | bytes]:
+    large = values.cast(pa.large_string())
+    if large.offset:
+        large = pa.concat_arrays([large])
+    buffers = large.buffers()
+    data = buffers[2] if buffers[2] is not None else b""
+    offsets = buffers[1] if buffers[1] is not None else pa.py_buffer(bytes(8))
+    return offsets, data
+
+
+def _as_arrow(values: array[int]) -> pa.Array:
+    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
+
+
+class _Interned:
+    """The string tables of one batch and its interned delta rows."""
+
+    def __init__(self, delta: pa.Table) -> None:
+        self.types, type_ids = _sorted_dictionary(delta.column("type").combine_chunks())
+        self.state_keys, key_ids = _sorted_dictionary(delta.column("state_key").combine_chunks())
+        encoded = delta.column("event_id").combine_chunks().dictionary_encode()
+        self.events = encoded.dictionary
+        self.stride = max(1, len(self.state_keys))
+        self.keys = type_ids * self.stride + key_ids
+        self.event_ids = _int64_numpy(encoded.indices)
+
+    def key_text(self, key: int) -> str:
+        t = self.types[key // self.stride].as_py()
+        s = self.state_keys[key % self.stride].as_py()
+        return f"({t!r}, {s!r})"
+
+
+def _expand_segment(
+    segment: pa.Table, digest: bool
+) -> Iterator[pa.RecordBatch]:
+    """Expand one closed batch of whole trees (group IDs unique within it)."""
+    g_all = _int64_numpy(segment.column("state_group"))
+    n_rows = len(g_all)
+    if n_rows == 0:
+        return
+    starts = np.flatnonzero(np.r_[True, g_all[1:] != g_all[:-1]])
+    group_ids = g_all[starts]
+    prev_ids = _int64_numpy(segment.column("prev_state_group"), fill=-1)[starts]
+    wanted = _bool_numpy(segment.column("wanted"))[starts].view(np.uint8)
+
+    type_col = segment.column("type").combine_chunks()
+    has_row = _bool_numpy(type_col.is_valid())
+    cumulative = np.concatenate([[0], np.cumsum(has_row, dtype=np.int64)])
+    offsets = cumulative[np.r_[starts, n_rows]]
+    delta = segment.filter(pa.array(has_row))
+    for column in ("state_key", "event_id"):
+        nulls = delta.column(column).null_count
+        if nulls:
+            bad = pc.unique(delta.filter(pc.is_null(delta.column(column))).column("state_group"))
+            named = tuple(sorted(bad.to_pylist()))
+            shown = ", ".join(str(g) for g in named[:10])
+            err = StateCorruptionError(f"state_groups_state rows with a null {column} in groups {shown}")
+            err.groups = tuple(named)  # type: ignore[attr-defined]
+            raise err
+    interned = _Interned(delta)
+    try:
+        out_groups, out_keys, out_events = _core_state.expand_groups(
+            group_ids, prev_ids, offsets, interned.keys, interned.event_ids, wanted
+        )
+    except StateCorruptionError as exc:
+        key = getattr(exc, "key", None)
+        if key is None:
+            raise
+        named = tuple(getattr(exc, "groups", ()))
+        err = StateCorruptionError(
+            f"state group {named[0]} has key {interned.key_text(key)} more than once "
+            "in state_groups_state"
+        )
+        err.groups = named  # type: ignore[attr-defined]
+        raise err from None
+
+    if digest:
+        yield _digest_batch(group_ids, wanted, out_groups, out_keys, out_events, interned)
+        return
+    total = len(out_groups)
+    og, oe = _as_arrow(out_groups), _as_arrow(out_events)
+    keys = np.frombuffer(out_keys, dtype=np.int64) if total else np.zeros(0, np.int64)
+    stride = interned.stride
+    for lo in range(0, total, OUTPUT_BATCH_ROWS):
+        hi = min(total, lo + OUTPUT_BATCH_ROWS)
+        type_ids = keys[lo:hi] // stride
+        key_ids = keys[lo:hi] - type_ids * stride
+        yield pa.RecordBatch.from_arrays(
+            [
+                og.slice(lo, hi - lo),
+                interned.types.take(pa.array(type_ids)),
+                interned.state_keys.take(pa.array(key_ids)),
+                interned.events.take(oe.slice(lo, hi - lo)),
+            ],
+            schema=STATE_SCHEMA,
+        )
+
+
+def _digest_batch(
+    group_ids: np.ndarray,
+    wanted: np.ndarray,
+    out_groups: array[int],
+    out_keys: array[int],
+    out_events: array[int],
+    interned: _Interned,
+) -> pa.RecordBatch:
+    digest_groups, hexes = _core_state.digest_states(
+        out_groups, out_keys, out_events, interned.stride,
+        _string_table(interned.types), _string_table(interned.state_keys),
+        _string_table(interned.events),
+    )
+    wanted_groups = group_ids[wanted.astype(np.bool_)]
+    m = len(digest_groups)
+    hex_array = pa.Array.from_buffers(
+        pa.string(), m, [None, pa.py_buffer(np.arange(0, 64 * m + 1, 64, dtype=np.int32)), pa.py_buffer(hexes)]
+    )
+    digest_ids = np.frombuffer(digest_groups, dtype=np.int64) if m else np.zeros(0, np.int64)
+    position = pc.index_in(pa.array(wanted_groups, pa.int64()), value_set=pa.array(digest_ids, pa.int64()))
+    digests = hex_array.take(position).fill_null(_core_state.EMPTY_STATE_DIGEST)
+    counts = np.zeros(len(wanted_groups), dtype=np.int64)
+    if m:
+        row_groups = np.frombuffer(out_groups, dtype=np.int64)
+        boundaries = np.flatnonzero(np.r_[True, row_groups[1:] != row_groups[:-1], True])
+        sizes = np.diff(boundaries)
+        present = _bool_numpy(position.is_valid())
+        found = _int64_numpy(position, fill=0)
+        counts[present] = sizes[found[present]]
+    return pa.RecordBatch.from_arrays(
+        [pa.array(wanted_groups, pa.int64()), pa.array(counts, pa.int64()), digests],
+        schema=DIGEST_SCHEMA,
+    )
+
+
+def _segments(table: pa.Table) -> Iterator[pa.Table]:
+    """Cut sorted rows where a tree's next piece starts: its root is copied there."""
+    roots = _int64_numpy(table.column("root"))
+    pieces = _int64_numpy(table.column("piece"))
+    if len(roots) == 0:
+        return
+    cuts = np.flatnonzero((roots[1:] == roots[:-1]) & (pieces[1:] != pieces[:-1])) + 1
+    lo = 0
+    for cut in cuts.tolist() + [len(roots)]:
+        yield table.slice(lo, cut - lo)
+        lo = cut
+
+
+def expand_table(table: pa.Table, digest: bool = False) -> Iterator[pa.RecordBatch]:
+    """Expand rows of whole trees sorted by ``root, piece, state_group``."""
+    for segment in _segments(table):
+        yield from _expand_segment(segment, digest)
+
+
+def expand_partition(
+    batches: Iterable[pa.RecordBatch], digest: bool = False, batch_rows: int = 500_000
+) -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` body: expand a partition sorted by ``root, piece, state_group``.
+
+    Record batches arrive in any size; rows are buffered until about
+    *batch_rows* are held, then every complete tree among them goes to the core
+    in one call and the last (possibly incomplete) tree waits for more rows.
+    """
+    pending: list[pa.RecordBatch] = []
+    held = 0
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        pending.append(batch)
+        held += batch.num_rows
+        if held < batch_rows:
+            continue
+        table = pa.Table.from_batches(pending).combine_chunks()
+        roots = table.column("root")
+        pieces = table.column("piece")
+        last_root, last_piece = roots[-1], pieces[-1]
+        tail = pc.sum(
+            pc.and_(pc.equal(roots, last_root), pc.equal(pieces, last_piece))
+        ).as_py()
+        split = table.num_rows - int(tail)
+        if split > 0:
+            yield from expand_table(table.slice(0, split), digest)
+        rest = table.slice(split)
+        pending = rest.to_batches()
+        held = rest.num_rows
+    if pending:
+        yield from expand_table(pa.Table.from_batches(pending).combine_chunks(), digest)
