@@ -1,0 +1,104 @@
+"""What a stream is: its name, backing tables, writers and row format.
+
+A :class:`StreamDefinition` is static (registered once per process, see
+:mod:`streamrep.streams.registry`); a :class:`Stream` binds one to a database, an
+instance and an ID generator, and answers :meth:`Stream.get_updates_since`.
+
+Tokens always increase, also for streams whose stored IDs decrease (backfill): the
+definition translates in :meth:`StreamDefinition.fetch_rows`.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Sequence
+
+from streamrep.errors import StreamIdError
+from streamrep.idgen import BackingTable, IdGenerator
+
+if TYPE_CHECKING:
+    from streamrep.db import Database, Transaction
+
+#: One stream row: ``(token, row)`` where ``row`` is the JSON-able list sent in RDATA.
+StreamRow = tuple[int, list[Any]]
+
+
+@dataclass(frozen=True)
+class StreamDefinition(abc.ABC):
+    """A stream's static description; subclass it and implement :meth:`fetch_rows`.
+
+    * ``name``: the stream name on the wire.
+    * ``tables``: backing tables (their ID column, and the writer column if any).
+    * ``sequence_name``: the PostgreSQL sequence for several writers (None: the
+      stream always has a single writer).
+    * ``negative``: stored IDs decrease (backfill); tokens are their negations.
+    * ``schema_component``: the migration component that creates the tables.
+    * ``default_writers``: writers when the deployment configures none.
+    * ``row_fields``: names of the fields of a row, for documentation and tools.
+    """
+
+    name: str
+    tables: tuple[BackingTable, ...] = ()
+    sequence_name: str | None = None
+    negative: bool = False
+    schema_component: str | None = None
+    default_writers: tuple[str, ...] = ("master",)
+    row_fields: tuple[str, ...] = field(default=())
+
+    @property
+    def in_memory(self) -> bool:
+        """True for streams that live in one process's memory (no tables)."""
+        return not self.tables
+
+    @abc.abstractmethod
+    def fetch_rows(self, txn: "Transaction", instance: str, from_token: int,
+                   upto_token: int, limit: int | None) -> list[StreamRow]:
+        """Rows written by *instance* with ``from_token < token <= upto_token``,
+        ascending by token, at most *limit* rows (None: all)."""
+
+
+class Stream:
+    """A stream definition bound to a database, this instance and an ID generator."""
+
+    def __init__(self, definition: StreamDefinition, db: "Database | None",
+                 id_gen: IdGenerator, writers: Sequence[str]) -> None:
+        self.definition = definition
+        self.name = definition.name
+        self.db = db
+        self.id_gen = id_gen
+        self.writers: tuple[str, ...] = tuple(writers)
+
+    def current_token(self, instance: str | None = None) -> int:
+        """Writer *instance*'s position, or the linear position with no instance."""
+        if instance is None:
+            return self.id_gen.get_current_token()
+        return self.id_gen.get_current_token_for_writer(instance)
+
+    def get_updates_since(self, instance: str, from_token: int, upto_token: int,
+                          limit: int) -> tuple[list[StreamRow], bool]:
+        """Rows of writer *instance* with ``from_token < token <= upto_token``.
+
+        Ordered by token. At most about *limit* rows: when there are more, the flag
+        is True and the rows end at a whole token (rows sharing a token are never
+        split, so the answer may exceed *limit* by the rest of the last token's rows);
+        continue from the last row's token.
+        """
+        if limit < 1:
+            raise StreamIdError(f"limit must be at least 1, not {limit}")
+        if upto_token <= from_token:
+            return [], False
+        assert self.db is not None
+        with self.db.transaction(f"{self.name}:get_updates_since", read_only=True) as txn:
+            rows = self.definition.fetch_rows(txn, instance, from_token, upto_token, limit + 1)
+            if len(rows) <= limit:
+                return rows, False
+            # Cut after the last whole token within the limit, then complete it.
+            last_token = rows[limit - 1][0]
+            kept = [row for row in rows if row[0] < last_token]
+            kept.extend(self.definition.fetch_rows(txn, instance, last_token - 1, last_token,
+                                                   None))
+            return kept, True
+
+    def __repr__(self) -> str:
+        return f"<Stream {self.name} writers={list(self.writers)}>"
