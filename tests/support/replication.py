@@ -43,12 +43,13 @@ class LineClient:
         raise AssertionError(f"no matching line in {limit} lines")
 
     def skip_pings(self) -> str:
-        """The next line that is not a PING."""
-        for _ in range(1000):
+        """The next line that is not a PING (or the SERVER greeting), within 5 s."""
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
             line = self.line()
-            if not line.startswith("PING"):
+            if not line.startswith(("PING", "SERVER")):
                 return line
-        raise AssertionError("only PINGs")
+        raise AssertionError("only PINGs for 5 seconds")
 
     def closed_by_peer(self, timeout: float = 5.0) -> bool:
         """True once the peer closes (draining whatever is left)."""

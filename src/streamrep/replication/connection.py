@@ -95,6 +95,7 @@ class ReplicationConnection:
         self.last_sent = now
         self.connected_at = now
         self._in_flight = False
+        self._closer: Greenlet | None = None
         self._greenlets: list[Greenlet] = []
         self._writer: Greenlet | None = None
         self._keepalive = Keepalive(self)
@@ -120,6 +121,10 @@ class ReplicationConnection:
         """Start, then read in the current greenlet until the connection ends."""
         self.start()
         self._read_loop()
+        # Stay until the last lines are flushed: the caller may close the socket
+        # as soon as this returns.
+        if self._closer is not None:
+            self._closer.join(_CLOSE_FLUSH_SECONDS + 1)
 
     def connection_made(self) -> None:
         """Called once the connection's greenlets run; subclasses send greetings here."""
@@ -146,7 +151,7 @@ class ReplicationConnection:
             self.metrics.disconnected(reason)
         logger.info("replication connection %s closed: %s%s", self.name, reason,
                     f" ({error})" if error else "")
-        gevent.spawn(self._finish_close)
+        self._closer = gevent.spawn(self._finish_close)
         try:
             self.connection_lost(reason)
         except Exception:

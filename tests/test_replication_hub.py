@@ -1,0 +1,263 @@
+"""The hub over real sockets on 127.0.0.1: greeting, REPLICATE, publishing,
+relaying, keepalive, bad input and shutdown."""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import pytest
+
+from streamrep.replication import ConnectionSettings, MemorySource, ReplicationHub
+from support.replication import LineClient, wait_until
+
+FAST = ConnectionSettings(ping_interval=0.1, ping_timeout=0.5)
+
+
+@pytest.fixture
+def source() -> MemorySource:
+    src = MemorySource(["caches", "events"])
+    src.append("caches", "main", 1, [["get_user_by_id", ["@a:x"], 1]])
+    src.append("events", "main", 3, [["$e3", "!r", "m.room.message", None, None]])
+    return src
+
+
+@pytest.fixture
+def hub(source: MemorySource) -> Iterator[ReplicationHub]:
+    h = ReplicationHub("hub.example", source, port=0, settings=FAST)
+    h.start()
+    yield h
+    h.stop()
+
+
+_open: list[LineClient] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_peers() -> Iterator[None]:
+    yield
+    while _open:
+        _open.pop().close()
+
+
+def _connect(hub: ReplicationHub) -> LineClient:
+    peer = LineClient(hub.address, timeout=5.0)
+    _open.append(peer)
+    return peer
+
+
+def test_seed_transcript(hub: ReplicationHub, source: MemorySource) -> None:
+    c = _connect(hub)
+    assert c.line() == "SERVER hub.example"
+    assert c.line().startswith("PING ")
+    c.send("NAME synapse.app.appservice\nPING 1490197665618\nREPLICATE\n")
+    positions = sorted(c.skip_pings() for _ in range(2))
+    assert positions == ["POSITION caches main 1 1", "POSITION events main 3 3"]
+    source.append("caches", "main", 2, [["get_user_by_id", ["@b:x"], 5]])
+    hub.writer_advanced("caches", "main", 2)
+    assert c.skip_pings() == 'RDATA caches main 2 ["get_user_by_id",["@b:x"],5]'
+    c.close()
+
+
+def test_rows_sharing_an_id_are_batched(hub: ReplicationHub, source: MemorySource) -> None:
+    c = _connect(hub)
+    c.send("REPLICATE\n")
+    c.lines_until(lambda line: line.startswith("POSITION events"))
+    rows = [["get_user_by_id", [f"@test{i}:x"], 7] for i in range(1, 5)]
+    source.append("caches", "main", 54, rows)
+    hub.writer_advanced("caches", "main", 54)
+    got = [c.skip_pings() for _ in range(4)]
+    assert got == [
+        'RDATA caches main batch ["get_user_by_id",["@test1:x"],7]',
+        'RDATA caches main batch ["get_user_by_id",["@test2:x"],7]',
+        'RDATA caches main batch ["get_user_by_id",["@test3:x"],7]',
+        'RDATA caches main 54 ["get_user_by_id",["@test4:x"],7]',
+    ]
+
+
+def test_position_without_rows(hub: ReplicationHub, source: MemorySource) -> None:
+    c = _connect(hub)
+    c.send("REPLICATE\n")
+    c.lines_until(lambda line: line.startswith("POSITION events"))
+    source.advance("events", "main", 9)  # e.g. rolled-back facts
+    hub.writer_advanced("events", "main", 9)
+    assert c.skip_pings() == "POSITION events main 3 9"
+
+
+def test_legacy_replicate_streams_history_then_live(hub: ReplicationHub, source: MemorySource) -> None:
+    for token in range(2, 8):
+        source.append("caches", "main", token, [["c", [str(token)], token]])
+    hub.writer_advanced("caches", "main", 7)
+    c = _connect(hub)
+    c.send("REPLICATE caches 4\n")
+    lines = c.lines_until(lambda line: line.startswith("POSITION"))
+    lines = [line for line in lines if not line.startswith(("PING", "SERVER"))]
+    assert lines == [
+        'RDATA caches main 5 ["c",["5"],5]',
+        'RDATA caches main 6 ["c",["6"],6]',
+        'RDATA caches main 7 ["c",["7"],7]',
+        "POSITION caches main 7 7",
+    ]
+    source.append("caches", "main", 8, [["c", ["8"], 8]])
+    hub.writer_advanced("caches", "main", 8)
+    assert c.skip_pings() == 'RDATA caches main 8 ["c",["8"],8]'
+    # Not subscribed to events.
+    source.append("events", "main", 9, [["$e9", "!r", "m", None, None]])
+    hub.writer_advanced("events", "main", 9)
+    source.append("caches", "main", 10, [["c", ["10"], 10]])
+    hub.writer_advanced("caches", "main", 10)
+    assert c.skip_pings() == 'RDATA caches main 10 ["c",["10"],10]'
+
+
+def test_legacy_replicate_all_now(hub: ReplicationHub, source: MemorySource) -> None:
+    c = _connect(hub)
+    c.send("REPLICATE ALL NOW\n")
+    assert sorted(c.skip_pings() for _ in range(2)) == [
+        "POSITION caches main 1 1", "POSITION events main 3 3"]
+    source.append("events", "main", 4, [["$e4", "!r", "m", None, None]])
+    hub.writer_advanced("events", "main", 4)
+    assert c.skip_pings().startswith("RDATA events main 4 ")
+
+
+def test_catch_up_has_no_gap_or_duplicate_while_writes_continue(hub: ReplicationHub, source: MemorySource) -> None:
+    import gevent
+
+    def write(start: int, end: int) -> None:
+        for token in range(start, end):
+            source.append("caches", "main", token, [["c", [str(token)], 0]])
+            hub.writer_advanced("caches", "main", token)
+            if token % 50 == 0:
+                gevent.sleep(0)
+
+    write(2, 3000)
+    writer = gevent.spawn(write, 3000, 6000)
+    c = _connect(hub)
+    c.send("REPLICATE caches 1\n")
+    writer.join(10)
+    tokens = []
+    while not tokens or tokens[-1] < 5999:
+        line = c.skip_pings()
+        if line.startswith("RDATA"):
+            tokens.append(int(line.split()[3]))
+    assert tokens == list(range(2, 6000))
+
+
+def test_unknown_stream_and_server_from_client_are_refused(hub: ReplicationHub) -> None:
+    c = _connect(hub)
+    c.send("REPLICATE nosuchstream NOW\n")
+    assert c.lines_until(lambda line: line.startswith("ERROR"))[-1] == "ERROR unknown stream nosuchstream"
+    assert c.closed_by_peer()
+    c2 = _connect(hub)
+    c2.send("SERVER impostor\n")
+    assert c2.lines_until(lambda line: line.startswith("ERROR"))[-1] == "ERROR SERVER is not accepted from a client"
+    assert c2.closed_by_peer()
+
+
+@pytest.mark.parametrize(
+    "bad, expect",
+    [
+        (b"FROBNICATE now\n", "unknown command"),
+        (b"POSITION caches main x 3\n", "POSITION"),
+        (b"RDATA caches main 3\n", "RDATA"),
+        (b"\x00\xff\xfe garbage \x81\n", "ERROR "),
+        (b"RDATA caches main 3 [" + b"1," * 20000 + b"1]\n", "too long"),
+    ],
+    ids=["unknown", "malformed-position", "malformed-rdata", "binary", "over-long"],
+)
+def test_bad_input_gets_error_and_close_others_unaffected(
+    hub: ReplicationHub, source: MemorySource, bad: bytes, expect: str
+) -> None:
+    bystander = _connect(hub)
+    bystander.send("REPLICATE\n")
+    bystander.lines_until(lambda line: line.startswith("POSITION events"))
+    c = _connect(hub)
+    c.send(bad)
+    error = c.lines_until(lambda line: line.startswith("ERROR"))[-1]
+    assert expect in error
+    assert c.closed_by_peer()
+    source.append("caches", "main", 2, [["still", None, 1]])
+    hub.writer_advanced("caches", "main", 2)
+    assert bystander.skip_pings() == 'RDATA caches main 2 ["still",null,1]'
+    assert hub.metrics.disconnects["protocol_error"] == 1
+
+
+def test_hub_pings_and_times_out_silent_pinger(hub: ReplicationHub) -> None:
+    c = _connect(hub)
+    c.line(), c.line()  # SERVER, PING
+    # The hub keeps talking to a quiet peer.
+    assert c.line().startswith("PING ")
+    c.send("PING 1\n")
+    start = time.monotonic()
+    lines = c.lines_until(lambda line: line.startswith("ERROR"))
+    assert lines[-1] == "ERROR no command received for 0.5 seconds"
+    assert 0.4 < time.monotonic() - start < 3.0
+    assert c.closed_by_peer()
+    assert hub.metrics.disconnects["timeout"] == 1
+
+
+def test_netcat_peer_that_never_pings_is_not_timed_out(hub: ReplicationHub) -> None:
+    c = _connect(hub)
+    time.sleep(1.5)  # three timeouts' worth of silence
+    lines = []
+    c.sock.settimeout(0.5)
+    while len(lines) < 5:
+        lines.append(c.line())
+    assert all(line.startswith(("SERVER", "PING")) for line in lines)
+    c.send("REPLICATE\n")
+    assert c.skip_pings().startswith("POSITION")
+
+
+def test_presence_and_other_commands_are_relayed(hub: ReplicationHub) -> None:
+    a, b = _connect(hub), _connect(hub)
+    for peer in (a, b):
+        peer.line(), peer.line()
+    wait_until(lambda: len(hub.connections) == 2)
+    a.send("USER_SYNC worker1 @alice:x DEV1 start 1000\nUSER_SYNC worker1 @bob:x None start 1001\n")
+    a.send("REMOTE_SERVER_UP other.example\nFEDERATION_ACK worker1 7\n")
+    got = [b.skip_pings() for _ in range(4)]
+    assert got == [
+        "USER_SYNC worker1 @alice:x DEV1 start 1000",
+        "USER_SYNC worker1 @bob:x None start 1001",
+        "REMOTE_SERVER_UP other.example",
+        "FEDERATION_ACK worker1 7",
+    ]
+    assert hub.syncing_users == {"worker1": {"@alice:x", "@bob:x"}}
+    a.send("USER_SYNC worker1 @bob:x None end 1002\n")
+    assert b.skip_pings() == "USER_SYNC worker1 @bob:x None end 1002"
+    assert hub.syncing_users == {"worker1": {"@alice:x"}}
+    a.close()
+    # The instance's syncing users go with its connection, and others hear of it.
+    assert b.skip_pings() == "CLEAR_USER_SYNC worker1"
+    assert hub.syncing_users == {}
+
+
+def test_clear_user_sync(hub: ReplicationHub) -> None:
+    a = _connect(hub)
+    a.send("USER_SYNC w2 @carol:x None start 5\n")
+    wait_until(lambda: hub.syncing_users == {"w2": {"@carol:x"}})
+    a.send("CLEAR_USER_SYNC w2\n")
+    wait_until(lambda: hub.syncing_users == {})
+
+
+def test_stop_sends_error_to_every_peer(source: MemorySource) -> None:
+    h = ReplicationHub("hub.example", source, port=0, settings=FAST)
+    h.start()
+    peers = [_connect(h) for _ in range(3)]
+    wait_until(lambda: len(h.connections) == 3)
+    h.stop()
+    for peer in peers:
+        assert peer.lines_until(lambda line: line.startswith("ERROR"))[-1] == "ERROR server stopping"
+        assert peer.closed_by_peer()
+
+
+def test_metrics_are_exposed(hub: ReplicationHub, source: MemorySource) -> None:
+    from prometheus_client import generate_latest
+
+    c = _connect(hub)
+    c.send("NAME w\nREPLICATE\n")
+    c.lines_until(lambda line: line.startswith("POSITION events"))
+    text = generate_latest(hub.metrics.registry).decode()
+    assert 'streamrep_replication_stream_position{instance="main",stream="events"} 3.0' in text
+    assert 'streamrep_replication_commands_received_total{command="REPLICATE"} 1.0' in text
+    assert 'streamrep_replication_commands_sent_total{command="POSITION"} 2.0' in text
+    assert "streamrep_replication_queued_commands{connection=" in text
