@@ -42,11 +42,13 @@ class MultiWriterIdGenerator(IdGenerator):
     *writers* is the configured set of writer instances; *instance_name* is this
     process (a reader when it is not among the writers: it follows positions but
     cannot reserve IDs). Positions are tokens (see :mod:`streamrep.idgen.base`).
+    This writer's position is written to ``stream_positions`` at most once per
+    *persist_interval* seconds (and by :meth:`persist_position` / :meth:`close`).
     """
 
     def __init__(self, db: Database, stream_name: str, instance_name: str,
                  writers: Sequence[str], tables: Sequence[BackingTable], sequence_name: str,
-                 *, negative: bool = False) -> None:
+                 *, negative: bool = False, persist_interval: float = 0.1) -> None:
         if not writers:
             raise DatabaseConfigError(f"stream {stream_name!r} has no writers configured")
         db.require_multiple_writers(stream_name, list(writers))
@@ -64,6 +66,7 @@ class MultiWriterIdGenerator(IdGenerator):
         self._reserve_lock = gevent.lock.BoundedSemaphore(1)
         self._seq_conn: Any = None
         self._persist_pending = False
+        self._persist_interval = persist_interval
         self._persisted = 0
         self._startup()
 
@@ -163,6 +166,8 @@ class MultiWriterIdGenerator(IdGenerator):
             gevent.spawn(self._persist_soon)
 
     def _persist_soon(self) -> None:
+        # Coalesce: one write per interval however many advances happen meanwhile.
+        gevent.sleep(self._persist_interval)
         try:
             self.persist_position()
         except Exception:
