@@ -39,6 +39,56 @@ def _chunks(items: Sequence[Any], size: int = 500) -> Iterable[Sequence[Any]]:
         yield items[start:start + size]
 
 
+class Writes:
+    """Write statements queued for one round trip.
+
+    On PostgreSQL the queued statements go to the server as one multi-statement
+    ``execute`` (inserts as multi-row ``VALUES``); on SQLite, where a statement
+    costs no round trip, they run one by one at :meth:`flush`.
+    """
+
+    def __init__(self, txn: Transaction) -> None:
+        self.txn = txn
+        self._sql: list[str] = []
+        self._params: list[Any] = []
+        self._sqlite: list[tuple[str, Sequence[Sequence[Any]]]] = []
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        if self.txn.is_postgres:
+            self._sql.append(sql)
+            self._params.extend(params)
+        else:
+            self._sqlite.append((sql, [params]))
+
+    def insert(self, table: str, columns: str, rows: Sequence[Sequence[Any]],
+               suffix: str = "") -> None:
+        if not rows:
+            return
+        width = len(rows[0])
+        one = "(" + ",".join("?" * width) + ")"
+        if not self.txn.is_postgres:
+            self._sqlite.append((f"INSERT INTO {table} ({columns}) VALUES {one}{suffix}", rows))
+            return
+        per_statement = max(1, 2000 // width)
+        for start in range(0, len(rows), per_statement):
+            chunk = rows[start:start + per_statement]
+            self._sql.append(f"INSERT INTO {table} ({columns}) VALUES "
+                             + ",".join([one] * len(chunk)) + suffix)
+            for row in chunk:
+                self._params.extend(row)
+
+    def flush(self) -> None:
+        if self._sql:
+            self.txn.execute(";\n".join(self._sql), self._params)
+            self._sql, self._params = [], []
+        for sql, rows in self._sqlite:
+            if len(rows) == 1:
+                self.txn.execute(sql, rows[0])
+            else:
+                self.txn.executemany(sql, rows)
+        self._sqlite = []
+
+
 class StreamAllocator:
     """Stream orderings for this (single) writer of events: live events count up
     from the highest stored ordering, backfilled ones down from -1."""
@@ -201,6 +251,7 @@ def persist_batch(
     if not todo:
         return out
     todo = topological_sort(todo)
+    writes = Writes(txn)
 
     orderings: dict[str, tuple[int, int]] = {}
     for record in todo:
@@ -213,9 +264,10 @@ def persist_batch(
     if deoutliered:
         ids = sorted(deoutliered)
         for chunk in _chunks(ids):
-            txn.execute("DELETE FROM events WHERE event_id IN (" + _ph(len(chunk)) + ")", chunk)
-            txn.execute("DELETE FROM room_memberships WHERE event_id IN (" + _ph(len(chunk)) + ")",
-                        chunk)
+            writes.execute("DELETE FROM events WHERE event_id IN (" + _ph(len(chunk)) + ")",
+                           chunk)
+            writes.execute("DELETE FROM room_memberships WHERE event_id IN ("
+                           + _ph(len(chunk)) + ")", chunk)
 
     rooms: dict[str, list[EventRecord]] = {}
     for record in todo:
@@ -225,7 +277,7 @@ def persist_batch(
     redacted_now: set[str] = set()
     for chunk in _chunks([r.event_id for r in todo]):
         for (target,) in txn.fetchall(
-                "SELECT redacts FROM events WHERE NOT rejected AND redacts IN ("
+                "SELECT redacts FROM events WHERE redacts IS NOT NULL AND NOT rejected AND redacts IN ("
                 + _ph(len(chunk)) + ")", list(chunk)):
             redacted_now.add(target)
 
@@ -247,7 +299,7 @@ def persist_batch(
     now_ms = int(time.time() * 1000)
 
     for room_id, room_records in rooms.items():
-        _extremities(txn, room_id, room_records, forward_cache, out)
+        _extremities(txn, writes, room_id, room_records, forward_cache, out)
         visibility = _assign_state(txn, room_id, room_records, states, resolver, orderings,
                                    visibility_cache, out, group_rows, group_edge_rows,
                                    group_state_rows, event_group_rows)
@@ -276,38 +328,24 @@ def persist_batch(
                 out.room_positions[room_id] = max(out.room_positions.get(room_id, stream), stream)
             out.persisted.append(record.event_id)
 
-    txn.executemany(
-        "INSERT INTO events (stream_ordering, topological_ordering, event_id, room_id, type,"
-        " state_key, sender, outlier, rejected, soft_failed, redacted, redacts, relates_to,"
-        " membership, history_visibility, received_ts)"
-        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", event_rows)
-    if json_rows:
-        txn.executemany("INSERT INTO event_json (event_id, room_id, json) VALUES (?,?,?)",
-                        json_rows)
-    if edge_rows:
-        txn.executemany("INSERT INTO event_edges (event_id, prev_event_id, room_id)"
-                        " VALUES (?,?,?) ON CONFLICT DO NOTHING", edge_rows)
-    if member_rows:
-        txn.executemany(
-            "INSERT INTO room_memberships (event_id, user_id, sender, room_id, membership,"
-            " stream_ordering, topological_ordering, outlier) VALUES (?,?,?,?,?,?,?,?)",
-            member_rows)
-    if history_rows:
-        txn.executemany("INSERT INTO room_history_visibility (event_id, room_id,"
-                        " history_visibility) VALUES (?,?,?) ON CONFLICT DO NOTHING",
-                        history_rows)
-    if group_rows:
-        txn.executemany("INSERT INTO state_groups (id, room_id, event_id) VALUES (?,?,?)",
-                        group_rows)
-    if group_edge_rows:
-        txn.executemany("INSERT INTO state_group_edges (state_group, prev_state_group)"
-                        " VALUES (?,?)", group_edge_rows)
-    if group_state_rows:
-        txn.executemany("INSERT INTO state_groups_state (state_group, room_id, type, state_key,"
-                        " event_id) VALUES (?,?,?,?,?)", group_state_rows)
-    if event_group_rows:
-        txn.executemany("INSERT INTO event_to_state_groups (event_id, state_group) VALUES (?,?)",
-                        event_group_rows)
+    insert_many = writes.insert
+    insert_many("events", "stream_ordering, topological_ordering, event_id, room_id, type,"
+                " state_key, sender, outlier, rejected, soft_failed, redacted, redacts,"
+                " relates_to, membership, history_visibility, received_ts", event_rows)
+    insert_many("event_json", "event_id, room_id, json", json_rows)
+    insert_many("event_edges", "event_id, prev_event_id, room_id", edge_rows,
+                " ON CONFLICT DO NOTHING")
+    insert_many("room_memberships", "event_id, user_id, sender, room_id, membership,"
+                " stream_ordering, topological_ordering, outlier", member_rows)
+    insert_many("room_history_visibility", "event_id, room_id, history_visibility",
+                history_rows, " ON CONFLICT DO NOTHING")
+    insert_many("state_groups", "id, room_id, event_id", group_rows)
+    insert_many("state_group_edges", "state_group, prev_state_group", group_edge_rows)
+    insert_many("state_groups_state", "state_group, room_id, type, state_key, event_id",
+                group_state_rows)
+    insert_many("event_to_state_groups", "event_id, state_group", event_group_rows)
+
+    writes.flush()
 
     # Redactions in this batch mark their (stored or just inserted) targets.
     for record in todo:
@@ -325,7 +363,7 @@ def persist_batch(
     return out
 
 
-def _extremities(txn: Transaction, room_id: str, records: list[EventRecord],
+def _extremities(txn: Transaction, writes: Writes, room_id: str, records: list[EventRecord],
                  forward_cache: dict[str, frozenset[str]], out: PersistOutcome) -> None:
     """Run the extremity core for one room's share of the batch and write the changes."""
     non_outliers = [r for r in records if not r.outlier]
@@ -383,19 +421,19 @@ def _extremities(txn: Transaction, room_id: str, records: list[EventRecord],
     if f_rem:
         removed = [names[i] for i in f_rem]
         for chunk in _chunks(removed):
-            txn.execute("DELETE FROM event_forward_extremities WHERE room_id = ? AND event_id IN ("
-                        + _ph(len(chunk)) + ")", [room_id, *chunk])
+            writes.execute("DELETE FROM event_forward_extremities WHERE room_id = ?"
+                           " AND event_id IN (" + _ph(len(chunk)) + ")", [room_id, *chunk])
     if f_add:
-        txn.executemany("INSERT INTO event_forward_extremities (event_id, room_id) VALUES (?,?)",
-                        [(names[i], room_id) for i in f_add])
+        writes.insert("event_forward_extremities", "event_id, room_id",
+                    [(names[i], room_id) for i in f_add])
     if b_rem:
         gone = [names[i] for i in b_rem]
         for chunk in _chunks(gone):
-            txn.execute("DELETE FROM event_backward_extremities WHERE room_id = ? AND event_id IN ("
-                        + _ph(len(chunk)) + ")", [room_id, *chunk])
+            writes.execute("DELETE FROM event_backward_extremities WHERE room_id = ?"
+                           " AND event_id IN (" + _ph(len(chunk)) + ")", [room_id, *chunk])
     if b_add:
-        txn.executemany("INSERT INTO event_backward_extremities (event_id, room_id) VALUES (?,?)"
-                        " ON CONFLICT DO NOTHING", [(names[i], room_id) for i in b_add])
+        writes.insert("event_backward_extremities", "event_id, room_id",
+                    [(names[i], room_id) for i in b_add], " ON CONFLICT DO NOTHING")
     if f_add or f_rem or room_id not in forward_cache:
         new_forward = (forward - {names[i] for i in f_rem}) | {names[i] for i in f_add}
         out.forward[room_id] = frozenset(new_forward)
@@ -521,17 +559,21 @@ def _update_current_state(txn: Transaction, room_id: str, states: StateGroupStor
     stream_id = out.max_stream if out.max_stream > 0 else allocator.next_live(txn)
     out.max_live = max(out.max_live, stream_id)
     users = out.current_state_changes.setdefault(room_id, set())
+    writes = Writes(txn)
+    current_rows = []
+    delta_rows = []
     for etype, state_key in changed:
         new_id = new_state.get((etype, state_key))
-        txn.execute("DELETE FROM current_state_events WHERE room_id = ? AND type = ?"
-                    " AND state_key = ?", (room_id, etype, state_key))
+        writes.execute("DELETE FROM current_state_events WHERE room_id = ? AND type = ?"
+                       " AND state_key = ?", (room_id, etype, state_key))
         if new_id is not None:
-            txn.execute("INSERT INTO current_state_events (event_id, room_id, type, state_key,"
-                        " membership) VALUES (?,?,?,?,?)",
-                        (new_id, room_id, etype, state_key, memberships.get(new_id)))
-        txn.execute("INSERT INTO current_state_delta_stream (stream_id, room_id, type,"
-                    " state_key, event_id, prev_event_id) VALUES (?,?,?,?,?,?)",
-                    (stream_id, room_id, etype, state_key, new_id,
-                     old_state.get((etype, state_key))))
+            current_rows.append((new_id, room_id, etype, state_key, memberships.get(new_id)))
+        delta_rows.append((stream_id, room_id, etype, state_key, new_id,
+                           old_state.get((etype, state_key))))
         if etype == "m.room.member":
             users.add(state_key)
+    writes.insert("current_state_events", "event_id, room_id, type, state_key, membership",
+                  current_rows)
+    writes.insert("current_state_delta_stream", "stream_id, room_id, type, state_key, event_id,"
+                  " prev_event_id", delta_rows)
+    writes.flush()

@@ -52,8 +52,13 @@ class EventRecord:
         return not (self.outlier or self.rejected or self.soft_failed)
 
 
+_EMPTY: dict[str, Any] = {}
+
+
 def _flag(flags: Mapping[str, Any], name: str, event_id: str) -> bool:
     value = flags.get(name, False)
+    if value is False or value is True:
+        return value
     if not isinstance(value, bool):
         raise InvalidEventError(f"event {event_id}: flag {name!r} must be a boolean, "
                                 f"not {type(value).__name__}")
@@ -91,24 +96,36 @@ def _prev_events(body: Mapping[str, Any], event_id: str) -> list[str]:
 
 
 def _build(event_id: Any, body: Any, raw: bytes, flags: Mapping[str, Any]) -> EventRecord:
-    if not isinstance(event_id, str) or not event_id:
+    if type(event_id) is not str or not event_id:
         raise InvalidEventError(f"event_id must be a non-empty string, not {event_id!r}"[:300])
-    if not isinstance(body, dict):
+    if type(body) is not dict:
         raise InvalidEventError(f"event {event_id}: JSON must be an object")
-    room_id = _str_field(body, "room_id", event_id)
-    etype = _str_field(body, "type", event_id)
-    sender = _str_field(body, "sender", event_id)
-    if "depth" not in body:
-        raise InvalidEventError(f"event {event_id}: missing field 'depth'")
-    depth = body["depth"]
-    if not isinstance(depth, int) or isinstance(depth, bool) or not 0 <= depth < 2**62:
+    room_id = body.get("room_id")
+    etype = body.get("type")
+    sender = body.get("sender")
+    # The common case costs three type checks; the helper explains any failure.
+    if type(room_id) is not str or not room_id:
+        room_id = _str_field(body, "room_id", event_id)
+    if type(etype) is not str or not etype:
+        etype = _str_field(body, "type", event_id)
+    if type(sender) is not str or not sender:
+        sender = _str_field(body, "sender", event_id)
+    depth = body.get("depth")
+    if type(depth) is not int or not 0 <= depth < 2**62:
+        if "depth" not in body:
+            raise InvalidEventError(f"event {event_id}: missing field 'depth'")
         raise InvalidEventError(f"event {event_id}: 'depth' must be a non-negative integer")
-    prev_events = _prev_events(body, event_id)
+    raw_prevs = body.get("prev_events")
+    if (type(raw_prevs) is list and len(raw_prevs) == 1 and type(raw_prevs[0]) is str
+            and raw_prevs[0] and raw_prevs[0] != event_id):
+        prev_events = [raw_prevs[0]]
+    else:
+        prev_events = _prev_events(body, event_id)
     state_key = body.get("state_key")
     if state_key is not None and not isinstance(state_key, str):
         raise InvalidEventError(f"event {event_id}: 'state_key' must be a string")
-    content = body.get("content", {})
-    if not isinstance(content, dict):
+    content = body.get("content", _EMPTY)
+    if type(content) is not dict:
         raise InvalidEventError(f"event {event_id}: 'content' must be an object")
     membership = None
     if etype == "m.room.member":
@@ -129,25 +146,31 @@ def _build(event_id: Any, body: Any, raw: bytes, flags: Mapping[str, Any]) -> Ev
     return EventRecord(
         event_id=event_id, room_id=room_id, type=etype, sender=sender, depth=depth,
         prev_events=prev_events, state_key=state_key, json=raw, content=content,
-        outlier=_flag(flags, "outlier", event_id),
-        rejected=_flag(flags, "rejected", event_id),
-        soft_failed=_flag(flags, "soft_failed", event_id),
+        outlier=_flag(flags, "outlier", event_id) if flags else False,
+        rejected=_flag(flags, "rejected", event_id) if flags else False,
+        soft_failed=_flag(flags, "soft_failed", event_id) if flags else False,
         membership=membership, redacts=redacts, relates_to=relates_to,
     )
 
 
 def parse_event(item: Any) -> EventRecord:
     """Validate one ``persist_events`` item; raises :class:`InvalidEventError`."""
-    if isinstance(item, Mapping):
+    if type(item) is dict or isinstance(item, Mapping):
         if "event_id" not in item:
             raise InvalidEventError("event mapping has no 'event_id'")
-        body = {k: v for k, v in item.items() if k != "event_id" and k not in FLAG_KEYS}
+        body = dict(item)
+        del body["event_id"]
+        has_flags = False
+        for key in FLAG_KEYS:
+            if key in body:
+                del body[key]
+                has_flags = True
         try:
             raw = orjson.dumps(body)
         except TypeError as exc:
             raise InvalidEventError(
                 f"event {item['event_id']!r}: not serializable as JSON ({exc})") from exc
-        return _build(item["event_id"], body, raw, item)
+        return _build(item["event_id"], body, raw, item if has_flags else _EMPTY)
     if isinstance(item, tuple) and len(item) in (2, 3):
         event_id, raw = item[0], item[1]
         flags = item[2] if len(item) == 3 else {}
