@@ -192,3 +192,60 @@ def test_fuzz_decoder(wire: ModuleType, data: bytes, cuts: list[int], limit: int
         for command in commands:
             assert len(command.to_bytes()) <= limit
         assert decoder.buffered <= limit
+
+
+def _row_spellings(value: Any) -> list[bytes]:
+    import json
+
+    import orjson
+
+    return [
+        PURE.encode_row(value),  # compact, ASCII-escaped: what streamrep writes
+        orjson.dumps(value),  # compact, raw UTF-8
+        json.dumps(value, allow_nan=False).encode(),  # spaced, as other writers send
+    ]
+
+
+@pytest.mark.parametrize("wire", BOTH, ids=lambda m: m.__name__)
+@SETTINGS
+@given(value=JSON, garble=st.none() | st.tuples(st.integers(0, 200), st.binary(max_size=3)))
+def test_rows_decode_like_orjson(wire: ModuleType, value: Any, garble: Any) -> None:
+    import orjson
+
+    for spelling in _row_spellings(value):
+        if garble is not None:
+            at = min(garble[0], len(spelling))
+            spelling = (spelling[:at] + garble[1] + spelling[at:]).replace(b"\n", b"")
+            spelling = spelling or b"0"
+        command = wire.parse_line(b"RDATA s m 1 " + spelling) if _utf8(spelling) else None
+        if command is None:
+            continue
+        try:
+            expected: Any = ("ok", orjson.loads(spelling))
+        except orjson.JSONDecodeError:
+            expected = ("error",)
+        try:
+            got: Any = ("ok", command.row)
+        except ProtocolError:
+            got = ("error",)
+        assert got == expected
+        if got[0] == "ok":
+            assert _same_types(got[1], expected[1])
+
+
+def _utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _same_types(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, list):
+        return all(_same_types(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return all(_same_types(a[k], b[k]) for k in a)
+    return True

@@ -234,6 +234,138 @@ cdef inline const char* _next_space(const char* p, const char* end) noexcept nog
 # --- row JSON ---------------------------------------------------------------------
 
 
+# Most rows are small arrays of ASCII strings, small ints, null and booleans.
+# _fast_json decodes exactly that subset straight from the line's bytes; on
+# anything else (floats, escapes, non-ASCII, whitespace, errors) it gives up
+# and orjson decodes the row, so results never differ from orjson's.
+cdef object _GIVE_UP = object()
+
+cdef extern from "Python.h":
+    object PyUnicode_DecodeASCII(const char* s, Py_ssize_t size, const char* errors)
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef object _fast_value(const char** cursor, const char* end, int depth):
+    cdef const char* p = cursor[0]
+    cdef const char* start
+    cdef unsigned char c
+    cdef bint negative
+    cdef long long number
+    cdef int digits
+    cdef list items
+    cdef dict mapping
+    cdef object item
+    cdef object key
+    if p >= end or depth > 32:
+        return _GIVE_UP
+    c = <unsigned char>p[0]
+    if c == c'"':
+        p += 1
+        start = p
+        while p < end:
+            c = <unsigned char>p[0]
+            if c == c'"':
+                break
+            if c == c'\\' or c < 0x20 or c >= 0x80:
+                return _GIVE_UP
+            p += 1
+        if p >= end:
+            return _GIVE_UP
+        cursor[0] = p + 1
+        return PyUnicode_DecodeASCII(start, p - start, NULL)
+    if c == c'[':
+        p += 1
+        items = []
+        if p < end and p[0] == c']':
+            cursor[0] = p + 1
+            return items
+        while True:
+            item = _fast_value(&p, end, depth + 1)
+            if item is _GIVE_UP:
+                return _GIVE_UP
+            PyList_Append(items, item)
+            if p >= end:
+                return _GIVE_UP
+            if p[0] == c',':
+                p += 1
+            elif p[0] == c']':
+                cursor[0] = p + 1
+                return items
+            else:
+                return _GIVE_UP
+    if c == c'n':
+        if end - p >= 4 and memcmp(p, b"null", 4) == 0:
+            cursor[0] = p + 4
+            return None
+        return _GIVE_UP
+    if c == c't':
+        if end - p >= 4 and memcmp(p, b"true", 4) == 0:
+            cursor[0] = p + 4
+            return True
+        return _GIVE_UP
+    if c == c'f':
+        if end - p >= 5 and memcmp(p, b"false", 5) == 0:
+            cursor[0] = p + 5
+            return False
+        return _GIVE_UP
+    if c == c'-' or (c'0' <= c <= c'9'):
+        negative = c == c'-'
+        if negative:
+            p += 1
+        start = p
+        number = 0
+        while p < end and c'0' <= p[0] <= c'9':
+            number = number * 10 + (p[0] - c'0')
+            p += 1
+            if p - start > 18:
+                return _GIVE_UP
+        digits = p - start
+        if digits == 0 or (digits > 1 and start[0] == c'0'):
+            return _GIVE_UP
+        if p < end and (p[0] == c'.' or p[0] == c'e' or p[0] == c'E'):
+            return _GIVE_UP
+        cursor[0] = p
+        return -number if negative else number
+    if c == c'{':
+        p += 1
+        mapping = {}
+        if p < end and p[0] == c'}':
+            cursor[0] = p + 1
+            return mapping
+        while True:
+            if p >= end or p[0] != c'"':
+                return _GIVE_UP
+            key = _fast_value(&p, end, depth + 1)
+            if key is _GIVE_UP or p >= end or p[0] != c':':
+                return _GIVE_UP
+            p += 1
+            item = _fast_value(&p, end, depth + 1)
+            if item is _GIVE_UP:
+                return _GIVE_UP
+            mapping[key] = item
+            if p >= end:
+                return _GIVE_UP
+            if p[0] == c',':
+                p += 1
+            elif p[0] == c'}':
+                cursor[0] = p + 1
+                return mapping
+            else:
+                return _GIVE_UP
+    return _GIVE_UP
+
+
+cdef object _fast_json(const char* p, Py_ssize_t n):
+    """The JSON value of ``p[:n]``, or _GIVE_UP when orjson must decide."""
+    cdef const char* cursor = p
+    cdef object value = _fast_value(&cursor, p + n, 0)
+    if value is _GIVE_UP or cursor != p + n:
+        return _GIVE_UP
+    return value
+
+
+
 cdef int _check_finite(object value, int depth) except -1:
     cdef object item
     if depth > 256:
@@ -462,6 +594,12 @@ cdef class RdataCommand(Command):
         return self._row
 
     cdef object _decode_row(self):
+        cdef object value = _fast_json(
+            PyBytes_AS_STRING(self._line) + self._row_start,
+            PyBytes_GET_SIZE(self._line) - self._row_start,
+        )
+        if value is not _GIVE_UP:
+            return value
         cdef object view = PyMemoryView_FromMemory(
             PyBytes_AS_STRING(self._line) + self._row_start,
             PyBytes_GET_SIZE(self._line) - self._row_start,
