@@ -88,6 +88,11 @@ def test_multi_writer_refused_on_sqlite(sqlite_url: str) -> None:
         MultiWriterIdGenerator(db, "events", "w1", ["w1"], TABLES, "events_seq")
     single = make_id_generator(db, "events", "w1", ["w1"], TABLES, "events_seq")
     assert isinstance(single, StreamIdGenerator)
+    reader = make_id_generator(db, "events", "r", ["w1"], TABLES, "events_seq")
+    assert not reader.is_writer
+    with pytest.raises(NotAWriterError):
+        with reader.get_next():
+            pass
     db.close()
 
 

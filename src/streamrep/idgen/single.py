@@ -46,6 +46,7 @@ class StreamIdGenerator(IdGenerator):
         self._positions = WriterPositions({instance_name: start})
 
     def _reserve(self, count: int) -> list[int]:
+        self._require_writer()
         with self._lock:
             first = int(self._tracker.reserve(count))
         return list(range(first, first + count))

@@ -34,7 +34,6 @@ class StreamDefinition(abc.ABC):
       stream always has a single writer).
     * ``negative``: stored IDs decrease (backfill); tokens are their negations.
     * ``schema_component``: the migration component that creates the tables.
-    * ``default_writers``: writers when the deployment configures none.
     * ``row_fields``: names of the fields of a row, for documentation and tools.
     """
 
@@ -43,7 +42,6 @@ class StreamDefinition(abc.ABC):
     sequence_name: str | None = None
     negative: bool = False
     schema_component: str | None = None
-    default_writers: tuple[str, ...] = ("master",)
     row_fields: tuple[str, ...] = field(default=())
 
     @property

@@ -57,15 +57,18 @@ class Streams:
     """Every registered stream, bound to *db* as seen by instance *instance_name*.
 
     *writers* maps stream names to their writer instances (deployment config);
-    streams not named use their definition's ``default_writers``. Several writers
+    streams not named there are written by *default_writer* (by default this
+    instance itself, as in a single-process deployment). Several writers
     need PostgreSQL (:class:`DatabaseConfigError` on SQLite, raised when the stream
     is first used, or at once by :meth:`open_all`).
     """
 
     def __init__(self, db: Database, instance_name: str,
-                 writers: Mapping[str, Sequence[str]] | None = None) -> None:
+                 writers: Mapping[str, Sequence[str]] | None = None,
+                 default_writer: str | None = None) -> None:
         self.db = db
         self.instance_name = instance_name
+        self.default_writer = default_writer if default_writer is not None else instance_name
         self._writers = {name: tuple(ws) for name, ws in (writers or {}).items()}
         self._streams: dict[str, Stream] = {}
         self._listeners: list[PositionListener] = []
@@ -80,8 +83,8 @@ class Streams:
 
     def writers_of(self, name: str) -> tuple[str, ...]:
         """The writer instances of stream *name*."""
-        definition = get_stream_definition(name)
-        return self._writers.get(name, definition.default_writers)
+        get_stream_definition(name)  # unknown names raise UnknownStreamError
+        return self._writers.get(name, (self.default_writer,))
 
     def get(self, name: str) -> Stream:
         """The stream *name*, creating its ID generator on first use."""
