@@ -1,0 +1,359 @@
+"""The Spark job: full state (or digests) for every wanted state group.
+
+Plan:
+
+1. read ``state_groups``, ``state_group_edges``, ``state_groups_state`` (and
+   ``event_to_state_groups`` when restricting by it) from Parquet/CSV files or
+   over JDBC with partitioned range reads;
+2. the topology (groups left-joined with their edge, plus the wanted flag) goes
+   to one task that checks it with the core and finds tree roots by pointer
+   jumping (:func:`streamrep.spark.batches.assign_trees`; 16 bytes per group);
+3. the delta rows are joined to their tree, repartitioned by ``(root, piece)``
+   and sorted within partitions, and ``mapInArrow`` hands batches of whole trees
+   to the compiled core (:func:`streamrep.spark.batches.expand_partition`);
+4. the result is written as Parquet.
+
+Executors import :mod:`streamrep.spark.batches` from the installed wheel; see
+``docs/spark.md`` for getting it there.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import re
+import sys
+import time
+from typing import TYPE_CHECKING, Any, Iterator
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from streamrep.errors import ConfigError, StateCorruptionError
+from streamrep.spark.options import ReconstructOptions, ReconstructResult, Source, prepare_output
+from streamrep.spark.tables import REQUIRED_TABLES, SCHEMAS, locate_table
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = [
+    "build_session",
+    "find_jdbc_jar",
+    "jdbc_connection",
+    "read_spark_tables",
+    "reconstruct_spark",
+]
+
+log = logging.getLogger("streamrep.spark")
+
+#: Where Debian's libpostgresql-jdbc-java puts the PostgreSQL JDBC driver.
+JDBC_JAR_GLOBS = ("/usr/share/java/postgresql.jar", "/usr/share/java/postgresql-*.jar")
+
+#: Read as NULL only for an unquoted empty field: PostgreSQL's CSV NULL. A quoted
+#: "" then stays the empty string (Spark would read both as NULL by default).
+_CSV_NULL_SENTINEL = "\u0001streamrep-null\u0001"
+
+#: Column the JDBC reads are partitioned on, per table.
+_JDBC_PARTITION_COLUMN = {
+    "state_groups": "id",
+    "state_group_edges": "state_group",
+    "state_groups_state": "state_group",
+    "event_to_state_groups": "state_group",
+}
+
+
+def find_jdbc_jar() -> str | None:
+    """The PostgreSQL JDBC driver jar installed by ``libpostgresql-jdbc-java``, if any."""
+    for pattern in JDBC_JAR_GLOBS:
+        for path in sorted(glob.glob(pattern)):
+            if os.path.isfile(path):
+                return path
+    return None
+
+
+def _local_master(master: str) -> bool:
+    return master.startswith("local")
+
+
+def build_session(
+    master: str | None = None,
+    *,
+    app_name: str = "streamrep-reconstruct-state",
+    shuffle_partitions: int | None = None,
+    jdbc_jar: str | None = None,
+    driver_memory: str = "2g",
+    ui: bool = False,
+    conf: dict[str, str] | None = None,
+) -> "SparkSession":
+    """A SparkSession with streamrep's defaults.
+
+    With no master (and not under ``spark-submit``) the job runs in ``local[*]``
+    bound to 127.0.0.1 with the UI off. Executors run ``PYSPARK_PYTHON``, which
+    defaults to this interpreter so they import the same installed streamrep.
+    """
+    from pyspark.sql import SparkSession
+
+    under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(app_name)
+    if master is None and not under_submit:
+        master = "local[*]"
+    if master is not None:
+        builder = builder.master(master)
+    effective = master or ""
+    if _local_master(effective):
+        builder = builder.config("spark.driver.host", "127.0.0.1").config(
+            "spark.driver.bindAddress", "127.0.0.1"
+        )
+    if not under_submit:
+        builder = builder.config("spark.driver.memory", driver_memory)
+    if shuffle_partitions is None:
+        cores = os.cpu_count() or 2
+        match = re.fullmatch(r"local\[(\d+)\]", effective)
+        if match:
+            cores = int(match.group(1))
+        shuffle_partitions = max(4, 2 * cores)
+    builder = (
+        builder.config("spark.ui.enabled", "true" if ui else "false")
+        .config("spark.ui.showConsoleProgress", "true")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "100000")
+        .config("spark.executorEnv.PYSPARK_PYTHON", os.environ["PYSPARK_PYTHON"])
+    )
+    jar = jdbc_jar or find_jdbc_jar()
+    if jar:
+        builder = builder.config("spark.jars", jar)
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def _spark_schema(table: str) -> Any:
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    fields = []
+    for f in SCHEMAS[table]:
+        kind = LongType() if str(f.type) == "int64" else StringType()
+        fields.append(StructField(f.name, kind, True))
+    return StructType(fields)
+
+
+def jdbc_connection(url: str) -> tuple[str, dict[str, str]]:
+    """A ``jdbc:postgresql://`` URL and driver properties for a ``postgresql://`` URL."""
+    if url.startswith("jdbc:"):
+        return url, {"driver": "org.postgresql.Driver"}
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise ConfigError(f"expected a postgresql:// or jdbc:postgresql:// URL, not {parts.scheme}://")
+    host = parts.hostname or "localhost"
+    port = parts.port or 5432
+    database = parts.path.lstrip("/") or (parts.username or "postgres")
+    props = {"driver": "org.postgresql.Driver"}
+    if parts.username:
+        props["user"] = unquote(parts.username)
+    if parts.password:
+        props["password"] = unquote(parts.password)
+    renamed = {"application_name": "ApplicationName"}
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key in ("user", "password"):
+            props[key] = value
+        else:
+            props[renamed.get(key, key)] = value
+    return f"jdbc:postgresql://{host}:{port}/{database}", props
+
+
+def _jdbc_bounds(url: str, table: str, column: str) -> tuple[int, int, int]:
+    import psycopg2
+
+    from streamrep.db.url import parse_database_url
+
+    dsn = parse_database_url(url).target if not url.startswith("jdbc:") else None
+    if dsn is None:
+        return 0, 0, 0
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT min({column}), max({column}), count(*) FROM {table}")
+        lo, hi, count = cur.fetchone()
+    conn.close()
+    return int(lo or 0), int(hi or 0), int(count)
+
+
+def read_spark_tables(
+    spark: "SparkSession", source: Source, need_events: bool, jdbc_partitions: int | None = None
+) -> dict[str, "DataFrame"]:
+    """The state tables as DataFrames, from files or over JDBC."""
+    names = list(REQUIRED_TABLES) + (["event_to_state_groups"] if need_events else [])
+    frames: dict[str, DataFrame] = {}
+    if source.input_dir is not None:
+        for name in names:
+            found = locate_table(source.input_dir, name)
+            if found is None:
+                raise ConfigError(
+                    f"{source.input_dir} has no {name}: expected {name}.csv, {name}.parquet "
+                    f"or a {name}/ folder"
+                )
+            if found.format == "csv":
+                frames[name] = (
+                    spark.read.schema(_spark_schema(name))
+                    .option("header", True)
+                    .option("escape", '"')
+                    .option("nullValue", _CSV_NULL_SENTINEL)
+                    .option("emptyValue", "")
+                    .option("mode", "FAILFAST")
+                    .csv(found.path)
+                )
+            else:
+                frames[name] = spark.read.parquet(found.path)
+        return frames
+    assert source.db_url is not None
+    jdbc_url, props = jdbc_connection(source.db_url)
+    default_parallelism = spark.sparkContext.defaultParallelism
+    for name in names:
+        column = _JDBC_PARTITION_COLUMN[name]
+        lo, hi, count = _jdbc_bounds(source.db_url, name, column)
+        parts = jdbc_partitions or max(1, min(4 * default_parallelism, count // 250_000 + 1))
+        if count and parts > 1 and hi > lo:
+            frames[name] = spark.read.jdbc(
+                jdbc_url, name, column=column, lowerBound=lo, upperBound=hi + 1,
+                numPartitions=parts, properties={**props, "fetchsize": "50000"},
+            )
+        else:
+            frames[name] = spark.read.jdbc(jdbc_url, name, properties={**props, "fetchsize": "50000"})
+    return frames
+
+
+def _arrow_to_spark_schema(schema: "pa.Schema") -> str:
+    kinds = {"int64": "long", "int32": "int", "bool": "boolean", "string": "string"}
+    return ", ".join(f"{f.name} {kinds[str(f.type)]}" for f in schema)
+
+
+def _trees_udf(split_threshold: int) -> Any:
+    def assign(batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
+        import pyarrow as pa
+
+        from streamrep.spark.batches import TOPOLOGY_SCHEMA, assign_trees
+
+        received = list(batches)
+        table = pa.Table.from_batches(received) if received else TOPOLOGY_SCHEMA.empty_table()
+        # Spark marks some columns NOT NULL; the values are what matter.
+        table = table.select(TOPOLOGY_SCHEMA.names).cast(TOPOLOGY_SCHEMA)
+        yield from assign_trees(table, split_threshold).to_batches(max_chunksize=500_000)
+
+    return assign
+
+
+def _expand_udf(digest: bool) -> Any:
+    def expand(batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
+        from streamrep.spark.batches import expand_partition
+
+        yield from expand_partition(batches, digest)
+
+    return expand
+
+
+_PYTHON_ERROR = re.compile(r"streamrep\.errors\.(StateCorruptionError|ConfigError): (.*)")
+
+
+def _reraise_executor_error(exc: BaseException) -> None:
+    """Turn a Python error raised in an executor back into streamrep's own error."""
+    match = _PYTHON_ERROR.search(str(exc))
+    if match is None:
+        raise exc
+    kind = StateCorruptionError if match.group(1) == "StateCorruptionError" else ConfigError
+    groups = tuple(int(g) for g in re.findall(r"\b(\d+)\b", match.group(2))[:50])
+    err = kind(match.group(2).strip())
+    err.groups = groups  # type: ignore[attr-defined]
+    raise err from None
+
+
+def _wanted_column(frames: dict[str, "DataFrame"], groups: "DataFrame", options: ReconstructOptions) -> "DataFrame":
+    from pyspark.sql import functions as F
+
+    wanted = F.lit(True)
+    if options.groups:
+        wanted = wanted & F.col("id").isin(list(options.groups))
+    if options.rooms:
+        wanted = wanted & F.coalesce(F.col("room_id").isin(list(options.rooms)), F.lit(False))
+    if options.referenced_by_events:
+        referenced = (
+            frames["event_to_state_groups"].select(F.col("state_group").alias("ref_group")).distinct()
+        )
+        groups = groups.join(referenced, groups["id"] == referenced["ref_group"], "left")
+        wanted = wanted & F.col("ref_group").isNotNull()
+    return groups.withColumn("wanted", wanted)
+
+
+def reconstruct_spark(
+    spark: "SparkSession", source: Source, options: ReconstructOptions,
+    jdbc_partitions: int | None = None,
+) -> ReconstructResult:
+    """Run the job on *spark*; returns counts and phase timings."""
+    from pyspark.sql import functions as F
+
+    from streamrep.spark.batches import DIGEST_SCHEMA, STATE_SCHEMA, TREES_SCHEMA
+
+    prepare_output(options.output, options.overwrite)
+    result = ReconstructResult(options.output, digest=options.digest)
+    clock = time.perf_counter()
+    frames = read_spark_tables(spark, source, options.referenced_by_events, jdbc_partitions)
+    groups = frames["state_groups"].select(F.col("id").cast("long"), F.col("room_id"))
+    edges = frames["state_group_edges"].select(
+        F.col("state_group").cast("long").alias("edge_group"),
+        F.col("prev_state_group").cast("long").alias("prev_state_group"),
+    )
+    topology = _wanted_column(frames, groups, options).join(
+        edges, F.col("id") == F.col("edge_group"), "left"
+    ).select(F.col("id").alias("state_group"), "prev_state_group", "wanted")
+
+    # One task finds every tree: the topology is small (a few fields per group).
+    trees = topology.repartition(1).mapInArrow(
+        _trees_udf(options.split_threshold), _arrow_to_spark_schema(TREES_SCHEMA)
+    )
+    try:
+        trees = trees.localCheckpoint(eager=True)
+        result.wanted_groups = trees.where(F.col("wanted")).count()
+    except Exception as exc:  # Py4JJavaError / PythonException from the task
+        _reraise_executor_error(exc)
+    result.timings["trees"] = time.perf_counter() - clock
+
+    clock = time.perf_counter()
+    state = frames["state_groups_state"].select(
+        F.col("state_group").cast("long").alias("delta_group"), "type", "state_key", "event_id"
+    )
+    rows = trees.join(state, F.col("state_group") == F.col("delta_group"), "left").drop("delta_group")
+    out_schema = DIGEST_SCHEMA if options.digest else STATE_SCHEMA
+    expanded = (
+        rows.repartition("root", "piece")
+        .sortWithinPartitions("root", "piece", "state_group")
+        .mapInArrow(_expand_udf(options.digest), _arrow_to_spark_schema(out_schema))
+    )
+    try:
+        expanded.write.mode("overwrite").parquet(options.output)
+    except Exception as exc:
+        _reraise_executor_error(exc)
+    result.timings["expand_and_write"] = time.perf_counter() - clock
+    result.rows = _count_parquet_rows(options.output)
+
+    if options.verify:
+        from streamrep.spark.verify import sample_groups, verify_output
+
+        clock = time.perf_counter()
+        wanted_df = trees.where(F.col("wanted")).select("state_group").distinct()
+        fraction = min(1.0, 4.0 * options.verify / max(1, result.wanted_groups))
+        candidates = [
+            int(r[0]) for r in wanted_df.sample(fraction=fraction, seed=options.seed).limit(20 * options.verify).collect()
+        ]
+        result.verified = verify_output(source, options, sample_groups(candidates, options.verify, options.seed))
+        result.timings["verify"] = time.perf_counter() - clock
+    return result
+
+
+def _count_parquet_rows(path: str) -> int:
+    import pyarrow.parquet as pq
+
+    total = 0
+    for name in sorted(os.listdir(path)):
+        if name.endswith(".parquet"):
+            total += pq.ParquetFile(os.path.join(path, name)).metadata.num_rows
+    return total
