@@ -65,7 +65,12 @@ def test_transactions_commit_roll_back_and_call_back(db_url: str) -> None:
     assert db.fetchone("SELECT b FROM t WHERE a = ?", (99,)) is None
     assert db.fetchval("SELECT b FROM t WHERE a = ?", (99,), "none") == "none"
     assert db.run(lambda txn, a: txn.fetchval("SELECT b FROM t WHERE a = ?", (a,)), 2) == "v2%"
+    with db.transaction():
+        assert db.connections_in_use == 1
+    # Every connection lent out came back, also after the failures above.
+    assert db.connections_in_use == 0
     db.close()
+    assert db.idle_connections == 0
     with pytest.raises(DatabaseConfigError):
         db.fetchall("SELECT 1")
 

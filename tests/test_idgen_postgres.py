@@ -84,6 +84,7 @@ def test_writers_with_failures_and_a_following_reader(pg_url: str) -> None:
     reader.generator("caches").refresh_positions()  # type: ignore[attr-defined]
     assert reader.current_token("caches") >= max(all_committed)
     reader.close()
+    assert db.connections_in_use == 0
     db.close()
 
 

@@ -141,6 +141,7 @@ class Database:
         else:
             make_psycopg_green()
             self._pool: deque[Any] = deque()
+            self._borrowed = 0
             self._pool_slots = gevent.lock.BoundedSemaphore(self.config.pool_size)
             # Fail at open time, with a clear error, when the server is unreachable.
             with self._pg_connection() as conn:
@@ -176,6 +177,19 @@ class Database:
                 f"({', '.join(writers)}), but SQLite ({self.config.target}) supports a "
                 "single writer: use PostgreSQL or configure one writer"
             )
+
+    @property
+    def connections_in_use(self) -> int:
+        """Connections currently lent out (PostgreSQL pool) or 1 while the SQLite
+        connection is in a transaction; returns to 0 when every block has ended."""
+        if self.engine == POSTGRES:
+            return self._borrowed
+        return 1 if self._sqlite_in_txn else 0
+
+    @property
+    def idle_connections(self) -> int:
+        """PostgreSQL connections kept open in the pool (0 on SQLite)."""
+        return len(self._pool) if self.engine == POSTGRES else 0
 
     def __repr__(self) -> str:
         return f"<Database {self.engine} {self.config.redacted()}>"
@@ -219,6 +233,7 @@ class Database:
         if self._closed:
             raise DatabaseConfigError(f"{self!r} is closed")
         self._pool_slots.acquire()
+        self._borrowed += 1
         conn = None
         try:
             while self._pool:
@@ -240,6 +255,7 @@ class Database:
                     _close_quietly(conn)
                 else:
                     self._pool.append(conn)
+            self._borrowed -= 1
             self._pool_slots.release()
 
     @contextlib.contextmanager
