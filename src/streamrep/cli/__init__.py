@@ -15,6 +15,8 @@ import click
 SUBCOMMANDS: dict[str, str] = {
     "check-config": "streamrep.cli.config:check_config",
     "db": "streamrep.cli.db:db",
+    "spark": "streamrep.cli.spark:spark",
+    "state": "streamrep.cli.state:state",
 }
 
 

@@ -263,7 +263,7 @@ def _reraise_executor_error(exc: BaseException) -> None:
     kind = StateCorruptionError if match.group(1) == "StateCorruptionError" else ConfigError
     groups = tuple(int(g) for g in re.findall(r"\b(\d+)\b", match.group(2))[:50])
     err = kind(match.group(2).strip())
-    err.groups = groups  # type: ignore[attr-defined]
+    setattr(err, "groups", groups)
     raise err from None
 
 

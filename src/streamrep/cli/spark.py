@@ -1,0 +1,118 @@
+"""``streamrep spark reconstruct``: full state of every state group, in bulk.
+
+Runs the Spark job (``local[*]`` on 127.0.0.1 unless ``--master`` says
+otherwise) or, with ``--single-process``, the same pipeline without Spark.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from streamrep.errors import StreamrepError
+
+
+@click.group("spark")
+def spark() -> None:
+    """Bulk jobs on Spark."""
+
+
+def _parse_groups(values: tuple[str, ...], groups_file: str | None) -> tuple[int, ...]:
+    texts: list[str] = []
+    for value in values:
+        texts.extend(value.split(","))
+    if groups_file:
+        with open(groups_file) as f:
+            texts.extend(f.read().split())
+    try:
+        return tuple(sorted({int(t) for t in texts if t.strip()}))
+    except ValueError as exc:
+        raise click.BadParameter(f"state group IDs must be integers ({exc})") from None
+
+
+@spark.command("reconstruct")
+@click.option("--input", "input_dir", type=click.Path(file_okay=False, exists=True),
+              help="Directory with state_groups, state_group_edges and state_groups_state "
+                   "(and optionally event_to_state_groups) as CSV or Parquet.")
+@click.option("--jdbc-url", metavar="URL",
+              help="Read the tables from PostgreSQL instead (postgresql:// or jdbc:postgresql://).")
+@click.option("--db", "db_url", metavar="URL",
+              help="With --single-process: read from this database (postgresql:// or sqlite:///).")
+@click.option("--output", required=True, type=click.Path(file_okay=False),
+              help="Directory for the Parquet output.")
+@click.option("--master", default=None,
+              help="Spark master URL (default local[*], bound to 127.0.0.1).")
+@click.option("--digest", is_flag=True,
+              help="One row per group with a SHA-256 digest of its full state, not the state.")
+@click.option("--group", "group_values", multiple=True, metavar="ID[,ID...]",
+              help="Only these state groups (repeatable).")
+@click.option("--groups-file", type=click.Path(dir_okay=False, exists=True),
+              help="Only the state groups listed in this file (whitespace separated).")
+@click.option("--room", "rooms", multiple=True, metavar="ROOM_ID",
+              help="Only state groups of these rooms (repeatable).")
+@click.option("--referenced-by-events", is_flag=True,
+              help="Only state groups that event_to_state_groups references.")
+@click.option("--verify", default=0, type=click.IntRange(min=0), metavar="N",
+              help="Recompute N random groups by walking their chain and fail on any difference.")
+@click.option("--seed", default=0, type=int, help="Seed for choosing the --verify groups.")
+@click.option("--split-threshold", default=200_000, type=click.IntRange(min=1), show_default=True,
+              help="Trees with more groups than this are split into pieces.")
+@click.option("--shuffle-partitions", default=None, type=click.IntRange(min=1),
+              help="spark.sql.shuffle.partitions (default twice the local cores, at least 4).")
+@click.option("--jdbc-partitions", default=None, type=click.IntRange(min=1),
+              help="Range partitions per table for JDBC reads (default from the row count).")
+@click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE", help="Extra Spark settings.")
+@click.option("--single-process", is_flag=True, help="Run without Spark, in this process.")
+@click.option("--overwrite", is_flag=True, help="Replace a non-empty output directory.")
+def reconstruct(input_dir: str | None, jdbc_url: str | None, db_url: str | None, output: str,
+                master: str | None, digest: bool, group_values: tuple[str, ...],
+                groups_file: str | None, rooms: tuple[str, ...], referenced_by_events: bool,
+                verify: int, seed: int, split_threshold: int, shuffle_partitions: int | None,
+                jdbc_partitions: int | None, confs: tuple[str, ...], single_process: bool,
+                overwrite: bool) -> None:
+    """Write the full state of every wanted state group as Parquet
+    (``state_group, type, state_key, event_id``), or its digest."""
+    from streamrep.spark.options import ReconstructOptions, Source
+
+    if db_url and not single_process:
+        raise click.UsageError("--db is for --single-process; the Spark job takes --jdbc-url")
+    database = jdbc_url or db_url
+    if (input_dir is None) == (database is None):
+        raise click.UsageError("give exactly one of --input and --jdbc-url")
+    conf: dict[str, str] = {}
+    for item in confs:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"--conf expects KEY=VALUE, not {item!r}")
+        conf[key] = value
+    try:
+        source = Source(input_dir=input_dir, db_url=database)
+        options = ReconstructOptions(
+            output=output, digest=digest, groups=_parse_groups(group_values, groups_file),
+            rooms=tuple(rooms), referenced_by_events=referenced_by_events,
+            split_threshold=split_threshold, verify=verify, seed=seed, overwrite=overwrite,
+        )
+        if single_process:
+            from streamrep.spark.local import reconstruct_local
+
+            result = reconstruct_local(source, options)
+        else:
+            result = _run_spark(source, options, master, shuffle_partitions, jdbc_partitions, conf)
+    except StreamrepError as exc:
+        click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(2)
+    click.echo(result.summary())
+
+
+def _run_spark(source: Any, options: Any, master: str | None, shuffle_partitions: int | None,
+               jdbc_partitions: int | None, conf: dict[str, str]) -> Any:
+    from streamrep.spark.job import build_session, reconstruct_spark
+
+    click.echo(f"reading {source.describe()} with Spark ({master or 'local[*]'})", err=True)
+    session = build_session(master, shuffle_partitions=shuffle_partitions, conf=conf)
+    try:
+        return reconstruct_spark(session, source, options, jdbc_partitions=jdbc_partitions)
+    finally:
+        session.stop()
