@@ -15,8 +15,12 @@ import click
 SUBCOMMANDS: dict[str, str] = {
     "check-config": "streamrep.cli.config:check_config",
     "db": "streamrep.cli.db:db",
+    "demo": "streamrep.cli.demo:demo",
+    "serve": "streamrep.cli.serve:serve",
     "spark": "streamrep.cli.spark:spark",
     "state": "streamrep.cli.state:state",
+    "tail": "streamrep.cli.tail:tail",
+    "write": "streamrep.cli.write:write",
 }
 
 

@@ -1,0 +1,76 @@
+"""``streamrep serve``: the replication hub and this instance's stream writers."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import click
+
+from streamrep.config import DEFAULT_DATABASE, DEFAULT_INSTANCE, DEFAULT_LISTEN, config_from_click, config_option
+
+
+@click.command()
+@config_option
+@click.option("--db", "db", default=DEFAULT_DATABASE, show_default=True,
+              help="Database URL (sqlite:///path or postgresql://...).")
+@click.option("--listen", default=DEFAULT_LISTEN, show_default=True,
+              help="HOST:PORT to accept replication connections on (loopback unless told otherwise).")
+@click.option("--server-name", default="localhost", show_default=True,
+              help="The name sent in SERVER; clients check it.")
+@click.option("--instance-name", default=DEFAULT_INSTANCE, show_default=True,
+              help="This process's name as a stream writer.")
+@click.option("--metrics-listen", default=None, help="HOST:PORT to serve Prometheus /metrics on.")
+@click.option("--log-level", default="INFO", show_default=True)
+@click.pass_context
+def serve(ctx: click.Context, config_path: str | None, db: str, listen: str, server_name: str,
+          instance_name: str, metrics_listen: str | None, log_level: str) -> None:
+    """Run the replication hub until SIGTERM or SIGINT.
+
+    Workers connect to it and follow every stream; writer processes announce to it.
+    On SIGTERM/SIGINT every peer gets ``ERROR server stopping`` before the hub exits.
+    """
+    import gevent
+
+    from streamrep.db import open_database
+    from streamrep.logsetup import setup_logging
+    from streamrep.replication import ConnectionSettings, ReplicationHub
+    from streamrep.replication.registry_source import RegistrySource, hub_listener
+    from streamrep.streams import Streams
+
+    config = config_from_click(ctx, config_path, {
+        "db": "database", "listen": "listen", "server_name": "server_name",
+        "instance_name": "instance_name", "metrics_listen": "metrics_listen",
+        "log_level": "logging.level",
+    })
+    setup_logging(config.logging.level, config.logging.format)
+    database = open_database(config.database)
+    streams = Streams(database, config.instance_name,
+                      {name: list(ws) for name, ws in config.stream_writers.items()})
+    source = RegistrySource(streams)
+    settings = ConnectionSettings(
+        ping_interval=config.keepalive.ping_interval,
+        ping_timeout=config.keepalive.timeout,
+        max_queued_commands=config.backpressure.max_queue,
+        max_line_length=config.backpressure.max_line_length,
+    )
+    metrics_address = config.metrics_listen
+    hub = ReplicationHub(
+        config.server_name, source,
+        host=config.listen.host, port=config.listen.port,
+        instance_name=config.instance_name, settings=settings,
+        metrics_listen=(metrics_address.host, metrics_address.port) if metrics_address else None,
+    )
+    streams.add_listener(hub_listener(hub))
+    hub.start()
+    host, port = hub.address
+    click.echo(f"streamrep hub {config.server_name} listening on {host}:{port}", err=True)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        gevent.signal_handler(signum, hub.stop)
+    try:
+        hub.serve_forever()
+    finally:
+        streams.close()
+        database.close()
+    click.echo("streamrep hub stopped", err=True)
+    sys.exit(0)

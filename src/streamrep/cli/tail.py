@@ -1,0 +1,106 @@
+"""``streamrep tail``: a worker printing every fact it receives as JSON lines."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from typing import Any
+
+import click
+
+from streamrep.cli._common import parse_connect
+
+
+def parse_from(value: str | None) -> dict[Any, int]:
+    """``--from``: a token for every writer (``5``) or per writer (``w1=5,w2=9``)."""
+    if value is None:
+        return {}
+    value = value.strip()
+    out: dict[Any, int] = {}
+    try:
+        if "=" not in value:
+            out[None] = int(value)
+            return out
+        for part in value.split(","):
+            instance, _, token = part.partition("=")
+            out[instance.strip()] = int(token)
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected TOKEN or INSTANCE=TOKEN,...", param_hint="--from") from None
+    return out
+
+
+@click.command()
+@click.option("--connect", required=True, help="HOST:PORT of the hub.")
+@click.option("--stream", "stream_names", multiple=True, help="Stream to follow (repeatable; default all).")
+@click.option("--from", "from_token", default=None,
+              help="Start after this token (or INSTANCE=TOKEN,...); default: from now on.")
+@click.option("--name", default="tail", show_default=True, help="Name sent to the hub.")
+@click.option("--db", "db", default=None, help="Database URL, to catch up from the database directly.")
+@click.option("--server-name", default=None, help="Expected SERVER name of the hub.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Exit after this many facts.")
+def tail(connect: str, stream_names: tuple[str, ...], from_token: str | None, name: str,
+         db: str | None, server_name: str | None, limit: int | None) -> None:
+    """Follow streams and print each fact as one JSON object per line.
+
+    Keys: ``stream``, ``instance``, ``token``, ``row`` (one line per row; rows of one
+    fact share the token). Status goes to stderr. Every fact is printed exactly once
+    and in order per writer, across reconnections.
+    """
+    import gevent
+    import gevent.event
+    import orjson
+
+    from streamrep.replication import ReplicationClient
+
+    host, port = parse_connect(connect)
+    starts = parse_from(from_token)
+    source = None
+    database = streams_handle = None
+    if db is not None:
+        from streamrep.db import open_database
+        from streamrep.replication.registry_source import RegistrySource
+        from streamrep.streams import Streams
+
+        database = open_database(db)
+        streams_handle = Streams(database, name)
+        source = RegistrySource(streams_handle, list(stream_names) or None)
+    names = list(stream_names) or (list(source.stream_names()) if source is not None else None)
+    start_from: dict[Any, int] = {}
+    if starts and names is None:
+        from streamrep.streams import stream_definitions
+
+        names = [d.name for d in stream_definitions()]
+    for key, token in starts.items():
+        for stream in names or ():
+            start_from[stream if key is None else (stream, key)] = token
+    out = sys.stdout.buffer
+    done = gevent.event.Event()
+    printed = {"facts": 0}
+
+    def handler(stream: str, instance: str, token: int, rows: list[Any]) -> None:
+        out.write(b"".join(
+            orjson.dumps({"stream": stream, "instance": instance, "token": token, "row": row}) + b"\n"
+            for row in rows
+        ))
+        out.flush()
+        printed["facts"] += 1
+        if limit is not None and printed["facts"] >= limit:
+            done.set()
+
+    client = ReplicationClient(
+        host, port, client_name=name, server_name=server_name, handler=handler, source=source,
+        streams=stream_names or None, start_from=start_from,
+    )
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        gevent.signal_handler(signum, done.set)
+    click.echo(f"tail: following {', '.join(stream_names) or 'every stream'} on {host}:{port}", err=True)
+    client.start()
+    try:
+        done.wait()
+    finally:
+        client.stop()
+        if streams_handle is not None:
+            streams_handle.close()
+        if database is not None:
+            database.close()
+    click.echo(f"tail: {printed['facts']} facts", err=True)

@@ -1,0 +1,117 @@
+"""``streamrep write``: a writer process persisting synthetic facts and announcing them."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Callable
+
+import click
+
+from streamrep.cli._common import parse_connect
+
+#: Streams ``write`` can fill with synthetic facts.
+WRITABLE_STREAMS = ("caches", "account_data", "to_device", "receipts")
+
+
+def _fact_writer(streams: Any, stream: str, instance: str, rows_per_fact: int) -> Callable[[int], int]:
+    """A function persisting synthetic fact number *i* on *stream*; returns its token."""
+    if stream == "caches":
+        return lambda i: int(streams.add_cache_invalidation("synthetic_cache", [f"{instance}:{i}"]))
+    if stream == "account_data":
+        return lambda i: int(streams.add_account_data(f"@{instance}-{i}:synthetic", "m.synthetic", {"n": i}))
+    if stream == "to_device":
+        return lambda i: int(streams.send_to_device(
+            [(f"@u{j}:synthetic", f"{instance}D{i}", {"n": i}) for j in range(rows_per_fact)]))
+    if stream == "receipts":
+        return lambda i: int(streams.add_receipt(f"!r{i}:synthetic", "m.read", f"@{instance}:synthetic", f"$e{i}"))
+    raise click.BadParameter(f"{stream} (writable: {', '.join(WRITABLE_STREAMS)})", param_hint="--stream")
+
+
+@click.command()
+@click.option("--connect", required=True, help="HOST:PORT of the hub.")
+@click.option("--db", "db", required=True, help="Database URL shared with the hub.")
+@click.option("--instance-name", required=True, help="This writer's instance name.")
+@click.option("--stream", required=True, help=f"Stream to write ({', '.join(WRITABLE_STREAMS)}).")
+@click.option("--count", type=click.IntRange(min=0), required=True, help="Facts to persist.")
+@click.option("--rate", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Facts per second (0: as fast as possible).")
+@click.option("--rows-per-fact", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Rows per fact (to_device only: one per recipient).")
+@click.option("--server-name", default=None, help="Expected SERVER name of the hub.")
+@click.option("--announce-timeout", type=float, default=600.0, show_default=True,
+              help="Seconds to wait for the hub once everything is persisted.")
+def write(connect: str, db: str, instance_name: str, stream: str, count: int, rate: float,
+          rows_per_fact: int, server_name: str | None, announce_timeout: float) -> None:
+    """Persist COUNT synthetic facts on STREAM as INSTANCE-NAME and announce them.
+
+    Facts keep being persisted while the hub is unreachable; on reconnection the
+    writer announces its position and the hub fills in what it missed from the
+    database. Exits 0 once every fact is persisted and announced.
+    """
+    import gevent
+
+    from streamrep.db import open_database
+    from streamrep.replication import ReplicationClient
+    from streamrep.replication.registry_source import RegistrySource
+    from streamrep.streams import Streams
+
+    host, port = parse_connect(connect)
+    if stream not in WRITABLE_STREAMS:
+        raise click.BadParameter(f"{stream} (writable: {', '.join(WRITABLE_STREAMS)})", param_hint="--stream")
+    database = open_database(db)
+    streams = Streams(database, instance_name, {stream: [instance_name]})
+    source = RegistrySource(streams, [stream])
+    persist = _fact_writer(streams, stream, instance_name, rows_per_fact)
+    announced = {"upto": source.current_token(stream, instance_name)}
+
+    client = ReplicationClient(
+        host, port, client_name=instance_name, server_name=server_name,
+        writer_positions=lambda: [(stream, instance_name, streams.current_token(stream, instance_name))],
+    )
+
+    def on_advance(stream_name: str, instance: str, visible: list[int], position: int) -> None:
+        if stream_name != stream or instance != instance_name:
+            return
+        start = announced["upto"]
+        announced["upto"] = position
+        if not client.connected:
+            return  # the next connection announces the position instead
+        while start < position:
+            rows, limited = source.updates(stream, instance, start, position, 5000)
+            if not rows:
+                break
+            client.announce(stream, instance, rows)
+            start = rows[-1][0]
+            if not limited:
+                break
+
+    streams.add_listener(on_advance)
+    client.start()
+    started = time.monotonic()
+    last_report = started
+    try:
+        for i in range(count):
+            persist(i)
+            if rate > 0:
+                delay = started + (i + 1) / rate - time.monotonic()
+                gevent.sleep(max(delay, 0))
+            else:
+                gevent.sleep(0)
+            now = time.monotonic()
+            if now - last_report >= 2:
+                last_report = now
+                click.echo(f"write: {i + 1}/{count} persisted, hub {'up' if client.connected else 'down'}", err=True)
+        persisted_at = time.monotonic()
+        ok = client.flush(announce_timeout)
+        click.echo(
+            f"write: {count} facts persisted in {persisted_at - started:.2f}s"
+            f" up to token {streams.current_token(stream, instance_name)};"
+            f" {'announced' if ok else 'NOT announced (hub unreachable)'}",
+            err=True,
+        )
+    finally:
+        client.stop()
+        streams.close()
+        database.close()
+    sys.exit(0 if ok else 1)

@@ -1,0 +1,103 @@
+"""The database-backed :class:`~streamrep.replication.source.StreamSource`.
+
+:class:`RegistrySource` reads rows through :class:`streamrep.streams.Streams`
+(``get_updates_since``) and encodes them once as the JSON ``RDATA`` carries.
+Writer positions come from the database, so a restarted hub starts from what is
+really persisted:
+
+* a stream fed by a PostgreSQL sequence (several writers): the writer's position
+  in ``stream_positions`` (which never runs ahead of its completed facts);
+* a single-writer stream: the largest ID that writer stored (its facts commit
+  in order, so everything up to that is readable).
+
+In-memory streams (``typing``) are included only where this process writes them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+from streamrep.errors import UnknownStreamError
+from streamrep.idgen.single import max_stored_token
+from streamrep.streams import Streams, get_stream_definition
+
+if TYPE_CHECKING:
+    from streamrep._pure import wire as _core_wire
+else:
+    from streamrep import _impl
+
+    _core_wire = _impl.load("wire")
+
+__all__ = ["RegistrySource"]
+
+
+class RegistrySource:
+    """Streams of one database as a replication source (see module docstring)."""
+
+    def __init__(self, streams: Streams, names: Sequence[str] | None = None) -> None:
+        self.streams = streams
+        self.db = streams.db
+        chosen = list(names) if names is not None else streams.names()
+        self._names = [
+            name for name in chosen
+            if not get_stream_definition(name).in_memory
+            or streams.instance_name in streams.writers_of(name)
+        ]
+        for name in self._names:
+            streams.get(name)  # creates tables and generators now, failing early
+
+    def stream_names(self) -> Sequence[str]:
+        return list(self._names)
+
+    def _multi_writer(self, stream: str) -> bool:
+        return get_stream_definition(stream).sequence_name is not None and bool(self.db.is_postgres)
+
+    def writers(self, stream: str) -> Sequence[str]:
+        definition = get_stream_definition(stream)
+        found: dict[str, None] = dict.fromkeys(self.streams.writers_of(stream))
+        if definition.in_memory:
+            return list(found)
+        for table in definition.tables:
+            if table.instance_column:
+                for (instance,) in self.db.fetchall(
+                    f"SELECT DISTINCT {table.instance_column} FROM {table.table}"
+                ):
+                    found.setdefault(str(instance), None)
+        if self._multi_writer(stream):
+            for (instance,) in self.db.fetchall(
+                "SELECT instance_name FROM stream_positions WHERE stream_name = ?", (stream,)
+            ):
+                found.setdefault(str(instance), None)
+        return list(found)
+
+    def current_token(self, stream: str, instance: str) -> int:
+        definition = get_stream_definition(stream)
+        if definition.in_memory:
+            return int(self.streams.current_token(stream, instance))
+        if self._multi_writer(stream):
+            value = self.db.fetchval(
+                "SELECT stream_id FROM stream_positions WHERE stream_name = ? AND instance_name = ?",
+                (stream, instance),
+            )
+            return abs(int(value)) if value is not None else 0
+        with self.db.transaction(f"{stream}:replication_position", read_only=True) as txn:
+            return max_stored_token(txn, definition.tables, definition.negative, instance)
+
+    def updates(
+        self, stream: str, instance: str, from_token: int, upto_token: int, limit: int
+    ) -> tuple[list[tuple[int, bytes]], bool]:
+        if stream not in self._names:
+            raise UnknownStreamError(f"unknown stream {stream!r}")
+        rows, limited = self.streams.get_updates_since(stream, instance, from_token, upto_token, limit)
+        encode = _core_wire.encode_row
+        out: list[tuple[int, bytes]] = [(int(token), encode(row)) for token, row in rows]
+        return out, limited
+
+
+def hub_listener(hub: Any) -> Any:
+    """A ``Streams`` position listener that publishes this process's advances on *hub*."""
+
+    def listener(stream: str, instance: str, visible: list[int], position: int) -> None:
+        hub.writer_advanced(stream, instance, position)
+
+    return listener
