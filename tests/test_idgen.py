@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gevent
+import gevent.event
 import pytest
 from click.testing import CliRunner
 
@@ -168,4 +169,23 @@ def test_sequence_mismatch_refused_then_repaired(pg_url: str) -> None:
     restarted.close()
     again = runner.invoke(cli_main, ["db", "repair-sequences", "--db", pg_url])
     assert "is fine" in again.output
+    db.close()
+
+
+def test_killed_greenlet_still_completes_its_id(sqlite_url: str) -> None:
+    db = Database.open(sqlite_url)
+    _make_tables(db)
+    gen = StreamIdGenerator(db, "facts", TABLES)
+    started = gevent.event.Event()
+
+    def stuck() -> None:
+        with gen.get_next():
+            started.set()
+            gevent.sleep(30)
+
+    task = gevent.spawn(stuck)
+    assert started.wait(5)
+    assert gen.in_flight == 1 and gen.get_current_token() == 0
+    task.kill(block=True, timeout=5)
+    assert gen.in_flight == 0 and gen.get_current_token() == 1
     db.close()

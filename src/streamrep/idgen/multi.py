@@ -89,8 +89,8 @@ class MultiWriterIdGenerator(IdGenerator):
                 if writer in persisted:
                     positions[writer] = persisted[writer]
                 else:
-                    # Never persisted: it has written nothing we could miss below what
-                    # every known writer reached... unless it wrote rows and crashed.
+                    # Not started yet (a writer persists its position at startup):
+                    # assume the slowest known position, or the rows it stored if any.
                     written = max_stored_token(txn, self.tables, self.negative, writer)
                     positions[writer] = max(floor, written) if written else floor
             if self.is_writer:
