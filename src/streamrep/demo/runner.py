@@ -1,0 +1,370 @@
+"""``streamrep demo``: a hub, writers and workers on one machine, checked end to end.
+
+The run:
+
+1. writes a configuration file for the deployment (validated by the same loader
+   ``streamrep serve --config`` uses) into a work directory;
+2. starts the hub (``streamrep serve``), one writer process (two on PostgreSQL,
+   sharing the multi-writer streams) persisting the seeded room workload of
+   :mod:`streamrep.demo.workload`, and N worker processes following every stream;
+3. shows progress while the writers run for ``duration`` seconds;
+4. waits until every worker has reached every writer's final position, stops the
+   workers and the hub;
+5. compares what each worker received with what the database holds: a fact of the
+   database a worker never received is *lost*, one it received twice is
+   *duplicated*, one the database does not hold is *unexpected*; lag percentiles
+   come from the writers' visibility times and the workers' receipt times.
+
+The exit status is non-zero when any check fails.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import yaml
+from rich.console import Console
+
+from streamrep.config import Config, load_config
+from streamrep.demo.processes import Child, StatusLine, free_port, wait_for_port
+from streamrep.demo.report import Progress, Summary, WorkerResult, render_summary
+from streamrep.demo.verify import check_worker, read_facts
+
+__all__ = ["DemoOptions", "run_demo"]
+
+SERVER_NAME = "demo.example"
+
+#: Streams that the demo's writers share on PostgreSQL (events and backfill have one
+#: writer: the event store hands out their orderings in one process).
+SHARED_STREAMS = ("caches", "to_device", "account_data", "receipts")
+
+
+@dataclass
+class DemoOptions:
+    """What ``streamrep demo`` was asked for."""
+
+    duration: float = 10.0
+    rate: float = 200.0
+    rooms: int = 20
+    workers: int = 3
+    db: str | None = None
+    seed: int = 1
+    workdir: str | None = None
+    #: how long workers may take to catch up after the writers stop
+    catch_up_timeout: float = 30.0
+    #: live rich table (None: when stderr is a terminal)
+    live: bool | None = None
+    log_level: str = "INFO"
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def _writers_for(db_url: str) -> list[str]:
+    return ["writer1", "writer2"] if db_url.startswith(("postgresql:", "postgres:")) else ["writer1"]
+
+
+def write_config(path: str, db_url: str, port: int, writers: list[str],
+                 log_level: str) -> None:
+    """The demo deployment's configuration file."""
+    stream_writers: dict[str, list[str]] = {s: list(writers) for s in SHARED_STREAMS}
+    stream_writers["events"] = [writers[0]]
+    stream_writers["backfill"] = [writers[0]]
+    data: dict[str, Any] = {
+        "server_name": SERVER_NAME,
+        "database": db_url,
+        "listen": f"127.0.0.1:{port}",
+        "instance_name": "main",
+        "instance_map": {"main": {}, **{w: {} for w in writers}},
+        "stream_writers": stream_writers,
+        "keepalive": {"ping_interval": 5, "timeout": 15},
+        "backpressure": {"max_queue": 100_000},
+        "logging": {"level": log_level, "format": "logfmt"},
+    }
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write("# written by streamrep demo\n")
+        yaml.safe_dump(data, fh, sort_keys=False)
+
+
+def _read_jsonl(path: str) -> list[list[Any]]:
+    try:
+        with open(path, "rb") as fh:
+            return [orjson.loads(line) for line in fh if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+class _Run:
+    def __init__(self, options: DemoOptions, console: Console) -> None:
+        self.options = options
+        self.console = console
+        self.workdir = options.workdir or tempfile.mkdtemp(prefix="streamrep-demo-")
+        os.makedirs(self.workdir, exist_ok=True)
+        self.db_url = options.db or f"sqlite:///{os.path.join(self.workdir, 'demo.db')}"
+        self.writer_names = _writers_for(self.db_url)
+        self.worker_names = [f"worker{i + 1}" for i in range(options.workers)]
+        self.lines: queue.Queue[StatusLine] = queue.Queue()
+        self.children: dict[str, Child] = {}
+        self.problems: list[str] = []
+        self.port = free_port()
+        self.config_path = os.path.join(self.workdir, "streamrep.yaml")
+        self.config: Config | None = None
+        self.truth: dict[tuple[str, str], list[int]] | None = None
+
+    # --- children --------------------------------------------------------------------
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("STREAMREP_CONFIG", None)
+        env.update(self.options.extra_env)
+        return env
+
+    def _child(self, name: str, role: str, argv: list[str]) -> Child:
+        child = Child(name, role, argv, os.path.join(self.workdir, f"{name}.log"),
+                      self.lines, env=self._env())
+        self.children[name] = child
+        child.start()
+        return child
+
+    def _out(self, name: str) -> str:
+        return os.path.join(self.workdir, f"{name}.facts.jsonl")
+
+    def start(self) -> bool:
+        write_config(self.config_path, self.db_url, self.port, self.writer_names,
+                     self.options.log_level)
+        self.config = load_config(self.config_path, check_ports_of="main")
+        py = sys.executable
+        hub = self._child("hub", "hub", [py, "-m", "streamrep.demo.hub", "--config",
+                                         self.config_path])
+        if not wait_for_port("127.0.0.1", self.port, 30.0, hub):
+            self.problems.append("the hub did not start listening: "
+                                 + " | ".join(hub.log_tail(5)))
+            return False
+        # Workers first, so they follow from the very first fact.
+        for name in self.worker_names:
+            self._child(name, "worker", [
+                py, "-m", "streamrep.demo.worker", "--config", self.config_path,
+                "--name", name, "--out", self._out(name), "--seed", str(self.options.seed)])
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline:
+            self._drain()
+            if all(self.children[w].last.get("connected") for w in self.worker_names):
+                break
+            if not self._check_children(("hub", "worker")):
+                return False
+            time.sleep(0.05)
+        else:
+            self.problems.append("the workers did not connect to the hub in 30s")
+            return False
+        rate = self.options.rate / len(self.writer_names)
+        for i, name in enumerate(self.writer_names):
+            self._child(name, "writer", [
+                py, "-m", "streamrep.demo.writer", "--config", self.config_path,
+                "--instance-name", name, "--seed", str(self.options.seed + i),
+                "--rate", str(rate), "--duration", str(self.options.duration),
+                "--rooms", str(self.options.rooms), "--out", self._out(name),
+                "--events", "yes" if i == 0 else "no"])
+        return True
+
+    # --- the loop --------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                line = self.lines.get_nowait()
+            except queue.Empty:
+                return
+            child = self.children.get(line.child)
+            if child is None:
+                continue
+            kind = line.data.get("type")
+            if kind == "status":
+                child.last = line.data
+            elif kind == "done":
+                child.last = line.data
+                child.done = line.data
+            elif kind == "error":
+                self.problems.append(f"{line.child}: {line.data.get('message')}")
+
+    def _written(self) -> dict[str, int]:
+        total: Counter[str] = Counter()
+        for name in self.writer_names:
+            total.update(self.children[name].last.get("written", {}))
+        return dict(total)
+
+    def _received(self) -> dict[str, dict[str, int]]:
+        return {w: dict(self.children[w].last.get("received", {})) for w in self.worker_names}
+
+    def _positions(self, name: str) -> dict[tuple[str, str], int]:
+        return {(s, i): int(t) for s, i, t in self.children[name].last.get("positions", [])}
+
+    def _behind(self, target: dict[tuple[str, str], int] | None = None) -> dict[str, int]:
+        """Per worker: how many writer positions it has not reached, weighted by the
+        facts the writers report since (an estimate for the display)."""
+        if target is None:
+            target = {}
+            for name in self.writer_names:
+                target.update(self._positions(name))
+        written = sum(self._written().values())
+        behind = {}
+        for w in self.worker_names:
+            got = sum(self.children[w].last.get("received", {}).values())
+            missing = [k for k, t in target.items() if self._positions(w).get(k, 0) < t]
+            behind[w] = max(0, written - got) if missing else 0
+        return behind
+
+    def _check_children(self, roles: tuple[str, ...]) -> bool:
+        ok = True
+        for child in self.children.values():
+            code = child.poll()
+            if child.role in roles and code is not None and (code != 0 or child.role != "writer"):
+                if child.role == "writer" and code == 0:
+                    continue
+                self.problems.append(f"{child.name} exited with status {code}: "
+                                     + " | ".join(child.log_tail(4)))
+                ok = False
+        return ok
+
+    def run(self, progress: Progress) -> None:
+        writers = [self.children[n] for n in self.writer_names]
+        deadline = time.monotonic() + self.options.duration + 60.0
+        while True:
+            self._drain()
+            progress.update("writing", self._written(), self._received(), self._behind())
+            if not self._check_children(("hub", "worker")):
+                return
+            codes = [w.poll() for w in writers]
+            if all(c is not None for c in codes):
+                break
+            if any(c not in (None, 0) for c in codes):
+                self._check_children(("writer",))
+                return
+            if time.monotonic() > deadline:
+                self.problems.append("the writers did not finish in time")
+                return
+            time.sleep(0.1)
+        self._drain()
+        if not self._check_children(("writer",)):
+            return
+        # The database is the truth: wait until every worker reached every writer's
+        # final position there.
+        assert self.config is not None
+        self.truth = read_facts(self.config)
+        target = {key: max(tokens) for key, tokens in self.truth.items() if tokens}
+        deadline = time.monotonic() + self.options.catch_up_timeout
+        while time.monotonic() < deadline:
+            self._drain()
+            behind = {w: sum(1 for k, t in target.items() if self._positions(w).get(k, 0) < t)
+                      for w in self.worker_names}
+            progress.update("catching up", self._written(), self._received(), behind)
+            if not any(behind.values()):
+                return
+            if not self._check_children(("hub", "worker")):
+                return
+            time.sleep(0.1)
+        for w in self.worker_names:
+            late = sorted(f"{s}/{i} at {self._positions(w).get((s, i), 0)} of {t}"
+                          for (s, i), t in target.items() if self._positions(w).get((s, i), 0) < t)
+            if late:
+                self.problems.append(f"{w} did not catch up in {self.options.catch_up_timeout:g}s: "
+                                     + ", ".join(late[:5]))
+
+    def stop(self) -> dict[str, int | None]:
+        """Ask the workers to finish (they check their caches and write what they
+        received), then stop the writers and the hub."""
+        codes: dict[str, int | None] = {}
+        workers = [self.children[n] for n in self.worker_names if n in self.children]
+        for child in workers:
+            child.ask_to_stop()
+        for child in workers:
+            child.wait(30.0)
+            codes[child.name] = child.stop()
+        for name in self.writer_names + ["hub"]:
+            other = self.children.get(name)
+            if other is not None:
+                codes[name] = other.stop()
+        time.sleep(0.1)
+        self._drain()
+        return codes
+
+    # --- the check -------------------------------------------------------------------
+
+    def summarise(self, codes: dict[str, int | None], elapsed: float) -> Summary:
+        truth = self.truth
+        if truth is None and self.config is not None:
+            truth = read_facts(self.config)
+        truth = truth or {}
+        expected = {(s, i, t) for (s, i), tokens in truth.items() for t in tokens}
+        written: Counter[str] = Counter()
+        for (stream, _inst), tokens in truth.items():
+            written[stream] += len(tokens)
+        visible_at: dict[tuple[str, str, int], float] = {}
+        for name in self.writer_names:
+            for stream, inst, token, when in _read_jsonl(self._out(name)):
+                visible_at[(stream, inst, token)] = when
+        results = []
+        for w in self.worker_names:
+            check = check_worker(expected, visible_at,
+                                 [(s, i, t, when) for s, i, t, when in _read_jsonl(self._out(w))])
+            lost, dup, unexpected = check.lost, check.duplicated, check.unexpected
+            final = self.children[w].done or self.children[w].last
+            examples = [f"lost {s}/{i} token {t}" for s, i, t in sorted(lost)[:3]]
+            examples += [f"duplicated {s}/{i} token {t} x{n}" for (s, i, t), n in
+                         sorted(dup.items())[:3]]
+            examples += [f"unexpected {s}/{i} token {t}" for s, i, t in sorted(unexpected)[:3]]
+            examples += [str(m) for m in final.get("mismatch_examples", [])[:3]]
+            results.append(WorkerResult(
+                name=w, received=dict(check.received), lost=len(lost),
+                duplicated=check.duplicates, unexpected=len(unexpected),
+                lag_ms=check.lag_ms, sync_queries=int(final.get("sync_queries", 0)),
+                sync_mismatches=int(final.get("sync_mismatches", 0)),
+                cache_invalidations=int(final.get("cache_invalidations", 0)),
+                exit_code=codes.get(w), examples=examples))
+        for name in self.writer_names + ["hub"]:
+            if codes.get(name) not in (0, None) and not any(
+                    p.startswith(name) for p in self.problems):
+                self.problems.append(f"{name} exited with status {codes.get(name)}: "
+                                     + " | ".join(self.children[name].log_tail(4)))
+        if not expected:
+            self.problems.append("the writers persisted nothing")
+        committed = Counter(stream for stream, _i, _t in visible_at)
+        return Summary(duration=elapsed, database=self.db_url.partition(":")[0],
+                       writers=self.writer_names, written=dict(written), workers=results,
+                       committed=dict(committed), problems=list(self.problems))
+
+
+def _console(stderr: bool) -> Console:
+    probe = Console(stderr=stderr)
+    # Wide enough for the summary tables when the output is a file or a pipe.
+    return probe if probe.is_terminal else Console(stderr=stderr, width=160)
+
+
+def run_demo(options: DemoOptions, console: Console | None = None,
+             summary_console: Console | None = None) -> Summary:
+    """Run the demo (see the module docstring), showing progress on *console*
+    (stderr) and printing the summary on *summary_console* (stdout)."""
+    console = console or _console(stderr=True)
+    summary_console = summary_console or _console(stderr=False)
+    run = _Run(options, console)
+    console.print(f"streamrep demo: hub on 127.0.0.1:{run.port}, database "
+                  f"{run.db_url.partition(':')[0]}, writers {', '.join(run.writer_names)}, "
+                  f"{options.workers} workers, {options.rooms} rooms, ~{options.rate:g} ops/s "
+                  f"for {options.duration:g}s; logs in {run.workdir}",
+                  highlight=False, markup=False)
+    started = time.monotonic()
+    codes: dict[str, int | None] = {}
+    try:
+        with Progress(console, run.worker_names, live=options.live) as progress:
+            if run.start():
+                run.run(progress)
+    finally:
+        codes = run.stop()
+    summary = run.summarise(codes, time.monotonic() - started)
+    render_summary(summary, summary_console)
+    return summary

@@ -1,0 +1,252 @@
+"""A demo worker process: follows every stream, keeps caches, answers sync queries.
+
+Run by ``streamrep demo`` as ``python -m streamrep.demo.worker --config FILE --name
+NAME --out FILE``. It connects to the hub named in the configuration, follows every
+stream from the beginning, and for each fact:
+
+* records ``[stream, instance, token, receipt_time]`` (written to ``--out`` at the
+  end, for the exactly-once check and the lag figures);
+* applies ``events`` and ``backfill`` rows to its event store's change caches and
+  caches (:class:`~streamrep.events.streams.EventsStreamFollower`), and ``caches``
+  rows to its named caches (:class:`~streamrep.caches.CacheRegistry`).
+
+Every so often it answers a sync query for a random user from its change caches
+("which of this user's rooms changed since my token of a moment ago?") and checks the
+answer against the database, bounded to the position it has received, so the check
+is exact: a room the change cache wrongly reports unchanged is a *sync mismatch*.
+When told to stop (a line on stdin, or SIGTERM) it checks that every entry of its
+``room_members`` cache equals the database, then prints a ``done`` status line.
+"""
+
+from __future__ import annotations
+
+from gevent import monkey
+
+monkey.patch_all()
+
+import argparse  # noqa: E402
+import functools  # noqa: E402
+import os  # noqa: E402
+import random  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from collections import Counter  # noqa: E402
+from typing import Any  # noqa: E402
+
+import gevent  # noqa: E402
+import gevent.event  # noqa: E402
+import orjson  # noqa: E402
+
+from streamrep.caches import CacheRegistry, LruCache  # noqa: E402
+from streamrep.config import Config, load_config  # noqa: E402
+from streamrep.demo.processes import emit  # noqa: E402
+from streamrep.demo.streams import demo_source, stream_names  # noqa: E402
+from streamrep.events import EventStore  # noqa: E402
+from streamrep.events.streams import EventsStreamFollower  # noqa: E402
+from streamrep.logsetup import get_logger, setup_logging  # noqa: E402
+from streamrep.replication import ConnectionSettings, ReplicationClient  # noqa: E402
+
+log = get_logger("streamrep.demo.worker")
+
+#: seconds between sync queries
+SYNC_INTERVAL = 0.05
+#: seconds between status lines
+STATUS_INTERVAL = 0.25
+
+
+class DemoWorker:
+    """The worker's state; see the module docstring."""
+
+    def __init__(self, config: Config, name: str, seed: int) -> None:
+        self.config = config
+        self.name = name
+        self.rng = random.Random(seed)
+        self.store = EventStore(config.database)
+        self.events_follower = EventsStreamFollower(self.store)
+        self.caches = CacheRegistry()
+        self.room_members: LruCache[frozenset[str]] = LruCache("room_members", 10_000)
+        self.caches.register("room_members", self.room_members, depends_on_current_state=True)
+        self._member_keys: set[tuple[str]] = set()
+        self.users: LruCache[dict[str, Any]] = LruCache("get_user_by_id", 10_000)
+        self.caches.register("get_user_by_id", self.users)
+        self.facts: list[tuple[str, str, int, float]] = []
+        self.received: Counter[str] = Counter()
+        self.cache_invalidations = 0
+        self.sync_queries = 0
+        self.sync_mismatches = 0
+        self.mismatch_examples: list[str] = []
+        #: (time, events position) snapshots to pick "since" tokens from
+        self._history: list[tuple[float, int]] = []
+        self.source = demo_source(self.store.db, config.stream_writers, name)
+        self.client = ReplicationClient(
+            config.listen.host, config.listen.port, client_name=name,
+            server_name=config.server_name, handler=self.handle, source=self.source,
+            start_from={stream: 0 for stream in stream_names()},
+            settings=ConnectionSettings(
+                ping_interval=config.keepalive.ping_interval,
+                ping_timeout=config.keepalive.timeout,
+                max_queued_commands=config.backpressure.max_queue,
+                max_line_length=config.backpressure.max_line_length))
+
+    # --- facts ---------------------------------------------------------------------
+
+    def handle(self, stream: str, instance: str, token: int, rows: list[Any]) -> None:
+        """One fact, exactly once, in order per writer."""
+        self.facts.append((stream, instance, token, time.time()))
+        self.received[stream] += 1
+        if stream == "events":
+            for row in rows:
+                self.events_follower.on_events_row(token, row)
+        elif stream == "backfill":
+            for row in rows:
+                self.events_follower.on_backfill_row(token, row)
+        elif stream == "caches":
+            for row in rows:
+                self.cache_invalidations += self.caches.handle_row(row)
+                self.events_follower.on_caches_row(row[0], row[1])
+
+    def events_position(self) -> int:
+        follower = self.client.follower
+        assert follower is not None
+        return min((t for (s, _i), t in follower.positions.items() if s == "events"),
+                   default=0)
+
+    def positions(self) -> list[list[Any]]:
+        follower = self.client.follower
+        assert follower is not None
+        return [[s, i, t] for (s, i), t in sorted(follower.positions.items())]
+
+    # --- sync queries ----------------------------------------------------------------
+
+    def sync_once(self) -> None:
+        """Answer one sync query from the change caches and check it."""
+        upto = self.events_position()
+        now = time.monotonic()
+        self._history.append((now, upto))
+        self._history = [(t, p) for t, p in self._history if now - t < 2.0]
+        since = self.rng.choice(self._history)[1]
+        if upto <= since:
+            return
+        db = self.store.db
+        user = self.rng.choice([r[0] for r in db.fetchall(
+            "SELECT DISTINCT state_key FROM current_state_events WHERE type = ?"
+            " LIMIT 200", ("m.room.member",))] or ["@nobody:demo.example"])
+        rooms = sorted({r[0] for r in db.fetchall(
+            "SELECT room_id FROM room_memberships WHERE user_id = ?", (user,))})
+        # The answer a worker gives: only rooms its change cache says changed.
+        changed = [r for r in rooms if self.store.room_changes.has_entity_changed(r, since)]
+        answer = self._events_in(changed, since, upto)
+        truth = self._events_in(rooms, since, upto)
+        membership_truth = bool(db.fetchval(
+            "SELECT COUNT(*) FROM events WHERE type = ? AND state_key = ?"
+            " AND stream_ordering > ? AND stream_ordering <= ?",
+            ("m.room.member", user, since, upto), 0))
+        membership_cached = self.store.membership_changes.has_entity_changed(user, since)
+        self.sync_queries += 1
+        if answer != truth or (membership_truth and not membership_cached):
+            self.sync_mismatches += 1
+            if len(self.mismatch_examples) < 3:
+                self.mismatch_examples.append(
+                    f"sync for {user} in ({since}, {upto}]: change cache gave "
+                    f"{len(answer)} events, database {len(truth)}; membership changed: "
+                    f"{membership_truth}, cache says {membership_cached}")
+        for room in changed[:3]:
+            self.room_members.get_or_compute((room,), functools.partial(self._members, room))
+            self._member_keys.add((room,))
+
+    def _events_in(self, rooms: list[str], since: int, upto: int) -> list[str]:
+        if not rooms:
+            return []
+        marks = ",".join("?" * len(rooms))
+        return [r[0] for r in self.store.db.fetchall(
+            f"SELECT event_id FROM events WHERE room_id IN ({marks}) AND stream_ordering > ?"
+            " AND stream_ordering <= ? ORDER BY stream_ordering", (*rooms, since, upto))]
+
+    def _members(self, room: str) -> frozenset[str]:
+        return frozenset(r[0] for r in self.store.db.fetchall(
+            "SELECT state_key FROM current_state_events WHERE room_id = ? AND type = ?"
+            " AND membership = ?", (room, "m.room.member", "join")))
+
+    def check_caches(self) -> int:
+        """Entries of ``room_members`` that disagree with the database (at the end,
+        when everything has been received, there must be none)."""
+        stale = 0
+        for key in sorted(self._member_keys):
+            if key not in self.room_members:
+                continue  # invalidated (or evicted) since: nothing cached to be wrong
+            cached = self.room_members.get(key)
+            fresh = self._members(key[0])
+            if cached != fresh:
+                stale += 1
+                if len(self.mismatch_examples) < 3:
+                    self.mismatch_examples.append(
+                        f"room_members{key} cached {len(cached or ())} members, database "
+                        f"{len(fresh)}")
+        return stale
+
+    # --- running ---------------------------------------------------------------------
+
+    def status(self, kind: str = "status", **extra: Any) -> None:
+        emit(kind, name=self.name, received=dict(self.received), positions=self.positions(),
+             connected=self.client.connected, sync_queries=self.sync_queries,
+             sync_mismatches=self.sync_mismatches,
+             cache_invalidations=self.cache_invalidations,
+             mismatch_examples=self.mismatch_examples, **extra)
+
+    def run(self, out_path: str, stop: gevent.event.Event) -> None:
+        self.client.start()
+        last_status = 0.0
+        while not stop.is_set():
+            if self.client.connected:
+                try:
+                    self.sync_once()
+                except Exception as exc:  # a query failing is worth a line, not a crash
+                    log.warning("sync_query_failed", error=f"{type(exc).__name__}: {exc}")
+            now = time.monotonic()
+            if now - last_status >= STATUS_INTERVAL:
+                self.status()
+                last_status = now
+            stop.wait(SYNC_INTERVAL)
+        stale = self.check_caches()
+        self.sync_mismatches += stale
+        self.client.stop()
+        with open(out_path, "wb") as fh:
+            for fact in self.facts:
+                fh.write(orjson.dumps(fact) + b"\n")
+        self.status("done", stale_cache_entries=stale)
+
+
+def _watch_stdin(stop: gevent.event.Event) -> None:
+    # Any line, or end of file, on stdin means "stop". A cooperative file object, so
+    # waiting for it does not block the greenlets.
+    from gevent.fileobject import FileObject
+
+    try:
+        FileObject(os.dup(sys.stdin.fileno()), "rb").readline()
+    finally:
+        stop.set()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m streamrep.demo.worker")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--seed", type=int, default=None)
+    args = parser.parse_args(argv)
+    config = load_config(args.config)
+    setup_logging(config.logging.level, config.logging.format)
+    worker = DemoWorker(config, args.name, args.seed if args.seed is not None else os.getpid())
+    stop = gevent.event.Event()
+    gevent.signal_handler(signal.SIGTERM, stop.set)
+    gevent.signal_handler(signal.SIGINT, stop.set)
+    gevent.spawn(_watch_stdin, stop)
+    log.info("worker_started", name=args.name, hub=str(config.listen))
+    worker.run(args.out, stop)
+    worker.store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""A demo writer process: persists the room workload and announces every fact.
+
+Run by ``streamrep demo`` as ``python -m streamrep.demo.writer --config FILE
+--instance-name NAME ...``. It plays :class:`~streamrep.demo.workload.Workload` at
+``--rate`` operations per second for ``--duration`` seconds:
+
+* events (and backfilled history) through the :class:`~streamrep.EventStore`; the
+  store's cache invalidations (``cs_cache_fake`` for current-state changes,
+  ``get_event`` for redactions) go to the ``caches`` stream;
+* account data, receipts, to-device messages and explicit cache invalidations
+  through the stream registry's writers, from several greenlets so that stream IDs
+  complete out of order.
+
+Facts are announced to the hub only after they committed, in token order: ``RDATA``
+per row read back from the database, or ``POSITION`` when the position moved without
+rows. ``[stream, instance, token, time]`` of every fact made visible is written to
+``--out`` at the end (the demo's lag figures start there).
+"""
+
+from __future__ import annotations
+
+from gevent import monkey
+
+monkey.patch_all()
+
+import argparse  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from collections import Counter  # noqa: E402
+from typing import Any, Callable  # noqa: E402
+
+import gevent  # noqa: E402
+import gevent.event  # noqa: E402
+import gevent.lock  # noqa: E402
+import gevent.queue  # noqa: E402
+import orjson  # noqa: E402
+
+from streamrep.config import Config, load_config  # noqa: E402
+from streamrep.db import Database  # noqa: E402
+from streamrep.demo.processes import emit  # noqa: E402
+from streamrep.demo.streams import EVENT_STREAMS, REGISTRY_STREAMS  # noqa: E402
+from streamrep.demo.workload import Op, Workload  # noqa: E402
+from streamrep.events import EventStore  # noqa: E402
+from streamrep.events.streams import (  # noqa: E402
+    current_backfill_token,
+    current_events_token,
+    get_backfill_stream_rows,
+    get_events_stream_rows,
+)
+from streamrep.logsetup import get_logger, setup_logging  # noqa: E402
+from streamrep.replication import ConnectionSettings, ReplicationClient  # noqa: E402
+from streamrep.streams import Streams  # noqa: E402
+
+log = get_logger("streamrep.demo.writer")
+
+#: greenlets writing the registry streams concurrently
+CONCURRENCY = 4
+#: rows read back per round trip when announcing
+_ANNOUNCE_PAGE = 10_000
+
+
+class DemoWriter:
+    """The writer's state; see the module docstring."""
+
+    def __init__(self, config: Config, instance: str, workload: Workload) -> None:
+        self.config = config
+        self.instance = instance
+        self.workload = workload
+        self.db = Database.open(config.database)
+        self.writes = [s for s in REGISTRY_STREAMS if instance in config.writers_of(s)]
+        self.streams = Streams(self.db, instance,
+                               {s: config.writers_of(s) for s in REGISTRY_STREAMS})
+        self.streams.open_all(REGISTRY_STREAMS)
+        self.streams.add_listener(self._advanced)
+        self.writes_events = instance in config.writers_of("events")
+        self.store: EventStore | None = None
+        if self.writes_events:
+            self.store = EventStore(self.db, on_persisted=self._persisted)
+        self._announce_lock = gevent.lock.RLock()
+        self.announced: dict[str, int] = {s: self._position(s) for s in self._own_streams()}
+        self.visible: list[tuple[str, str, int, float]] = []
+        self.written: Counter[str] = Counter()
+        self.ops: Counter[str] = Counter()
+        self._pending_invalidations: list[tuple[str, list[Any] | None]] = []
+        self.client = ReplicationClient(
+            config.listen.host, config.listen.port, client_name=instance,
+            server_name=config.server_name, writer_positions=self._writer_positions,
+            settings=ConnectionSettings(
+                ping_interval=config.keepalive.ping_interval,
+                ping_timeout=config.keepalive.timeout,
+                max_queued_commands=config.backpressure.max_queue,
+                max_line_length=config.backpressure.max_line_length))
+
+    # --- positions and announcing ------------------------------------------------------
+
+    def _own_streams(self) -> list[str]:
+        own = list(self.writes)
+        if self.writes_events:
+            own += list(EVENT_STREAMS)
+        return own
+
+    def _position(self, stream: str) -> int:
+        if stream == "events":
+            return current_events_token(self.db)
+        if stream == "backfill":
+            return current_backfill_token(self.db)
+        return int(self.streams.current_token(stream, self.instance))
+
+    def _writer_positions(self) -> list[tuple[str, str, int]]:
+        return [(s, self.instance, self.announced[s]) for s in self._own_streams()]
+
+    def _rows(self, stream: str, from_token: int, upto: int) -> list[tuple[int, Any]]:
+        rows: list[tuple[int, Any]] = []
+        while from_token < upto:
+            if stream == "events":
+                chunk = get_events_stream_rows(self.db, from_token, upto, _ANNOUNCE_PAGE)
+                page, limited = chunk.rows, chunk.limited
+            elif stream == "backfill":
+                chunk = get_backfill_stream_rows(self.db, from_token, upto, _ANNOUNCE_PAGE)
+                page, limited = chunk.rows, chunk.limited
+            else:
+                page, limited = self.streams.get_updates_since(
+                    stream, self.instance, from_token, upto, _ANNOUNCE_PAGE)
+            rows.extend(page)
+            if not limited or not page:
+                break
+            from_token = page[-1][0]
+        return rows
+
+    def announce(self, stream: str, position: int) -> None:
+        """Announce everything committed on *stream* up to *position*, in order."""
+        with self._announce_lock:
+            prev = self.announced[stream]
+            if position <= prev:
+                return
+            rows = self._rows(stream, prev, position)
+            now = time.time()
+            if rows:
+                self.client.announce(stream, self.instance,
+                                     [(t, orjson.dumps(row)) for t, row in rows])
+            if not rows or rows[-1][0] < position:
+                # Rolled back or replaced facts: the position moves without rows.
+                self.client.announce_position(stream, self.instance,
+                                              rows[-1][0] if rows else prev, position)
+            for token in sorted({t for t, _ in rows}):
+                self.visible.append((stream, self.instance, token, now))
+                self.written[stream] += 1
+            self.announced[stream] = position
+
+    def _advanced(self, stream: str, instance: str, tokens: list[int], position: int) -> None:
+        if instance == self.instance and stream in self.announced:
+            self.announce(stream, position)
+
+    def _persisted(self, outcome: Any, cache_rows: list[tuple[str, list[Any] | None]]) -> None:
+        # Called by the event store after its transaction committed.
+        self._pending_invalidations.extend(cache_rows)
+
+    # --- the workload ---------------------------------------------------------------
+
+    def apply(self, op: Op) -> None:
+        """Persist one workload operation."""
+        self.ops[op.label] += 1
+        args = op.args
+        if op.kind in ("events", "backfill"):
+            assert self.store is not None
+            self.store.persist_events(op.events, backfilled=op.kind == "backfill")
+            self.announce(op.kind, self._position(op.kind))
+            invalidations, self._pending_invalidations = self._pending_invalidations, []
+            for name, keys in invalidations:
+                self.streams.add_cache_invalidation(name, keys)
+        elif op.kind == "account_data":
+            self.streams.add_account_data(args["user_id"], args["type"], args["content"],
+                                          args["room_id"])
+        elif op.kind == "receipt":
+            self.streams.add_receipt(args["room_id"], args["receipt_type"], args["user_id"],
+                                     args["event_ids"][0], args["data"])
+        elif op.kind == "to_device":
+            self.streams.send_to_device([(args["user_id"], args["device_id"], {
+                "type": args["message_type"], "sender": args["sender"],
+                "content": args["content"]})])
+        elif op.kind == "cache_invalidation":
+            self.streams.add_cache_invalidation(args["cache_name"], args["keys"])
+        else:
+            raise ValueError(f"unknown op kind {op.kind!r}")
+
+    def status(self, kind: str = "status", **extra: Any) -> None:
+        emit(kind, name=self.instance, written=dict(self.written), ops=dict(self.ops),
+             positions=[[s, self.instance, t] for s, t in sorted(self.announced.items())],
+             connected=self.client.connected, **extra)
+
+    def run(self, rate: float, duration: float, stop: gevent.event.Event) -> None:
+        self.client.start()
+        self.client.wait_connected(10.0)
+        # Events go through one greenlet (the event store writes batches in order);
+        # the other streams through CONCURRENCY greenlets that complete out of order.
+        events_queue: gevent.queue.Queue[Op | None] = gevent.queue.Queue()
+        other_queue: gevent.queue.Queue[Op | None] = gevent.queue.Queue(maxsize=100)
+        failures: list[BaseException] = []
+
+        def consume(q: gevent.queue.Queue[Op | None]) -> None:
+            while True:
+                op = q.get()
+                if op is None:
+                    return
+                try:
+                    self.apply(op)
+                except Exception as exc:
+                    failures.append(exc)
+                    log.exception("op_failed", op=op.label)
+                    stop.set()
+                    return
+
+        consumers = [gevent.spawn(consume, events_queue)]
+        consumers += [gevent.spawn(consume, other_queue) for _ in range(CONCURRENCY)]
+        started = time.monotonic()
+        next_at = started
+        last_status = 0.0
+        interval = 1.0 / rate
+        while not stop.is_set() and time.monotonic() - started < duration:
+            op = self.workload.next_op()
+            (events_queue if op.kind in EVENT_STREAMS else other_queue).put(op)
+            next_at += interval
+            now = time.monotonic()
+            if now - last_status >= 0.25:
+                self.status()
+                last_status = now
+            delay = next_at - now
+            if delay > 0:
+                stop.wait(delay)
+            elif events_queue.qsize() > 1000:
+                gevent.sleep(0.01)  # the database is behind; let it catch up
+        for q in [events_queue] + [other_queue] * CONCURRENCY:
+            q.put(None)
+        gevent.joinall(consumers)
+        for stream in self._own_streams():
+            self.announce(stream, self._position(stream))
+        flushed = self.client.flush(10.0)
+        self.streams.close()
+        self.client.stop()
+        if failures:
+            raise failures[0]
+        if not flushed:
+            log.warning("announcements_not_flushed",
+                        note="the hub fills them from the database on its next connection")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m streamrep.demo.writer")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--instance-name", required=True)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--rate", type=float, default=200.0)
+    parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--rooms", type=int, default=20)
+    parser.add_argument("--events", choices=["yes", "no"], default="yes")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    config = load_config(args.config)
+    setup_logging(config.logging.level, config.logging.format)
+    workload = Workload(args.seed, args.rooms, events=args.events == "yes",
+                        prefix="" if args.events == "yes" else f"{args.instance_name}-")
+    writer = DemoWriter(config, args.instance_name, workload)
+    stop = gevent.event.Event()
+    stop_handler: Callable[[], None] = stop.set
+    gevent.signal_handler(signal.SIGTERM, stop_handler)
+    gevent.signal_handler(signal.SIGINT, stop_handler)
+    log.info("writer_started", instance=args.instance_name, rate=args.rate,
+             streams=",".join(writer._own_streams()))
+    code = 0
+    try:
+        writer.run(args.rate, args.duration, stop)
+    except Exception as exc:
+        emit("error", name=args.instance_name, message=f"{type(exc).__name__}: {exc}")
+        code = 1
+    with open(args.out, "wb") as fh:
+        for fact in writer.visible:
+            fh.write(orjson.dumps(fact) + b"\n")
+    writer.status("done")
+    if writer.store is not None:
+        writer.store.close()
+    writer.db.close()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

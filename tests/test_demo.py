@@ -1,0 +1,112 @@
+"""``streamrep demo``: a hub, writers and workers, checked end to end."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from streamrep.demo.report import percentile
+from streamrep.demo.verify import check_worker
+from streamrep.demo.workload import Workload
+
+DEMO_ARGS = ["--duration", "3", "--rate", "120", "--rooms", "4", "--workers", "2",
+             "--catch-up-timeout", "20"]
+
+
+def run_demo(tmp_path: pathlib.Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env.pop("STREAMREP_CONFIG", None)
+    return subprocess.run(
+        [sys.executable, "-m", "streamrep", "demo", *DEMO_ARGS, "--workdir",
+         str(tmp_path / "demo"), *extra],
+        capture_output=True, text=True, timeout=120, env=env)
+
+
+def assert_passed(proc: subprocess.CompletedProcess[str], workers: int) -> None:
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"exactly-once check passed: {workers} workers" in proc.stdout
+    assert "facts: 0 lost, 0 duplicated" in proc.stdout
+    # Every stream of the workload was written and appears in the tables.
+    for stream in ("events", "backfill", "caches", "account_data", "receipts", "to_device"):
+        assert stream in proc.stdout
+
+
+def test_demo_on_sqlite(tmp_path: pathlib.Path) -> None:
+    proc = run_demo(tmp_path)
+    assert_passed(proc, 2)
+    assert "writers writer1," in proc.stderr
+    # Plain progress lines when stderr is not a terminal.
+    assert "] writing: written" in proc.stderr
+    received = (tmp_path / "demo" / "worker1.facts.jsonl").read_text().splitlines()
+    assert len(received) > 50
+
+
+@pytest.mark.postgres
+def test_demo_on_postgres_with_two_writers(tmp_path: pathlib.Path, pg_url: str) -> None:
+    proc = run_demo(tmp_path, "--db", pg_url)
+    assert_passed(proc, 2)
+    assert "writers writer1, writer2," in proc.stderr
+    # The second writer shared the multi-writer streams.
+    assert (tmp_path / "demo" / "writer2.facts.jsonl").read_text().count("to_device") > 0
+
+
+def test_check_counts_lost_duplicated_and_unexpected() -> None:
+    in_db = {("events", "w1", 1), ("events", "w1", 2), ("receipts", "w1", 5)}
+    committed = {("events", "w1", 1): 10.0, ("events", "w1", 2): 10.0,
+                 ("receipts", "w1", 4): 10.0, ("receipts", "w1", 5): 10.0}
+    good = check_worker(in_db, committed, [
+        ("events", "w1", 1, 10.001), ("events", "w1", 2, 10.002),
+        ("receipts", "w1", 4, 10.003),  # replaced by 5 since: committed, so fine
+        ("receipts", "w1", 5, 10.004)])
+    assert not good.lost and not good.duplicated and not good.unexpected
+    assert [round(x, 3) for x in good.lag_ms] == [1.0, 2.0, 3.0, 4.0]
+    bad = check_worker(in_db, committed, [
+        ("events", "w1", 1, 10.0), ("events", "w1", 1, 10.0), ("events", "w2", 9, 10.0)])
+    assert bad.lost == {("events", "w1", 2), ("receipts", "w1", 5)}
+    assert bad.duplicated == {("events", "w1", 1): 2} and bad.duplicates == 1
+    assert bad.unexpected == {("events", "w2", 9)}
+
+
+def test_workload_is_seeded_and_covers_every_kind() -> None:
+    def ops(seed: int) -> list[tuple[str, list[str]]]:
+        workload = Workload(seed, rooms=6)
+        out = []
+        for _ in range(1500):
+            op = workload.next_op()
+            out.append((op.label, [e["event_id"] for e in op.events]))
+        return out
+
+    first = ops(5)
+    assert first == ops(5)
+    assert first != ops(6)
+    labels = {label for label, _ in first}
+    assert labels >= {"create_room", "join_remote_room", "message", "fork", "join", "leave",
+                      "invite", "state", "visibility", "redaction", "backfill",
+                      "account_data", "receipt", "to_device", "cache_invalidation"}
+
+
+def test_workload_forks_share_parents_and_merge() -> None:
+    workload = Workload(3, rooms=2)
+    for _ in range(2000):
+        op = workload.next_op()
+        if op.label == "fork":
+            a, b = op.events
+            assert a["prev_events"] == b["prev_events"] and a["depth"] == b["depth"]
+            following = workload.next_op()
+            while following.kind != "events" or following.events[0]["room_id"] != a["room_id"]:
+                following = workload.next_op()
+            assert set(following.events[0]["prev_events"]) == {a["event_id"], b["event_id"]}
+            return
+    pytest.fail("no fork in 2000 operations")
+
+
+def test_percentile() -> None:
+    values = sorted(float(v) for v in range(1, 101))
+    assert percentile(values, 50) == 50.0
+    assert percentile(values, 99) == 99.0
+    assert percentile(values, 100) == 100.0
+    assert percentile([], 50) != percentile([], 50)  # NaN
