@@ -371,3 +371,35 @@ def test_exact_bytes_for_mapping_events(store):
     store.persist_events([body])
     stored = orjson.loads(store.get_event_json("$m"))
     assert "event_id" not in stored and stored["content"] == {"body": "$m"}
+
+
+def test_registry_streams_allocate_and_serve_rows(db_url):
+    from streamrep.db import Database
+    from streamrep.streams import Streams
+
+    db = Database.open(db_url)
+    streams = Streams(db, "master")
+    announced = []
+    streams.add_listener(lambda stream, instance, tokens, pos: announced.append((stream, pos)))
+    store = EventStore(db, streams=streams)
+    try:
+        create_room(store)
+        live = store.persist_events([ev("$x", ["$ann_join"], 3)])
+        back = store.persist_events([ev("$old", ["$older"], 0)], backfilled=True)
+        assert back.orderings["$old"] < 0
+        assert ("events", live.max_stream) in announced
+        assert ("backfill", -back.orderings["$old"]) in announced
+        rows, limited = streams.get_updates_since("events", "master", 0, live.max_stream, 100)
+        assert not limited
+        assert [r[1][1][0] for r in rows if r[1][0] == "ev"] == ["$create", "$ann_join", "$x"]
+        assert any(r[1][0] == "state" for r in rows)
+        rows, _ = streams.get_updates_since("backfill", "master", 0,
+                                            streams.current_token("backfill"), 100)
+        assert [(t, r[1][0]) for t, r in rows] == [(-back.orderings["$old"], "$old")]
+        # A second store over the same generators continues the orderings.
+        again = EventStore(db, streams=streams)
+        nxt = again.persist_events([ev("$y", ["$x"], 4)])
+        assert nxt.orderings["$y"] > live.max_stream
+    finally:
+        streams.close()
+        db.close()

@@ -124,8 +124,41 @@ class StreamAllocator:
         self._backfill -= 1
         return self._backfill
 
+    def next_live_mult(self, txn: Transaction, count: int) -> list[int]:
+        return [self.next_live(txn) for _ in range(count)]
+
+    def next_backfill_mult(self, txn: Transaction, count: int) -> list[int]:
+        return [self.next_backfill(txn) for _ in range(count)]
+
     def reset(self) -> None:
         self._live = self._backfill = None
+
+
+class GeneratorAllocator(StreamAllocator):
+    """Stream orderings from the stream registry's ID generators of the ``events``
+    and ``backfill`` streams: each ID completes when the transaction that
+    reserved it commits or rolls back, and the generators' listeners announce it."""
+
+    def __init__(self, events: Any, backfill: Any) -> None:
+        super().__init__()
+        self.events_gen = events
+        self.backfill_gen = backfill
+
+    def current(self, txn: Transaction) -> tuple[int, int]:
+        return (int(self.events_gen.get_current_token()),
+                -int(self.backfill_gen.get_current_token()))
+
+    def next_live(self, txn: Transaction) -> int:
+        return int(self.events_gen.get_next_txn(txn))
+
+    def next_backfill(self, txn: Transaction) -> int:
+        return int(self.backfill_gen.get_next_txn(txn))
+
+    def next_live_mult(self, txn: Transaction, count: int) -> list[int]:
+        return [int(i) for i in self.events_gen.get_next_mult_txn(txn, count)]
+
+    def next_backfill_mult(self, txn: Transaction, count: int) -> list[int]:
+        return [int(i) for i in self.backfill_gen.get_next_mult_txn(txn, count)]
 
 
 @dataclass
@@ -254,8 +287,9 @@ def persist_batch(
     writes = Writes(txn)
 
     orderings: dict[str, tuple[int, int]] = {}
-    for record in todo:
-        stream = allocator.next_backfill(txn) if backfilled else allocator.next_live(txn)
+    streams = (allocator.next_backfill_mult(txn, len(todo)) if backfilled
+               else allocator.next_live_mult(txn, len(todo)))
+    for record, stream in zip(todo, streams):
         out.event_orderings[record.event_id] = stream
         orderings[record.event_id] = (record.depth, stream)
     out.max_stream = max(out.event_orderings.values())

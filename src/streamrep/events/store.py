@@ -18,6 +18,7 @@ from streamrep.errors import EventNotFoundError, InvalidEventError, InvalidToken
 from streamrep.events import schema
 from streamrep.events.lru import Lru
 from streamrep.events.persist import (
+    GeneratorAllocator,
     PersistOutcome,
     StreamAllocator,
     current_state_of,
@@ -48,7 +49,8 @@ CacheRow = tuple[str, list[Any] | None]
 @dataclass(frozen=True)
 class PersistResult:
     """What ``persist_events`` stored: each new event's stream ordering (events
-    already stored are left out) and the highest live stream position now in use."""
+    already stored are left out) and the highest live (positive) stream position
+    the batch used, 0 when it used none (a backfill that moved no current state)."""
 
     orderings: Mapping[str, int]
     max_stream: int
@@ -79,6 +81,14 @@ class EventStore:
     One process writes events to a database (it hands out stream orderings and
     state group IDs from memory); any number of processes may read, keeping their
     caches correct from the ``events`` stream (see :mod:`streamrep.events.streams`).
+
+    ``streams``: a :class:`streamrep.streams.Streams` handle; stream orderings then
+    come from its ``events``/``backfill`` ID generators (whose listeners announce
+    them). Without it the store counts from the largest stored ordering itself.
+    ``on_persisted(outcome, cache_rows)`` runs after each committed batch with the
+    ``caches`` stream rows to write. ``max_delta_hops`` bounds state-group delta
+    chains; ``resolver`` merges conflicting states (default
+    :class:`~streamrep.events.resolver.DepthOrderResolver`).
     """
 
     def __init__(
@@ -90,13 +100,22 @@ class EventStore:
         cache_size: int = 20_000,
         change_cache_size: int = 100_000,
         on_persisted: Callable[[PersistOutcome, list[CacheRow]], None] | None = None,
+        streams: Any = None,
     ) -> None:
         self._owns_db = isinstance(database, str)
         self.db = Database.open(database, migrate=False) if isinstance(database, str) else database
         self.db.ensure_schema(schema.COMPONENT)
         self.resolver: StateResolver = resolver or DepthOrderResolver()
         self.states = StateGroupStore(max_delta_hops, cache_size)
-        self._allocator = StreamAllocator()
+        self._allocator: StreamAllocator
+        if streams is not None:
+            # Stream orderings from the registry's generators, which announce them.
+            from streamrep.events import streams as _event_streams  # noqa: F401 (registers)
+
+            self._allocator = GeneratorAllocator(streams.generator("events"),
+                                                 streams.generator("backfill"))
+        else:
+            self._allocator = StreamAllocator()
         self._write_lock = threading.RLock()
         self._forward: dict[str, frozenset[str]] = {}
         self._current_state: dict[str, GroupState] = {}

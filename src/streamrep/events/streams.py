@@ -24,7 +24,10 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from streamrep.db import Database
+from streamrep.events import schema
 from streamrep.events.store import EventStore
+from streamrep.idgen import BackingTable
+from streamrep.streams import StreamDefinition, register_stream
 
 __all__ = [
     "EVENTS_STREAM",
@@ -35,6 +38,8 @@ __all__ = [
     "current_events_token",
     "current_backfill_token",
     "EventsStreamFollower",
+    "EVENTS_STREAM_DEFINITION",
+    "BACKFILL_STREAM_DEFINITION",
 ]
 
 EVENTS_STREAM = "events"
@@ -184,3 +189,61 @@ class EventsStreamFollower:
                 break
             token = chunk.upto_token
         return token
+
+
+def _events_rows(txn: Any, from_token: int, upto_token: int,
+                 limit: int | None) -> list[tuple[int, list[Any]]]:
+    lim = "" if limit is None else f" LIMIT {int(limit)}"
+    ev = txn.fetchall(
+        f"SELECT {_EV_COLUMNS}, stream_ordering FROM events WHERE stream_ordering > ?"
+        f" AND stream_ordering <= ? ORDER BY stream_ordering{lim}", (from_token, upto_token))
+    state = txn.fetchall(
+        "SELECT stream_id, room_id, type, state_key, event_id FROM current_state_delta_stream"
+        " WHERE stream_id > ? AND stream_id <= ? ORDER BY stream_id, room_id, type, state_key"
+        f"{lim}", (from_token, upto_token))
+    rows = [(int(r[9]), ["ev", _ev_payload(r)]) for r in ev]
+    rows += [(int(r[0]), ["state", [r[1], r[2], r[3], r[4]]]) for r in state]
+    rows.sort(key=lambda t: (t[0], t[1][0] != "ev"))
+    return rows if limit is None else rows[:limit]
+
+
+@dataclass(frozen=True)
+class EventsStream(StreamDefinition):
+    """The ``events`` stream (single writer): ``ev`` and ``state`` rows."""
+
+    def fetch_rows(self, txn: Any, instance: str, from_token: int, upto_token: int,
+                   limit: int | None) -> list[tuple[int, list[Any]]]:
+        return _events_rows(txn, from_token, upto_token, limit)
+
+
+@dataclass(frozen=True)
+class BackfillStream(StreamDefinition):
+    """The ``backfill`` stream: ``ev`` rows; tokens are ``-stream_ordering``."""
+
+    def fetch_rows(self, txn: Any, instance: str, from_token: int, upto_token: int,
+                   limit: int | None) -> list[tuple[int, list[Any]]]:
+        lim = "" if limit is None else f" LIMIT {int(limit)}"
+        ev = txn.fetchall(
+            f"SELECT {_EV_COLUMNS}, stream_ordering FROM events WHERE stream_ordering < ?"
+            f" AND stream_ordering >= ? ORDER BY stream_ordering DESC{lim}",
+            (-from_token, -upto_token))
+        return [(-int(r[9]), ["ev", _ev_payload(r)]) for r in ev]
+
+
+EVENTS_STREAM_DEFINITION = EventsStream(
+    EVENTS_STREAM,
+    tables=(BackingTable("events", "stream_ordering", None),
+            BackingTable("current_state_delta_stream", "stream_id", None)),
+    schema_component=schema.COMPONENT,
+    row_fields=("kind", "data"),
+)
+BACKFILL_STREAM_DEFINITION = BackfillStream(
+    BACKFILL_STREAM,
+    tables=(BackingTable("events", "stream_ordering", None),),
+    negative=True,
+    schema_component=schema.COMPONENT,
+    row_fields=("kind", "data"),
+)
+
+register_stream(EVENTS_STREAM_DEFINITION)
+register_stream(BACKFILL_STREAM_DEFINITION)
