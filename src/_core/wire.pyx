@@ -387,6 +387,142 @@ cdef int _check_finite(object value, int depth) except -1:
     return 0
 
 
+# The other direction: rows built from ASCII strings without escapes, ints of
+# 64 bits, None, booleans, lists, tuples and str-keyed dicts are written
+# straight into a scratch buffer; anything else (floats, escapes, non-ASCII,
+# subclasses) goes to orjson through encode_row, so the bytes are the same.
+cdef extern from "Python.h":
+    bint PyUnicode_IS_ASCII(object o)
+    void* PyUnicode_DATA(object o)
+    Py_ssize_t PyUnicode_GET_LENGTH(object o)
+    long long PyLong_AsLongLongAndOverflow(object o, int* overflow) except? -1
+    const char* PyUnicode_AsUTF8AndSize(object o, Py_ssize_t* size) except NULL
+
+cdef char* _scratch = NULL
+cdef Py_ssize_t _scratch_len = 0
+cdef Py_ssize_t _scratch_cap = 0
+
+
+cdef int _reserve_scratch(Py_ssize_t extra) except -1:
+    global _scratch, _scratch_cap
+    cdef Py_ssize_t need = _scratch_len + extra
+    cdef Py_ssize_t cap
+    cdef char* grown
+    if need <= _scratch_cap:
+        return 0
+    cap = max(need, 2 * _scratch_cap, 1024)
+    grown = <char*>PyMem_Realloc(_scratch, cap)
+    if grown is NULL:
+        raise MemoryError()
+    _scratch = grown
+    _scratch_cap = cap
+    return 0
+
+
+cdef inline int _put(const char* p, Py_ssize_t n) except -1:
+    global _scratch_len
+    _reserve_scratch(n)
+    memcpy(_scratch + _scratch_len, p, n)
+    _scratch_len += n
+    return 0
+
+
+cdef inline int _put_char(char c) except -1:
+    global _scratch_len
+    _reserve_scratch(1)
+    _scratch[_scratch_len] = c
+    _scratch_len += 1
+    return 0
+
+
+cdef int _put_int(long long value) except -1:
+    cdef char digits[24]
+    cdef int i = 24
+    cdef unsigned long long magnitude = <unsigned long long>value
+    if value < 0:
+        magnitude = 0 - magnitude
+    while True:
+        i -= 1
+        digits[i] = <char>(48 + magnitude % 10)
+        magnitude //= 10
+        if magnitude == 0:
+            break
+    if value < 0:
+        i -= 1
+        digits[i] = c'-'
+    return _put(digits + i, 24 - i)
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef int _put_str(object text) except -1:
+    """Write a JSON string; 1 when the string needs escapes (give up)."""
+    cdef const unsigned char* data
+    cdef Py_ssize_t n, i
+    cdef unsigned char c
+    if not PyUnicode_IS_ASCII(text):
+        return 1
+    data = <const unsigned char*>PyUnicode_DATA(text)
+    n = PyUnicode_GET_LENGTH(text)
+    for i in range(n):
+        c = data[i]
+        if c < 0x20 or c == c'"' or c == c'\\':
+            return 1
+    _put_char(c'"')
+    _put(<const char*>data, n)
+    _put_char(c'"')
+    return 0
+
+
+cdef int _put_value(object value, int depth) except -1:
+    """Write *value* as JSON; 1 when orjson must do it (give up)."""
+    cdef object kind = type(value)
+    cdef int overflow = 0
+    cdef long long number
+    cdef Py_ssize_t i, n
+    cdef bint first
+    if depth > 32:
+        return 1
+    if kind is str:
+        return _put_str(value)
+    if value is None:
+        return _put(b"null", 4)
+    if value is True:
+        return _put(b"true", 4)
+    if value is False:
+        return _put(b"false", 5)
+    if kind is int:
+        number = PyLong_AsLongLongAndOverflow(value, &overflow)
+        if overflow:
+            return 1
+        return _put_int(number)
+    if kind is list or kind is tuple:
+        _put_char(c'[')
+        n = len(value)
+        for i in range(n):
+            if i:
+                _put_char(c',')
+            if _put_value(value[i], depth + 1):
+                return 1
+        return _put_char(c']')
+    if kind is dict:
+        _put_char(c'{')
+        first = True
+        for key, item in (<dict>value).items():
+            if type(key) is not str:
+                return 1
+            if not first:
+                _put_char(c',')
+            first = False
+            if _put_str(key):
+                return 1
+            _put_char(c':')
+            if _put_value(item, depth + 1):
+                return 1
+        return _put_char(c'}')
+    return 1
+
+
 cpdef bytes encode_row(object row):
     """Serialise *row* as the protocol's JSON: compact, ASCII-escaped, finite.
 
@@ -402,6 +538,19 @@ cpdef bytes encode_row(object row):
 
 
 # --- commands ---------------------------------------------------------------------
+
+
+cdef const char* _checked_word(object value, str field, Py_ssize_t* size) except NULL:
+    """UTF-8 of a word (non-empty str without spaces or newlines); else the pure error."""
+    cdef const char* utf8
+    if not isinstance(value, str):
+        _word(value, field)
+        raise TypeError(f"{field} must be a str")
+    utf8 = PyUnicode_AsUTF8AndSize(value, size)
+    if size[0] == 0 or memchr(utf8, c' ', size[0]) is not NULL or memchr(utf8, c'\n', size[0]) is not NULL:
+        _word(value, field)
+        raise ValueError(f"invalid {field}")
+    return utf8
 
 
 @cython.freelist(1024)
@@ -543,11 +692,16 @@ cdef class RdataCommand(Command):
 
     def __init__(self, str stream_name, str instance_name, object token,
                  object row=_MISSING, *, object row_json=None):
-        cdef bytes head
-        if not stream_name or " " in stream_name or "\n" in stream_name:
-            _word(stream_name, "stream_name")
-        if not instance_name or " " in instance_name or "\n" in instance_name:
-            _word(instance_name, "instance_name")
+        global _scratch_len
+        cdef const char* stream_utf8
+        cdef const char* instance_utf8
+        cdef Py_ssize_t stream_len, instance_len, row_len, head_len
+        cdef long long value
+        cdef int overflow = 0
+        cdef char* out
+        cdef bytes line
+        stream_utf8 = _checked_word(stream_name, "stream_name", &stream_len)
+        instance_utf8 = _checked_word(instance_name, "instance_name", &instance_len)
         self.stream_name = stream_name
         self.instance_name = instance_name
         if token is None:
@@ -555,11 +709,31 @@ cdef class RdataCommand(Command):
             self._token = 0
         else:
             self._batch = False
-            self._token = _int64(token, "token")
+            if type(token) is int:
+                value = PyLong_AsLongLongAndOverflow(token, &overflow)
+                self._token = _int64(token, "token") if overflow else value
+            else:
+                self._token = _int64(token, "token")
+        # Head then row, assembled in the scratch buffer and copied out once.
+        _scratch_len = 0
+        _put(b"RDATA ", 6)
+        _put(stream_utf8, stream_len)
+        _put_char(c' ')
+        _put(instance_utf8, instance_len)
+        _put_char(c' ')
+        if self._batch:
+            _put(b"batch", 5)
+        else:
+            _put_int(self._token)
+        _put_char(c' ')
+        head_len = _scratch_len
         if row_json is None:
             if row is _MISSING:
                 raise TypeError("RdataCommand needs row or row_json")
-            row_json = encode_row(row)
+            if _put_value(row, 0):
+                _scratch_len = head_len
+                row_json = encode_row(row)
+                _put(PyBytes_AS_STRING(row_json), PyBytes_GET_SIZE(row_json))
             self._row = row
         else:
             if row is not _MISSING:
@@ -568,13 +742,11 @@ cdef class RdataCommand(Command):
             if not row_json or b"\n" in row_json:
                 raise ValueError("row_json must be non-empty without newlines")
             row_json.decode("utf-8")
+            _put(PyBytes_AS_STRING(row_json), PyBytes_GET_SIZE(row_json))
             self._row = _MISSING
-        if self._batch:
-            head = f"RDATA {stream_name} {instance_name} batch ".encode("utf-8")
-        else:
-            head = f"RDATA {stream_name} {instance_name} {self._token} ".encode("utf-8")
-        self._row_start = PyBytes_GET_SIZE(head)
-        self._line = head + row_json
+        self._row_start = head_len
+        self._line = PyBytes_FromStringAndSize(_scratch, _scratch_len)
+        _scratch_len = 0
 
     @property
     def token(self):
