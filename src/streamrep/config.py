@@ -667,7 +667,8 @@ def report_and_exit(exc: ConfigError) -> None:
 
 def config_from_click(ctx: click.Context, config_path: str | None,
                       flags: Mapping[str, str], *,
-                      check_ports_of: str | None = None) -> Config:
+                      check_ports_of: str | None = None,
+                      check_own_ports: bool = False) -> Config:
     """Build the Config for a click command: the file, overridden by flags.
 
     *flags* maps click parameter names to configuration keys, e.g.
@@ -675,6 +676,9 @@ def config_from_click(ctx: click.Context, config_path: str | None,
     ``--config`` every flag value counts (its default included); with it, only flags
     actually given on the command line or in the environment override the file.
     On any problem it prints one line per problem and exits with status 2.
+    *check_ports_of* names an instance whose listening ports must be free;
+    *check_own_ports* checks those of the configuration's own ``instance_name``
+    (what ``serve`` binds).
     """
     overrides: dict[str, object] = {}
     for param, key in flags.items():
@@ -686,7 +690,10 @@ def config_from_click(ctx: click.Context, config_path: str | None,
                 continue
         overrides[key] = value
     try:
-        return load_config(config_path, overrides, check_ports_of=check_ports_of)
+        config = load_config(config_path, overrides, check_ports_of=check_ports_of)
+        if check_own_ports:
+            check_ports(config, config.instance_name)
+        return config
     except ConfigError as exc:
         report_and_exit(exc)
         raise  # unreachable: report_and_exit exits

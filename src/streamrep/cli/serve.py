@@ -42,7 +42,7 @@ def serve(ctx: click.Context, config_path: str | None, db: str, listen: str, ser
         "db": "database", "listen": "listen", "server_name": "server_name",
         "instance_name": "instance_name", "metrics_listen": "metrics_listen",
         "log_level": "logging.level",
-    })
+    }, check_own_ports=True)
     setup_logging(config.logging.level, config.logging.format)
     database = open_database(config.database)
     streams = Streams(database, config.instance_name,
