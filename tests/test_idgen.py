@@ -189,3 +189,18 @@ def test_killed_greenlet_still_completes_its_id(sqlite_url: str) -> None:
     task.kill(block=True, timeout=5)
     assert gen.in_flight == 0 and gen.get_current_token() == 1
     db.close()
+
+
+@pytest.mark.postgres
+def test_repair_covers_registered_streams_never_started(pg_url: str) -> None:
+    import streamrep.streams  # noqa: F401  (registers the built-in streams)
+
+    db = Database.open(pg_url)  # creates the built-in streams' tables
+    db.execute("CREATE SEQUENCE cache_invalidation_stream_seq")
+    db.execute("INSERT INTO cache_invalidations (stream_id, instance_name, cache_name,"
+               " invalidation_ts) VALUES (40, 'w1', 'c', 0)")
+    result = CliRunner().invoke(cli_main, ["db", "repair-sequences", "--db", pg_url])
+    assert result.exit_code == 0, result.output
+    assert "caches: sequence cache_invalidation_stream_seq moved from 0 to 40" in result.output
+    assert db.fetchval("SELECT nextval('cache_invalidation_stream_seq')") == 41
+    db.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from streamrep.db import Database, Transaction
 from streamrep.errors import SequenceMismatchError
@@ -72,30 +72,42 @@ class SequenceRepair:
         return self.after != self.before
 
 
-def repair_sequences(db: Database, *, dry_run: bool = False) -> list[SequenceRepair]:
-    """Move every recorded stream sequence past the IDs and positions in the database.
+def repair_sequences(
+    db: Database, *, dry_run: bool = False,
+    known: Iterable[tuple[str, str, Sequence[BackingTable], bool]] = (),
+) -> list[SequenceRepair]:
+    """Move stream sequences past the IDs and positions in the database.
 
     Streams are those whose multi-writer generator has started on this database
-    (``stream_sequences``). Sequences already ahead are left alone.
+    (``stream_sequences``), plus *known* ``(stream, sequence, tables, negative)``
+    entries (e.g. the registered stream definitions) whose sequence exists.
+    Sequences already ahead are left alone.
     """
     results: list[SequenceRepair] = []
     with db.transaction("repair_sequences") as txn:
-        if txn.fetchval("SELECT to_regclass('stream_sequences') IS NOT NULL") is not True:
-            return results
-        recorded = txn.fetchall(
-            "SELECT stream_name, sequence_name, tables_json, negative FROM stream_sequences"
-            " ORDER BY stream_name"
-        )
-        for stream_name, sequence_name, tables_json, negative in recorded:
-            tables = [BackingTable(t, c, i) for t, c, i in json.loads(tables_json)]
+        streams: dict[str, tuple[str, list[BackingTable], bool]] = {}
+        for stream_name, sequence_name, tables, negative in known:
+            if txn.fetchval("SELECT to_regclass(?) IS NOT NULL", (sequence_name,)) is True:
+                streams[stream_name] = (sequence_name, list(tables), negative)
+        if txn.fetchval("SELECT to_regclass('stream_sequences') IS NOT NULL") is True:
+            for stream_name, sequence_name, tables_json, negative in txn.fetchall(
+                "SELECT stream_name, sequence_name, tables_json, negative FROM stream_sequences"
+            ):
+                tables = [BackingTable(t, c, i) for t, c, i in json.loads(tables_json)]
+                streams[str(stream_name)] = (str(sequence_name), tables, bool(negative))
+        has_positions = txn.fetchval(
+            "SELECT to_regclass('stream_positions') IS NOT NULL") is True
+        for stream_name in sorted(streams):
+            sequence_name, tables, negative = streams[stream_name]
             current = sequence_last_value(txn, sequence_name)
-            needed = max([current, *_stored_maxima(txn, tables, bool(negative)).values()])
-            top = txn.fetchval(
-                "SELECT MAX(stream_id) FROM stream_positions WHERE stream_name = ?",
-                (stream_name,),
-            )
-            if top is not None:
-                needed = max(needed, int(top))
+            needed = max([current, *_stored_maxima(txn, tables, negative).values()])
+            if has_positions:
+                top = txn.fetchval(
+                    "SELECT MAX(stream_id) FROM stream_positions WHERE stream_name = ?",
+                    (stream_name,),
+                )
+                if top is not None:
+                    needed = max(needed, int(top))
             if needed > current and not dry_run:
                 txn.fetchval("SELECT setval(?, ?, true)", (sequence_name, needed))
             results.append(SequenceRepair(stream_name, sequence_name, current, needed))
