@@ -14,7 +14,8 @@ from click.testing import CliRunner
 
 from streamrep.cli import main
 from streamrep.config import (
-    Address, Config, config_from_click, config_option, load_config, parse_address,
+    Address, Config, config_from_click, config_option, load_config, multi_writer_streams,
+    parse_address,
 )
 from streamrep.errors import ConfigError
 
@@ -41,9 +42,10 @@ def free_port() -> int:
 def test_example_file_is_valid() -> None:
     config = load_config(EXAMPLE)
     assert config.server_name == "example.com"
-    assert config.writers_of("events") == ("writer1", "writer2")
-    assert config.writers_of("caches") == ("main",)
-    assert config.streams_written_by("writer2") == ("events", "receipts", "to_device")
+    assert config.writers_of("to_device") == ("writer1", "writer2")
+    assert config.writers_of("events") == ("writer1",)
+    assert config.writers_of("typing") == ("main",)
+    assert config.streams_written_by("writer2") == ("caches", "receipts", "to_device")
     assert config.metrics_address_of("writer1") == Address("127.0.0.1", 9101)
     assert config.metrics_address_of("main") == Address("127.0.0.1", 9100)
 
@@ -75,17 +77,17 @@ def test_multi_writer_stream_on_sqlite(tmp_path: pathlib.Path) -> None:
         database: sqlite:///streamrep.db
         instance_map: {writer1: {}, writer2: {}}
         stream_writers:
-          events: [writer1, writer2]
+          to_device: [writer1, writer2]
         """)
     code, lines = check(path, "--no-port-check")
     assert code == 2
     assert len(lines) == 1
-    assert lines[0].startswith("config error: stream_writers.events: 2 writers (writer1, writer2) "
-                               "on SQLite")
+    assert lines[0].startswith("config error: stream_writers.to_device: 2 writers (writer1, "
+                               "writer2) on SQLite")
     assert "use a postgresql:// database or list one writer" in lines[0]
     # The same file on PostgreSQL is fine.
     config = load_config(path, {"database": "postgresql://u@127.0.0.1/db"})
-    assert config.writers_of("events") == ("writer1", "writer2")
+    assert config.writers_of("to_device") == ("writer1", "writer2")
 
 
 def test_single_writer_stream_refuses_two_writers_anywhere(tmp_path: pathlib.Path) -> None:
@@ -93,13 +95,16 @@ def test_single_writer_stream_refuses_two_writers_anywhere(tmp_path: pathlib.Pat
         server_name: example.com
         database: postgresql://u@127.0.0.1/db
         instance_map: {a: {}, b: {}}
-        stream_writers: {typing: [a, b]}
+        stream_writers: {typing: [a, b], events: [a, b]}
         """)
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert info.value.problems == (
         "config error: stream_writers.typing: 2 writers, but typing has exactly one writer; "
-        "list one instance",)
+        "list one instance",
+        "config error: stream_writers.events: 2 writers, but events has exactly one writer; "
+        "list one instance")
+    assert "to_device" in multi_writer_streams() and "events" not in multi_writer_streams()
 
 
 def test_port_in_use(tmp_path: pathlib.Path) -> None:
@@ -216,3 +221,18 @@ def test_check_config_exit_code_from_a_real_process(tmp_path: pathlib.Path) -> N
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("config error: server_name")
+
+
+def test_serve_refuses_a_port_in_use(tmp_path: pathlib.Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "streamrep", "serve", "--listen", f"127.0.0.1:{port}",
+             "--db", f"sqlite:///{tmp_path}/s.db"],
+            capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        f"config error: listen: 127.0.0.1:{port} is already in use by another process; "
+        "stop the process using it or choose another port (--listen HOST:PORT)"]

@@ -12,7 +12,8 @@ metrics addresses, the keepalive and backpressure limits and the log level::
       writer1: {metrics_listen: 127.0.0.1:9101}
       writer2: {metrics_listen: 127.0.0.1:9102}
     stream_writers:
-      events: [writer1, writer2]
+      to_device: [writer1, writer2]
+      events: [writer1]
 
 Every problem in a file is found before anything starts, and each is reported as
 one line naming its key path and a fix::
@@ -59,12 +60,13 @@ __all__ = [
     "InstanceConfig",
     "KeepaliveConfig",
     "LoggingConfig",
-    "MULTI_WRITER_STREAMS",
-    "SINGLE_WRITER_STREAMS",
+    "EVENT_STORE_STREAMS",
     "check_ports",
     "config_from_click",
     "config_option",
     "known_streams",
+    "multi_writer_streams",
+    "stream_catalogue",
     "load_config",
     "parse_address",
 ]
@@ -76,15 +78,9 @@ DEFAULT_DATABASE = "sqlite:///streamrep.db"
 #: The hub's own instance name when none is configured.
 DEFAULT_INSTANCE = "main"
 
-#: Streams that several instances may write at once (on PostgreSQL only: their IDs
-#: come from a sequence).
-MULTI_WRITER_STREAMS: tuple[str, ...] = (
-    "events", "caches", "account_data", "to_device", "receipts",
-)
-#: Streams with exactly one writer whatever the database: ``backfill`` shares the
-#: events writers' transaction but counts down from one place, and ``typing`` lives in
-#: one process's memory.
-SINGLE_WRITER_STREAMS: tuple[str, ...] = ("backfill", "typing")
+#: The event store's streams: it hands out their orderings in one process, so each
+#: has one writer unless a registered stream definition says otherwise.
+EVENT_STORE_STREAMS: tuple[str, ...] = ("events", "backfill")
 
 #: Configuration keys that command-line flags set, by the flag's name.
 FLAG_KEYS: Mapping[str, str] = MappingProxyType({
@@ -102,9 +98,29 @@ _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _LOG_FORMATS = ("logfmt", "json")
 
 
+def stream_catalogue() -> dict[str, bool]:
+    """Every stream ``stream_writers`` may name -> whether it may have several writers.
+
+    The stream registry (:mod:`streamrep.streams`) is the source: a stream whose IDs
+    come from a PostgreSQL sequence may have several writers; the others, and the
+    event store's streams unless registered otherwise, have one.
+    """
+    from streamrep.streams import stream_definitions
+
+    catalogue = {d.name: d.sequence_name is not None for d in stream_definitions()}
+    for name in EVENT_STORE_STREAMS:
+        catalogue.setdefault(name, False)
+    return catalogue
+
+
 def known_streams() -> tuple[str, ...]:
     """Every stream name ``stream_writers`` may mention, sorted."""
-    return tuple(sorted(MULTI_WRITER_STREAMS + SINGLE_WRITER_STREAMS))
+    return tuple(sorted(stream_catalogue()))
+
+
+def multi_writer_streams() -> tuple[str, ...]:
+    """The streams that may have several writers (on PostgreSQL), sorted."""
+    return tuple(sorted(name for name, multi in stream_catalogue().items() if multi))
 
 
 # --- the typed configuration ---------------------------------------------------
@@ -451,7 +467,8 @@ def _validate(data: dict[str, Any], problems: _Problems, source: str | None) -> 
             metrics_listen)
 
     # stream_writers: stream -> [instance, ...]
-    streams = known_streams()
+    catalogue = stream_catalogue()
+    streams = tuple(sorted(catalogue))
     writers: dict[str, tuple[str, ...]] = {}
     raw_writers = _section(data, "stream_writers", problems)
     for stream, names in raw_writers.items():
@@ -476,7 +493,7 @@ def _validate(data: dict[str, Any], problems: _Problems, source: str | None) -> 
                 problems.add(f"{key}[{i}]", f'"{name}" is listed twice', "list it once")
             else:
                 good.append(name)
-        if len(names) > 1 and stream in SINGLE_WRITER_STREAMS:
+        if len(names) > 1 and not catalogue[stream]:
             problems.add(key, f"{len(names)} writers, but {stream} has exactly one writer",
                          "list one instance")
         elif len(names) > 1 and is_sqlite:
