@@ -336,12 +336,17 @@ def test_events_stream_rows_and_worker_follower(db_url, store):
         assert ev_row[1] == ["$bob", ROOM, "m.room.member", BOB, None, None, "join", False, False]
         # Before the rows arrive the worker's caches are stale; after, correct.
         assert worker.get_current_state(ROOM).get(("m.room.member", BOB)) is None
+        # Sync on the worker only reaches as far as the rows it has applied.
+        assert worker.get_new_events_for_user(ANN, f"s{worker_token}").events == []
         reached = follower.catch_up(worker_token, current_events_token(store.db))
         assert reached == current_events_token(store.db)
         assert worker.get_current_state(ROOM)[("m.room.member", BOB)] == "$bob"
         assert worker.get_forward_extremities(ROOM) == {"$hello"}
         assert worker.has_room_changed_since(ROOM, StreamToken(worker_token))
         assert worker.membership_changes.has_entity_changed(BOB, worker_token)
+        synced = worker.get_new_events_for_user(ANN, f"s{worker_token}")
+        assert [e.event_id for e in synced.events] == ["$bob", "$hello"]
+        assert synced.next_token == store.current_token()
         # Limited reads stay complete per position and make progress.
         small = get_events_stream_rows(store.db, start, current_events_token(store.db), limit=1)
         assert small.limited and small.rows and small.upto_token > start

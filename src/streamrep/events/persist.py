@@ -193,8 +193,8 @@ def topological_sort(records: Sequence[EventRecord]) -> list[EventRecord]:
             if j is not None:
                 indegree[i] += 1
                 children[j].append(i)
-    if not any(indegree):
-        return list(records)
+    if all(by_id.get(p, -1) < i for i, r in enumerate(records) for p in r.prev_events):
+        return list(records)  # already in order (the usual case)
     import heapq
 
     ready = [i for i, d in enumerate(indegree) if d == 0]

@@ -7,10 +7,11 @@ pagination) from in-memory caches where it can. See docs/events.md.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+
+import gevent.lock
 
 from streamrep import _impl
 from streamrep.db import Database, Transaction
@@ -116,13 +117,16 @@ class EventStore:
                                                  streams.generator("backfill"))
         else:
             self._allocator = StreamAllocator()
-        self._write_lock = threading.RLock()
+        # Per greenlet (and thread): one batch at a time, in stream order.
+        self._write_lock = gevent.lock.RLock()
         self._forward: dict[str, frozenset[str]] = {}
         self._current_state: dict[str, GroupState] = {}
         self._visibility_values: dict[str, str] = {}
         self.event_cache: Lru[str, StoredEvent] = Lru("get_event", cache_size)
         self._on_persisted = on_persisted
         live, _ = self.db.run(lambda txn: self._allocator.current(txn), name="positions")
+        # Everything at or below this live position is reflected in the caches.
+        self._position = live
         self.room_changes = _core_changecache.StreamChangeCache(
             "room_changes", live, change_cache_size)
         self.membership_changes = _core_changecache.StreamChangeCache(
@@ -206,6 +210,8 @@ class EventStore:
             self.event_cache.pop(event_id)
         for event_id in outcome.redacted:
             self.event_cache.pop(event_id)
+        if outcome.max_live > self._position:
+            self._position = outcome.max_live
         for room_id, pos in outcome.room_positions.items():
             self.room_changes.entity_has_changed(room_id, pos)
         for user_id, pos in outcome.membership_positions.items():
@@ -351,9 +357,14 @@ class EventStore:
     # -- positions, sync and pagination ---------------------------------------------------
 
     def current_token(self) -> StreamToken:
-        """The stream position of the newest live event or state change."""
-        live, _ = self.db.run(lambda txn: self._allocator.current(txn), name="positions")
-        return StreamToken(live)
+        """The live stream position this store's caches reflect: on the writer its
+        last persisted batch, on a worker the last ``events`` row applied."""
+        return StreamToken(self._position)
+
+    def advance_position(self, token: int) -> None:
+        """Record that every ``events`` row up to *token* has been applied."""
+        if token > self._position:
+            self._position = token
 
     def has_room_changed_since(self, room_id: str, token: str | StreamToken) -> bool:
         """Answered from the change cache: may *room_id* have new events after *token*?"""

@@ -157,6 +157,7 @@ class EventsStreamFollower:
             store.invalidate_current_state(data[0])
         else:
             raise ValueError(f"unknown events stream row kind {kind!r}")
+        store.advance_position(token)
 
     def on_backfill_row(self, token: int, row: Sequence[Any]) -> None:
         """One ``backfill`` stream row (backfill never moves the change caches)."""
@@ -188,6 +189,7 @@ class EventsStreamFollower:
             if chunk.upto_token <= token:
                 break
             token = chunk.upto_token
+            self.store.advance_position(token)
         return token
 
 
