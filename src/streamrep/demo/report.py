@@ -168,10 +168,14 @@ def render_summary(summary: Summary, console: Console) -> None:
                          str(sum(w.received.values())))
     console.print(received)
 
-    checks = Table(title="Lag from commit to worker handler (ms) and the exactly-once check",
-                   title_justify="left")
-    for col in ("worker", "p50", "p90", "p99", "max", "lost", "duplicated", "unexpected",
-                "sync queries", "sync mismatches", "result"):
+    checks = Table(title="Lag from commit to worker handler (ms); exactly-once and sync checks",
+                   title_justify="left", caption="lost: in the database, never received; dup: "
+                   "received twice; unexp: received, never committed; sync err: sync answers "
+                   "from change caches that differ from the database, and stale cache entries",
+                   caption_justify="left")
+    # Short headers so the table fits an 80-column terminal.
+    for col in ("worker", "p50", "p90", "p99", "max", "lost", "dup", "unexp", "syncs",
+                "sync err", "result"):
         checks.add_column(col, justify="left" if col in ("worker", "result") else "right")
     for w in summary.workers:
         lag = sorted(w.lag_ms)
