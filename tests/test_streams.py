@@ -64,6 +64,9 @@ def test_write_and_read_each_stream(db_url: str) -> None:
     assert streams.get_updates_since("receipts", "master", r2, r2, 10) == ([], False)
     assert streams.current_token("receipts") == r2 == streams.current_token("receipts", "master")
 
+    # Every reserved ID completed: nothing is left in flight.
+    assert all(streams.generator(name).in_flight == 0
+               for name in ("caches", "account_data", "to_device", "receipts"))
     # A restarted instance starts from what is stored.
     again = Streams(db, "master")
     assert again.current_token("caches") == t2
