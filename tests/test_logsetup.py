@@ -69,3 +69,13 @@ def test_logfmt_escaping() -> None:
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError):
         setup_logging("INFO", "xml")
+
+
+def test_stdlib_extra_becomes_fields(restore_root: None) -> None:
+    out = io.StringIO()
+    setup_logging("INFO", "logfmt", out)
+    logging.getLogger("streamrep.replication.hub").info(
+        "connection closed", extra={"conn": "worker1", "reason": "peer_closed"})
+    line = out.getvalue()
+    assert line.count("\n") == 1
+    assert ('event=message msg="connection closed" conn=worker1 reason=peer_closed') in line

@@ -13,6 +13,9 @@ stream) and add per-event fields as keywords::
     log.info("connected", peer="127.0.0.1:50412")
     log.bind(stream="events").debug("rdata", token=42)
 
+Modules that use the standard library's ``logging`` get the same lines; fields can
+be passed as ``logger.info("peer_closed", extra={"conn": name})``.
+
 A line never spans several lines: multi-line values (tracebacks included) are
 escaped, so ``grep`` and log shippers see one event per line. Expected failures (a
 peer that hung up, a slow consumer) deserve ``log.warning(event, error=str(exc))``,
@@ -70,6 +73,11 @@ def format_logfmt(fields: Mapping[str, object]) -> str:
     return " ".join(f"{key}={_logfmt_value(value)}" for key, value in fields.items())
 
 
+#: Attributes every LogRecord has; anything else on a record came from ``extra=``.
+_STANDARD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message", "asctime", _FIELDS_ATTR, _EVENT_ATTR}
+
+
 def _record_fields(record: logging.LogRecord) -> dict[str, object]:
     fields: dict[str, object] = {
         "ts": _timestamp(record.created),
@@ -83,6 +91,10 @@ def _record_fields(record: logging.LogRecord) -> dict[str, object]:
         # A record from a library's own logging: its message is the event.
         fields["event"] = "message"
         fields["msg"] = record.getMessage()
+    # Plain ``logging`` calls may pass fields with ``extra={"conn": ..., "stream": ...}``.
+    for key, value in vars(record).items():
+        if key not in _STANDARD_ATTRS and not key.startswith("_"):
+            fields[key if key not in fields else f"field_{key}"] = value
     extra = getattr(record, _FIELDS_ATTR, None)
     if extra:
         for key, value in extra.items():
