@@ -136,6 +136,21 @@ def test_writer_positions(tracker_mod: ModuleType) -> None:
         tracker_mod.WriterPositions({})
 
 
+def test_position_messages_jump_only_without_a_gap(tracker_mod: ModuleType) -> None:
+    w = tracker_mod.WriterPositions({"w1": 10, "w2": 4})
+    # POSITION w1 10 25: w1 had nothing in flight from 10 to 25; the reader holds 10.
+    assert w.apply_position("w1", 10, 25) is None
+    assert w.get_position("w1") == 25
+    # POSITION w2 8 30 while the reader only holds 4: rows in (4, 8] were missed.
+    assert w.apply_position("w2", 8, 30) == 4
+    assert w.get_position("w2") == 4
+    w.advance("w2", 8)  # after fetching the missed rows
+    assert w.apply_position("w2", 8, 30) is None
+    assert (w.linear_position, w.max_position) == (25, 30)
+    with pytest.raises(NotAWriterError):
+        w.apply_position("nobody", 1, 2)
+
+
 # --- properties -------------------------------------------------------------------
 
 # An operation is ("reserve", n), ("complete", index into the in-flight list) or

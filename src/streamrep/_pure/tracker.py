@@ -217,6 +217,22 @@ class WriterPositions:
             return True
         return False
 
+    def apply_position(self, instance: str, prev_token: int, new_token: int) -> int | None:
+        """Apply a ``POSITION`` (the writer had nothing in flight between *prev_token*
+        and *new_token*).
+
+        If this reader already holds everything up to *prev_token*, the writer's
+        position jumps to *new_token* and None is returned. Otherwise facts in
+        ``(position, prev_token]`` were missed: the position is left alone and the
+        token to catch up from is returned; fetch those rows, then :meth:`advance`
+        to *new_token*.
+        """
+        current = self.get_position(instance)
+        if current < prev_token:
+            return current
+        self.advance(instance, new_token)
+        return None
+
     def add_writer(self, instance: str, position: int) -> None:
         """Start following a new writer from *position* (no-op if already known)."""
         self._positions.setdefault(str(instance), int(position))
