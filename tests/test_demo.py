@@ -45,6 +45,13 @@ def test_demo_on_sqlite(tmp_path: pathlib.Path) -> None:
     assert len(received) > 50
 
 
+def test_demo_survives_a_hub_killed_mid_run(tmp_path: pathlib.Path) -> None:
+    proc = run_demo(tmp_path, "--restart-hub-after", "1.5")
+    assert_passed(proc, 2)
+    assert "killed the hub (SIGKILL); starting it again" in proc.stderr
+    assert (tmp_path / "demo" / "hub-2.log").exists()
+
+
 @pytest.mark.postgres
 def test_demo_on_postgres_with_two_writers(tmp_path: pathlib.Path, pg_url: str) -> None:
     proc = run_demo(tmp_path, "--db", pg_url)

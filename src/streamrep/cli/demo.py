@@ -26,11 +26,16 @@ import click
                    "temporary directory).")
 @click.option("--catch-up-timeout", type=click.FloatRange(min=1), default=30.0,
               show_default=True, help="Seconds workers may take to catch up at the end.")
+@click.option("--restart-hub-after", type=click.FloatRange(min=0.1), default=None,
+              metavar="SECONDS",
+              help="Kill the hub with SIGKILL this many seconds into the run and start it "
+                   "again: the check must still pass.")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
                                                case_sensitive=False),
               default="INFO", show_default=True, help="Log level of the child processes.")
 def demo(duration: float, rate: float, rooms: int, workers: int, db: str | None, seed: int,
-         workdir: str | None, catch_up_timeout: float, log_level: str) -> None:
+         workdir: str | None, catch_up_timeout: float, restart_hub_after: float | None,
+         log_level: str) -> None:
     """Run a hub, a writer persisting a room workload and WORKERS worker processes.
 
     Shows progress while it runs, then a summary: facts written per stream, facts
@@ -42,7 +47,7 @@ def demo(duration: float, rate: float, rooms: int, workers: int, db: str | None,
 
     options = DemoOptions(duration=duration, rate=rate, rooms=rooms, workers=workers, db=db,
                           seed=seed, workdir=workdir, catch_up_timeout=catch_up_timeout,
-                          log_level=log_level.upper())
+                          log_level=log_level.upper(), restart_hub_after=restart_hub_after)
     try:
         summary = run_demo(options)
     except ConfigError as exc:

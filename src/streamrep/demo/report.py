@@ -131,7 +131,7 @@ class Progress:
         for stream in sorted(set(written) | {s for r in received.values() for s in r}):
             table.add_row(stream, str(written.get(stream, 0)),
                           *(str(received.get(w, {}).get(stream, 0)) for w in self.workers))
-        table.add_row(Text("behind (facts)", style="bold"), "",
+        table.add_row(Text("behind (stream IDs)", style="bold"), "",
                       *(str(behind.get(w, 0)) for w in self.workers))
         return Group(table)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import sys
 import tempfile
 import time
@@ -63,6 +64,8 @@ class DemoOptions:
     #: live rich table (None: when stderr is a terminal)
     live: bool | None = None
     log_level: str = "INFO"
+    #: kill the hub with SIGKILL this many seconds into the run and start it again
+    restart_hub_after: float | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -116,6 +119,7 @@ class _Run:
         self.config_path = os.path.join(self.workdir, "streamrep.yaml")
         self.config: Config | None = None
         self.truth: dict[tuple[str, str], list[int]] | None = None
+        self.hub_restarts = 0
 
     # --- children --------------------------------------------------------------------
 
@@ -135,16 +139,35 @@ class _Run:
     def _out(self, name: str) -> str:
         return os.path.join(self.workdir, f"{name}.facts.jsonl")
 
+    def _start_hub(self, log_name: str = "hub") -> bool:
+        hub = Child("hub", "hub", [sys.executable, "-m", "streamrep.demo.hub", "--config",
+                                   self.config_path],
+                    os.path.join(self.workdir, f"{log_name}.log"), self.lines, env=self._env())
+        self.children["hub"] = hub
+        hub.start()
+        if not wait_for_port("127.0.0.1", self.port, 30.0, hub):
+            self.problems.append("the hub did not start listening: "
+                                 + " | ".join(hub.log_tail(5)))
+            return False
+        return True
+
+    def restart_hub(self) -> bool:
+        """Kill the hub with SIGKILL (no goodbye to anyone) and start a new one."""
+        old = self.children["hub"]
+        old.signal(signal.SIGKILL)
+        old.wait(10.0)
+        old.stop()
+        self.hub_restarts += 1
+        self.console.print(f"killed the hub (SIGKILL); starting it again",
+                           highlight=False, markup=False)
+        return self._start_hub(f"hub-{self.hub_restarts + 1}")
+
     def start(self) -> bool:
         write_config(self.config_path, self.db_url, self.port, self.writer_names,
                      self.options.log_level)
         self.config = load_config(self.config_path, check_ports_of="main")
         py = sys.executable
-        hub = self._child("hub", "hub", [py, "-m", "streamrep.demo.hub", "--config",
-                                         self.config_path])
-        if not wait_for_port("127.0.0.1", self.port, 30.0, hub):
-            self.problems.append("the hub did not start listening: "
-                                 + " | ".join(hub.log_tail(5)))
+        if not self._start_hub():
             return False
         # Workers first, so they follow from the very first fact.
         for name in self.worker_names:
@@ -205,18 +228,16 @@ class _Run:
         return {(s, i): int(t) for s, i, t in self.children[name].last.get("positions", [])}
 
     def _behind(self, target: dict[tuple[str, str], int] | None = None) -> dict[str, int]:
-        """Per worker: how many writer positions it has not reached, weighted by the
-        facts the writers report since (an estimate for the display)."""
+        """Per worker: stream IDs between its positions and the writers' (summed over
+        streams and writers; for the display)."""
         if target is None:
             target = {}
             for name in self.writer_names:
                 target.update(self._positions(name))
-        written = sum(self._written().values())
         behind = {}
         for w in self.worker_names:
-            got = sum(self.children[w].last.get("received", {}).values())
-            missing = [k for k, t in target.items() if self._positions(w).get(k, 0) < t]
-            behind[w] = max(0, written - got) if missing else 0
+            mine = self._positions(w)
+            behind[w] = sum(max(0, t - mine.get(k, 0)) for k, t in target.items())
         return behind
 
     def _check_children(self, roles: tuple[str, ...]) -> bool:
@@ -233,8 +254,15 @@ class _Run:
 
     def run(self, progress: Progress) -> None:
         writers = [self.children[n] for n in self.writer_names]
-        deadline = time.monotonic() + self.options.duration + 60.0
+        started = time.monotonic()
+        deadline = started + self.options.duration + 60.0
+        restart_at = (started + self.options.restart_hub_after
+                      if self.options.restart_hub_after is not None else None)
         while True:
+            if restart_at is not None and time.monotonic() >= restart_at:
+                restart_at = None
+                if not self.restart_hub():
+                    return
             self._drain()
             progress.update("writing", self._written(), self._received(), self._behind())
             if not self._check_children(("hub", "worker")):
@@ -260,9 +288,9 @@ class _Run:
         deadline = time.monotonic() + self.options.catch_up_timeout
         while time.monotonic() < deadline:
             self._drain()
-            behind = {w: sum(1 for k, t in target.items() if self._positions(w).get(k, 0) < t)
-                      for w in self.worker_names}
-            progress.update("catching up", self._written(), self._received(), behind)
+            behind = self._behind(target)
+            progress.update("catching up", self._written(), self._received(),
+                            self._behind(target))
             if not any(behind.values()):
                 return
             if not self._check_children(("hub", "worker")):
