@@ -159,6 +159,14 @@ def test_redaction_prunes_content_but_keeps_the_bytes(store):
     store.persist_events([ev("$red2", ["$red"], 5, type="m.room.redaction", redacts="$late")])
     store.persist_events([ev("$late", ["$red"], 5)])
     assert store.get_event("$late").redacted
+    # A redaction from another room changes nothing.
+    store.persist_events([ev("$foreign", [], 1, room="!other:x", type="m.room.redaction",
+                             redacts="$keep")])
+    store.persist_events([ev("$keep", ["$late"], 6)])
+    assert not store.get_event("$keep").redacted
+    store.persist_events([ev("$foreign2", ["$foreign"], 2, room="!other:x",
+                             type="m.room.redaction", redacts="$keep")])
+    assert not store.get_event("$keep").redacted
 
 
 def test_visibility_changes_mid_room(store):
@@ -408,3 +416,45 @@ def test_registry_streams_allocate_and_serve_rows(db_url):
     finally:
         streams.close()
         db.close()
+
+
+def test_large_batch_over_several_rooms_in_reverse_order(store):
+    rooms = ["!a:x", "!b:x", "!c:x"]
+    batch = []
+    for room in rooms:
+        prev = []
+        for n in range(400):
+            eid = f"${room}{n}"
+            if n == 0:
+                batch.append(ev(eid, [], 1, room=room, type="m.room.create", state_key="",
+                                content={"creator": ANN}))
+            elif n % 50 == 0:
+                batch.append(ev(eid, prev, n + 1, room=room, type="m.room.topic", state_key="",
+                                content={"topic": str(n)}))
+            else:
+                batch.append(ev(eid, prev, n + 1, room=room))
+            prev = [eid]
+    batch.reverse()
+    result = store.persist_events(batch)
+    assert len(result.orderings) == 1200
+    for room in rooms:
+        assert store.get_forward_extremities(room) == {f"${room}399"}
+        assert store.get_backward_extremities(room) == set()
+        order = store.get_room_events(room)
+        assert order == [f"${room}{n}" for n in range(400)]
+        # Within the batch, a parent always got a lower stream ordering than its child.
+        assert store.get_room_events(room, order="stream") == order
+        assert store.get_current_state(room)[("m.room.topic", "")] == f"${room}350"
+        assert store.get_state_after_event(f"${room}120")[("m.room.topic", "")] == f"${room}100"
+    with pytest.raises(InvalidEventError):
+        store.persist_events([ev("$dup", [], 1), ev("$dup", [], 2)])
+
+
+def test_unknown_state_group_is_reported(store):
+    from streamrep.errors import StateCorruptionError
+
+    create_room(store)
+    with pytest.raises(StateCorruptionError):
+        store.get_state_group(999_999)
+    with pytest.raises(EventNotFoundError):
+        store.get_state_after_event("$nope")

@@ -6,6 +6,7 @@ updated through :class:`PersistOutcome` once it has committed.
 
 from __future__ import annotations
 
+import heapq
 import time
 from array import array
 from dataclasses import dataclass, field
@@ -195,8 +196,6 @@ def topological_sort(records: Sequence[EventRecord]) -> list[EventRecord]:
                 children[j].append(i)
     if all(by_id.get(p, -1) < i for i, r in enumerate(records) for p in r.prev_events):
         return list(records)  # already in order (the usual case)
-    import heapq
-
     ready = [i for i, d in enumerate(indegree) if d == 0]
     heapq.heapify(ready)
     out: list[EventRecord] = []
@@ -307,13 +306,15 @@ def persist_batch(
     for record in todo:
         rooms.setdefault(record.room_id, []).append(record)
 
-    # Redactions already stored for events of this batch.
+    # Redactions already stored for events of this batch (same room only).
     redacted_now: set[str] = set()
-    for chunk in _chunks([r.event_id for r in todo]):
-        for (target,) in txn.fetchall(
-                "SELECT redacts FROM events WHERE redacts IS NOT NULL AND NOT rejected AND redacts IN ("
-                + _ph(len(chunk)) + ")", list(chunk)):
-            redacted_now.add(target)
+    batch_rooms = {r.event_id: r.room_id for r in todo}
+    for chunk in _chunks(list(batch_rooms)):
+        for target, room_id in txn.fetchall(
+                "SELECT redacts, room_id FROM events WHERE redacts IS NOT NULL"
+                " AND NOT rejected AND redacts IN (" + _ph(len(chunk)) + ")", list(chunk)):
+            if batch_rooms.get(target) == room_id:
+                redacted_now.add(target)
 
     history_rows: list[tuple[str, str, str]] = []
     for record in todo:
