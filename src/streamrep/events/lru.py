@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Generic, Hashable, TypeVar
+from typing import Callable, Generic, Hashable, TypeVar
 
 __all__ = ["Lru"]
 
@@ -12,18 +12,32 @@ V = TypeVar("V")
 
 
 class Lru(Generic[K, V]):
-    """Bounded mapping; ``get`` refreshes an entry, ``put`` evicts the oldest."""
+    """Bounded mapping; ``get`` refreshes an entry, ``put`` evicts the oldest.
 
-    __slots__ = ("name", "max_entries", "_data", "hits", "misses")
+    With ``weigh``, the bound is on the total weight of the values (e.g. the number
+    of keys of cached states) as well as on the number of entries.
+    """
 
-    def __init__(self, name: str, max_entries: int) -> None:
+    __slots__ = ("name", "max_entries", "max_weight", "_weigh", "_weight", "_data", "hits",
+                 "misses")
+
+    def __init__(self, name: str, max_entries: int, max_weight: int | None = None,
+                 weigh: Callable[[V], int] | None = None) -> None:
         if max_entries < 1:
             raise ValueError("max_entries must be at least 1")
         self.name = name
         self.max_entries = max_entries
+        self.max_weight = max_weight
+        self._weigh = weigh if max_weight is not None else None
+        self._weight = 0
         self._data: OrderedDict[K, V] = OrderedDict()
         self.hits = 0
         self.misses = 0
+
+    @property
+    def weight(self) -> int:
+        """Total weight of the cached values (0 without ``weigh``)."""
+        return self._weight
 
     def __len__(self) -> int:
         return len(self._data)
@@ -44,13 +58,26 @@ class Lru(Generic[K, V]):
 
     def put(self, key: K, value: V) -> None:
         data = self._data
+        weigh = self._weigh
+        if weigh is not None:
+            old = data.get(key)
+            if old is not None:
+                self._weight -= weigh(old)
+            self._weight += weigh(value)
         data[key] = value
         data.move_to_end(key)
-        if len(data) > self.max_entries:
-            data.popitem(last=False)
+        while len(data) > self.max_entries or (
+                weigh is not None and self.max_weight is not None
+                and self._weight > self.max_weight and len(data) > 1):
+            _, evicted = data.popitem(last=False)
+            if weigh is not None:
+                self._weight -= weigh(evicted)
 
     def pop(self, key: K) -> None:
-        self._data.pop(key, None)
+        value = self._data.pop(key, None)
+        if value is not None and self._weigh is not None:
+            self._weight -= self._weigh(value)
 
     def clear(self) -> None:
         self._data.clear()
+        self._weight = 0

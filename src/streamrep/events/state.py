@@ -39,12 +39,15 @@ def _placeholders(n: int) -> str:
 class StateGroupStore:
     """Reads, caches and writes state groups (one per process, single writer)."""
 
-    def __init__(self, max_delta_hops: int = 100, cache_size: int = 20_000) -> None:
+    def __init__(self, max_delta_hops: int = 100, cache_size: int = 20_000,
+                 max_cached_state_entries: int = 5_000_000) -> None:
         if max_delta_hops < 1:
             raise ValueError("max_delta_hops must be at least 1")
         self.max_delta_hops = max_delta_hops
-        # group -> (full state, hops from the snapshot it is stored over)
-        self.group_cache: Lru[int, tuple[GroupState, int]] = Lru("state_group", cache_size)
+        # group -> (full state, hops from the snapshot it is stored over); bounded by
+        # the total number of state entries too, as large rooms have large states.
+        self.group_cache: Lru[int, tuple[GroupState, int]] = Lru(
+            "state_group", cache_size, max_cached_state_entries, lambda v: len(v[0]) + 1)
         self.event_group_cache: Lru[str, int] = Lru("event_to_state_group", cache_size * 5)
         self._next_group: int | None = None
 

@@ -408,11 +408,12 @@ class EventStore:
         """The most recent *events_per_room* visible events in each of the user's
         *rooms* most recently active joined rooms."""
         def run(txn: Transaction) -> list[RoomTimeline]:
+            # The correlated MAX is one index probe per room.
             room_rows = txn.fetchall(
-                "SELECT c.room_id, MAX(e.stream_ordering) AS last FROM current_state_events c"
-                " JOIN events e ON e.room_id = c.room_id"
+                "SELECT c.room_id, (SELECT MAX(e.stream_ordering) FROM events e"
+                " WHERE e.room_id = c.room_id) AS last FROM current_state_events c"
                 " WHERE c.type = ? AND c.state_key = ? AND c.membership = ?"
-                " GROUP BY c.room_id ORDER BY last DESC, c.room_id LIMIT ?",
+                " ORDER BY last DESC, c.room_id LIMIT ?",
                 ("m.room.member", user_id, "join", rooms))
             out = []
             for room_id, _ in room_rows:

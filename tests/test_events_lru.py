@@ -1,0 +1,41 @@
+"""The event store's bounded LRU, by count and by weight."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamrep.events.lru import Lru
+
+
+def test_evicts_least_recently_used_by_count():
+    cache: Lru[str, int] = Lru("t", 2)
+    cache.put("a", 1)
+    cache.put("b", 2)
+    assert cache.get("a") == 1  # refreshes a
+    cache.put("c", 3)
+    assert "b" not in cache and cache.get("a") == 1 and cache.get("c") == 3
+    assert (cache.hits, cache.misses) == (3, 0)
+    assert cache.get("b") is None and cache.misses == 1
+
+
+def test_evicts_by_weight_but_keeps_the_newest():
+    cache: Lru[str, list[int]] = Lru("t", 100, max_weight=5, weigh=len)
+    cache.put("a", [1, 2])
+    cache.put("b", [1, 2])
+    assert cache.weight == 4
+    cache.put("c", [1, 2])
+    assert "a" not in cache and cache.weight == 4
+    cache.put("huge", list(range(10)))  # alone over the bound, still cached
+    assert len(cache) == 1 and cache.weight == 10
+    cache.pop("huge")
+    assert cache.weight == 0
+    cache.put("x", [1])
+    cache.put("x", [1, 2, 3])
+    assert cache.weight == 3
+    cache.clear()
+    assert cache.weight == 0 and len(cache) == 0
+
+
+def test_rejects_bad_size():
+    with pytest.raises(ValueError):
+        Lru("t", 0)
