@@ -159,10 +159,11 @@ def test_unknown_stream_and_server_from_client_are_refused(hub: ReplicationHub) 
         (b"FROBNICATE now\n", "unknown command"),
         (b"POSITION caches main x 3\n", "POSITION"),
         (b"RDATA caches main 3\n", "RDATA"),
+        (b"RDATA caches main 3 [1, oops]\n", "not valid JSON"),
         (b"\x00\xff\xfe garbage \x81\n", "ERROR "),
         (b"RDATA caches main 3 [" + b"1," * 20000 + b"1]\n", "too long"),
     ],
-    ids=["unknown", "malformed-position", "malformed-rdata", "binary", "over-long"],
+    ids=["unknown", "malformed-position", "malformed-rdata", "bad-row-json", "binary", "over-long"],
 )
 def test_bad_input_gets_error_and_close_others_unaffected(
     hub: ReplicationHub, source: MemorySource, bad: bytes, expect: str

@@ -25,6 +25,7 @@ from gevent import socket as gsocket
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import gevent
+import orjson
 import gevent.event
 from gevent import Greenlet
 
@@ -37,6 +38,8 @@ from streamrep.replication.source import StreamSource
 __all__ = ["ReplicationClient", "ClientConnection", "Backoff"]
 
 logger = logging.getLogger(__name__)
+
+_loads = orjson.loads
 
 
 class Backoff:
@@ -101,7 +104,11 @@ class ClientConnection(ReplicationConnection):
     def on_RDATA(self, command: Any) -> None:
         follower = self.client.follower
         if follower is not None:
-            follower.on_rdata(command.stream_name, command.instance_name, command.token, command.row)
+            try:
+                row = _loads(command.row_json)
+            except orjson.JSONDecodeError:
+                row = command.row  # raises the wire format's own MalformedCommandError
+            follower.on_rdata(command.stream_name, command.instance_name, command.token, row)
 
     def on_POSITION(self, command: Any) -> None:
         follower = self.client.follower

@@ -204,12 +204,23 @@ class ReplicationConnection:
                 # told what was wrong and cut off.
                 if metrics is not None:
                     metrics.received_commands(exc.commands)
-                self.handle_commands(exc.commands, dispatch)
+                self._handle_safely(exc.commands, dispatch)
                 self.close(DisconnectReason.PROTOCOL_ERROR, str(exc))
                 return
             if metrics is not None:
                 metrics.received_commands(commands)
+            self._handle_safely(commands, dispatch)
+
+    def _handle_safely(self, commands: Iterable[Any], dispatch: dict[str, Callable[[Any], None]]) -> None:
+        try:
             self.handle_commands(commands, dispatch)
+        except ProtocolError as exc:
+            self.close(DisconnectReason.PROTOCOL_ERROR, str(exc))
+        except Exception:
+            # A bug in a handler: drop this connection (and reconnect, for a client)
+            # rather than leave it half-processed.
+            logger.exception("handling commands from %s failed", self.name)
+            self.close(DisconnectReason.LOCAL_CLOSE, "internal error")
 
     def handle_commands(self, commands: Iterable[Any], dispatch: dict[str, Callable[[Any], None]]) -> None:
         """Dispatch decoded commands in order; subclasses may batch runs of them."""

@@ -31,10 +31,11 @@ from gevent import socket as gsocket
 from typing import Any, Callable, Iterable
 
 import gevent
+import orjson
 import gevent.event
 from gevent.server import StreamServer
 
-from streamrep.errors import StreamrepError
+from streamrep.errors import MalformedCommandError, StreamrepError
 from streamrep.replication import commands as C
 from streamrep.replication.connection import ConnectionSettings, DisconnectReason, ReplicationConnection
 from streamrep.replication.metrics import ReplicationMetrics, serve_metrics
@@ -51,6 +52,7 @@ DEFAULT_PORT = 9092
 CATCH_UP_BATCH = 2000
 
 _ALL = "ALL"
+_loads = orjson.loads
 
 
 class HubConnection(ReplicationConnection):
@@ -167,6 +169,10 @@ class HubConnection(ReplicationConnection):
     def on_RDATA(self, command: Any) -> None:
         stream, instance, token = command.stream_name, command.instance_name, command.token
         key = (stream, instance)
+        try:
+            _loads(command.row_json)
+        except orjson.JSONDecodeError:
+            raise MalformedCommandError(f"RDATA {stream} {instance}: row is not valid JSON") from None
         line = C.encode_one(command)
         if token is None:
             self._batches.setdefault(key, []).append(line)

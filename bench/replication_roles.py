@@ -1,0 +1,119 @@
+"""The processes of the end-to-end replication benchmark (run by test_bench_replication.py).
+
+``python bench/replication_roles.py worker HOST:PORT NAME ROWS OUT``: follows
+``to_device`` from now on, records when each fact reached the handler, and writes
+``{"rows", "first_ns", "last_ns", "facts": [[token, ns], ...]}`` to OUT once ROWS
+rows arrived. Prints ``ready`` once connected.
+
+``python bench/replication_roles.py writer HOST:PORT DB FACTS ROWS_PER_FACT RATE OUT``:
+persists FACTS to-device facts of ROWS_PER_FACT rows (RATE rows/s, 0 = flat out),
+announcing each when it commits, and writes ``{"commits": [[token, ns], ...]}``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import gevent
+import orjson
+
+
+def worker(connect: str, name: str, rows_wanted: int, out_path: str) -> None:
+    from streamrep.replication import ReplicationClient
+
+    host, port = connect.rsplit(":", 1)
+    facts: list[tuple[int, int]] = []
+    state = {"rows": 0, "first": 0}
+    done = gevent.event.Event()
+
+    def handler(stream: str, instance: str, token: int, rows: list[Any]) -> None:
+        now = time.time_ns()
+        if not state["first"]:
+            state["first"] = now
+        facts.append((token, now))
+        state["rows"] += len(rows)
+        if state["rows"] >= rows_wanted:
+            done.set()
+
+    client = ReplicationClient(host, int(port), client_name=name, handler=handler, streams=["to_device"])
+    client.start()
+    if not client.wait_connected(30):
+        raise SystemExit("worker could not connect")
+    gevent.sleep(0.2)  # let REPLICATE's answer arrive before the writer starts
+    print("ready", flush=True)
+    done.wait()
+    last = facts[-1][1]
+    client.stop()
+    with open(out_path, "wb") as fh:
+        fh.write(orjson.dumps({"rows": state["rows"], "first_ns": state["first"], "last_ns": last,
+                               "facts": facts}))
+
+
+def writer(connect: str, db: str, fact_count: int, rows_per_fact: int, rate: float, out_path: str) -> None:
+    from streamrep.db import open_database
+    from streamrep.replication import ReplicationClient
+    from streamrep.replication.registry_source import RegistrySource
+    from streamrep.streams import Streams
+
+    host, port = connect.rsplit(":", 1)
+    instance = "benchwriter"
+    database = open_database(db)
+    streams = Streams(database, instance, {"to_device": [instance]})
+    source = RegistrySource(streams, ["to_device"])
+    client = ReplicationClient(
+        host, int(port), client_name=instance,
+        writer_positions=lambda: [("to_device", instance, streams.current_token("to_device", instance))],
+    )
+    commits: list[tuple[int, int]] = []
+    # The rows of the fact being committed, exactly as the stream reads them back
+    # (``[user_id, device_id]`` ordered by user then device): the writer announces
+    # what it wrote without reading it again.
+    pending: dict[int, list[tuple[int, bytes]]] = {}
+
+    def on_advance(stream: str, inst: str, visible: list[int], position: int) -> None:
+        committed = time.time_ns()
+        rows = [row for token in visible for row in pending.pop(token)]
+        client.announce(stream, inst, rows)
+        commits.append((position, committed))
+
+    streams.add_listener(on_advance)
+    client.start()
+    if not client.wait_connected(30):
+        raise SystemExit("writer could not connect")
+    users = sorted(f"@u{j}:bench" for j in range(rows_per_fact))
+    id_gen = streams.generator("to_device")
+    insert = ("INSERT INTO device_inbox (stream_id, instance_name, user_id, device_id, message_json)"
+              " VALUES (?, ?, ?, ?, ?)")
+    start = time.monotonic()
+    for i in range(fact_count):
+        device = f"D{i}"
+        with id_gen.get_next() as stream_id:
+            pending[stream_id] = [(stream_id, b'["%s","%s"]' % (u.encode(), device.encode())) for u in users]
+            with database.transaction("bench_to_device") as txn:
+                txn.executemany(insert, [(stream_id, instance, u, device, '{"n":0}') for u in users])
+        if rate > 0:
+            delay = start + (i + 1) * rows_per_fact / rate - time.monotonic()
+            gevent.sleep(max(delay, 0))
+        else:
+            gevent.sleep(0)
+    elapsed = time.monotonic() - start
+    client.flush(60)
+    client.stop()
+    streams.close()
+    database.close()
+    with open(out_path, "wb") as fh:
+        fh.write(orjson.dumps({"commits": commits, "persist_seconds": elapsed}))
+
+
+if __name__ == "__main__":
+    import gevent.event  # noqa: F401
+
+    role, *args = sys.argv[1:]
+    if role == "worker":
+        worker(args[0], args[1], int(args[2]), args[3])
+    elif role == "writer":
+        writer(args[0], args[1], int(args[2]), int(args[3]), float(args[4]), args[5])
+    else:
+        raise SystemExit(f"unknown role {role}")

@@ -1,0 +1,161 @@
+"""End to end over loopback: one writer process persisting rows, the hub
+(``streamrep serve``), four worker processes.
+
+* ``throughput``: the writer persists flat out (to-device facts of 1,000 rows);
+  the figure is RDATA lines per second delivered to the four workers in total.
+* ``latency``: the writer persists 50,000 rows/s (facts of 10 rows); the figure
+  is the 99th percentile from a fact's commit to the worker's handler.
+
+Each runs with the compiled core and with the pure-Python twins (every process
+of the run uses the same one). Figures are in ``extra_info`` and printed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+import orjson
+import pytest
+
+ROLES = os.path.join(os.path.dirname(__file__), "replication_roles.py")
+WORKERS = 4
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _reap(proc: subprocess.Popen[bytes], timeout: float = 300) -> tuple[int, float]:
+    """Wait for *proc*; its exit status and the CPU seconds it used."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return proc.returncode, usage.ru_utime + usage.ru_stime
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{proc.args} did not finish")
+        time.sleep(0.01)
+
+
+def _run(tmp: str, impl_kind: str, facts: int, rows_per_fact: int, rate: float) -> dict[str, Any]:
+    env = dict(os.environ)
+    if impl_kind == "pure":
+        env["STREAMREP_NO_EXTENSIONS"] = "1"
+    else:
+        env.pop("STREAMREP_NO_EXTENSIONS", None)
+    db = f"sqlite:///{tmp}/bench.db"
+    port = _free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+    logs = []
+
+    def start(args: list[str], **kw: Any) -> subprocess.Popen[bytes]:
+        log = open(os.path.join(tmp, f"{args[0]}-{len(procs)}.log"), "wb")
+        logs.append(log)
+        proc = subprocess.Popen(args, env=env, stderr=log, **kw)
+        procs.append(proc)
+        return proc
+
+    try:
+        start([sys.executable, "-m", "streamrep", "serve", "--db", db, "--listen", f"127.0.0.1:{port}",
+               "--log-level", "WARNING"], cwd=tmp)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        total_rows = facts * rows_per_fact
+        workers = [
+            start([sys.executable, ROLES, "worker", f"127.0.0.1:{port}", f"w{i}", str(total_rows),
+                   os.path.join(tmp, f"w{i}.json")], stdout=subprocess.PIPE)
+            for i in range(WORKERS)
+        ]
+        for w in workers:
+            assert w.stdout is not None
+            assert w.stdout.readline().strip() == b"ready"
+            w.stdout.close()
+        writer = start([sys.executable, ROLES, "writer", f"127.0.0.1:{port}", db, str(facts),
+                        str(rows_per_fact), str(rate), os.path.join(tmp, "writer.json")])
+        assert _reap(writer)[0] == 0
+        worker_cpu = 0.0
+        for w in workers:
+            code, cpu = _reap(w)
+            assert code == 0
+            worker_cpu += cpu
+        hub = procs[0]
+        hub.send_signal(signal.SIGTERM)
+        hub_cpu = _reap(hub)[1]
+        with open(os.path.join(tmp, "writer.json"), "rb") as fh:
+            written = orjson.loads(fh.read())
+        results = []
+        for i in range(WORKERS):
+            with open(os.path.join(tmp, f"w{i}.json"), "rb") as fh:
+                results.append(orjson.loads(fh.read()))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        for log in logs:
+            log.close()
+    commit_ns = {token: ns for token, ns in written["commits"]}
+    latencies = sorted(
+        (ns - commit_ns[token]) / 1e6 for r in results for token, ns in r["facts"] if token in commit_ns
+    )
+    total = WORKERS * total_rows
+    first = min(r["first_ns"] for r in results)
+    last = max(r["last_ns"] for r in results)
+    delivered = sum(r["rows"] for r in results)
+    return {
+        "lines_per_second": delivered / ((last - first) / 1e9),
+        "delivered_lines": delivered,
+        "writer_rows_per_second": total_rows / written["persist_seconds"],
+        # CPU cost per delivered line, whatever else the machine was doing.
+        "hub_cpu_us_per_line": hub_cpu / total * 1e6,
+        "worker_cpu_us_per_line": worker_cpu / total * 1e6,
+        "p50_ms": latencies[len(latencies) // 2],
+        "p99_ms": latencies[int(len(latencies) * 0.99)],
+        "max_ms": latencies[-1],
+    }
+
+
+def _report(benchmark: Any, name: str, figures: dict[str, Any]) -> None:
+    benchmark.extra_info.update(figures)
+    print(f"\n{name}: " + ", ".join(
+        f"{k}={v:,.2f}" if isinstance(v, float) else f"{k}={v:,}" for k, v in figures.items()))
+
+
+@pytest.mark.benchmark(group="replication-e2e-throughput")
+def test_bench_replication_throughput(benchmark: Any, impl_kind: str, tmp_path: Any) -> None:
+    figures: dict[str, Any] = {}
+
+    def run() -> None:
+        figures.update(_run(str(tmp_path), impl_kind, facts=300, rows_per_fact=1000, rate=0))
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    _report(benchmark, f"throughput[{impl_kind}]", figures)
+    assert figures["delivered_lines"] == WORKERS * 300 * 1000
+
+
+@pytest.mark.benchmark(group="replication-e2e-latency")
+def test_bench_replication_latency_at_50k_rows_per_second(benchmark: Any, impl_kind: str, tmp_path: Any) -> None:
+    figures: dict[str, Any] = {}
+
+    def run() -> None:
+        figures.update(_run(str(tmp_path), impl_kind, facts=15_000, rows_per_fact=10, rate=50_000))
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    _report(benchmark, f"latency[{impl_kind}]", figures)
+    assert figures["delivered_lines"] == WORKERS * 15_000 * 10
