@@ -216,6 +216,13 @@ def test_invite_to_a_room_not_joined_reaches_sync(store):
     assert sync.events == []
     assert sync.next_token.stream > token.stream
     assert store.get_forward_extremities("!other:y") == set()
+    assert [e.event_id for e in store.get_pending_invites(CAT)] == ["$inv"]
+    # Rejecting the invite (another out-of-band membership) clears it.
+    reject = member("$rej", ["$inv"], 21, CAT, "leave", room="!other:y", outlier=True)
+    store.persist_events([reject])
+    assert store.get_pending_invites(CAT) == []
+    assert [e.event_id for e in store.get_new_events_for_user(CAT, token).membership_changes] \
+        == ["$inv", "$rej"]
 
 
 def test_sync_and_initial_sync(store):
@@ -409,6 +416,10 @@ def test_registry_streams_allocate_and_serve_rows(db_url):
         rows, _ = streams.get_updates_since("backfill", "master", 0,
                                             streams.current_token("backfill"), 100)
         assert [(t, r[1][0]) for t, r in rows] == [(-back.orderings["$old"], "$old")]
+        # This instance writes the caches stream: invalidations went there.
+        token = streams.current_token("caches")
+        cache_rows, _ = streams.get_updates_since("caches", "master", 0, token, 100)
+        assert any(r[1][0] == "cs_cache_fake" and r[1][1][0] == ROOM for r in cache_rows)
         # A second store over the same generators continues the orderings.
         again = EventStore(db, streams=streams)
         nxt = again.persist_events([ev("$y", ["$x"], 4)])

@@ -85,7 +85,9 @@ class EventStore:
 
     ``streams``: a :class:`streamrep.streams.Streams` handle; stream orderings then
     come from its ``events``/``backfill`` ID generators (whose listeners announce
-    them). Without it the store counts from the largest stored ordering itself.
+    them), and when this instance writes the ``caches`` stream, each batch's cache
+    invalidations are appended to it after the commit. Without it the store counts
+    from the largest stored ordering itself.
     ``on_persisted(outcome, cache_rows)`` runs after each committed batch with the
     ``caches`` stream rows to write. ``max_delta_hops`` bounds state-group delta
     chains; ``resolver`` merges conflicting states (default
@@ -109,6 +111,9 @@ class EventStore:
         self.resolver: StateResolver = resolver or DepthOrderResolver()
         self.states = StateGroupStore(max_delta_hops, cache_size)
         self._allocator: StreamAllocator
+        self._streams = streams
+        self._writes_caches = bool(
+            streams is not None and streams.instance_name in streams.writers_of("caches"))
         if streams is not None:
             # Stream orderings from the registry's generators, which announce them.
             from streamrep.events import streams as _event_streams  # noqa: F401 (registers)
@@ -167,6 +172,9 @@ class EventStore:
                 self._current_state.clear()
                 raise
             cache_rows = self._apply_outcome(outcome)
+        if self._writes_caches and cache_rows:
+            for cache_name, keys in cache_rows:
+                self._streams.add_cache_invalidation(cache_name, keys)
         if self._on_persisted is not None:
             self._on_persisted(outcome, cache_rows)
         return PersistResult(MappingProxyType(outcome.event_orderings), outcome.max_live)
@@ -377,6 +385,21 @@ class EventStore:
             " AND membership IN (" + ",".join("?" * len(memberships)) + ") ORDER BY room_id",
             ("m.room.member", user_id, *memberships))
         return [r[0] for r in rows]
+
+    def get_pending_invites(self, user_id: str) -> list[StoredEvent]:
+        """Invites (out-of-band ones included) that are the user's latest membership
+        event in their room, newest first."""
+        def run(txn: Transaction) -> list[StoredEvent]:
+            rows = txn.fetchall(
+                "SELECT m.event_id FROM room_memberships m WHERE m.user_id = ?"
+                " AND m.membership = ? AND NOT EXISTS (SELECT 1 FROM room_memberships n"
+                " WHERE n.user_id = m.user_id AND n.room_id = m.room_id"
+                " AND n.stream_ordering > m.stream_ordering)"
+                " ORDER BY m.stream_ordering DESC", (user_id, "invite"))
+            found = fetch_events(txn, [r[0] for r in rows])
+            return [found[r[0]] for r in rows if r[0] in found]
+
+        return self.db.run(run, name="pending_invites")
 
     def get_new_events_for_user(self, user_id: str, since: str | StreamToken,
                                 limit: int = 100) -> SyncResult:
