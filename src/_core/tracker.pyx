@@ -116,6 +116,13 @@ cdef class CompletionTracker:
         cdef Py_ssize_t lo = self._head
         cdef Py_ssize_t hi = self._tail
         cdef Py_ssize_t mid
+        cdef int64_t offset
+        if lo < hi:
+            # IDs of one writer are usually dense: try the slot they would have
+            # without gaps before searching.
+            offset = stream_id - self._ids[lo]
+            if 0 <= offset < hi - lo and self._ids[lo + offset] == stream_id:
+                return lo + offset
         while lo < hi:
             mid = (lo + hi) >> 1
             if self._ids[mid] < stream_id:
