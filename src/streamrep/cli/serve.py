@@ -32,6 +32,7 @@ def serve(ctx: click.Context, config_path: str | None, db: str, listen: str, ser
     """
     import gevent
 
+    import streamrep.events.streams  # noqa: F401  (registers the events and backfill streams)
     from streamrep.db import open_database
     from streamrep.logsetup import setup_logging
     from streamrep.replication import ConnectionSettings, ReplicationHub

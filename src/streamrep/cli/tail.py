@@ -50,6 +50,7 @@ def tail(connect: str, stream_names: tuple[str, ...], from_token: str | None, na
     import gevent.event
     import orjson
 
+    import streamrep.events.streams  # noqa: F401  (registers the events and backfill streams)
     from streamrep.replication import ReplicationClient
 
     host, port = parse_connect(connect)
