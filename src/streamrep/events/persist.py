@@ -442,13 +442,22 @@ def _extremities(txn: Transaction, writes: Writes, room_id: str, records: list[E
                 "SELECT event_id FROM events WHERE NOT outlier AND event_id IN ("
                 + _ph(len(chunk)) + ")", list(chunk)):
             id_flags[ids[event_id]] |= _core_ext.ID_STORED_NON_OUTLIER
-    counted = [r.event_id for r in non_outliers if r.counts]
+    # A batch event that a stored non-outlier already lists as a prev_event is, by
+    # the rule above, a backward extremity: only those can have a stored child, so
+    # the edges are read for them alone.
+    backward_hits: set[str] = set()
+    for chunk in _chunks(sorted(batch_set)):
+        backward_hits.update(e for (e,) in txn.fetchall(
+            "SELECT event_id FROM event_backward_extremities WHERE room_id = ? AND event_id IN ("
+            + _ph(len(chunk)) + ")", [room_id, *chunk]))
+    counted = sorted(r.event_id for r in non_outliers if r.counts and r.event_id in backward_hits)
     for chunk in _chunks(counted):
         for (event_id,) in txn.fetchall(
                 "SELECT DISTINCT ee.prev_event_id FROM event_edges ee"
                 " JOIN events e ON e.event_id = ee.event_id"
                 " WHERE NOT e.outlier AND NOT e.rejected AND NOT e.soft_failed"
-                " AND ee.prev_event_id IN (" + _ph(len(chunk)) + ")", list(chunk)):
+                " AND ee.room_id = ? AND ee.prev_event_id IN (" + _ph(len(chunk)) + ")",
+                [room_id, *chunk]):
             id_flags[ids[event_id]] |= _core_ext.ID_HAS_COUNTED_CHILD
 
     f_add, f_rem, b_add, b_rem = _core_ext.update_extremities(
@@ -461,8 +470,8 @@ def _extremities(txn: Transaction, writes: Writes, room_id: str, records: list[E
     if f_add:
         writes.insert("event_forward_extremities", "event_id, room_id",
                     [(names[i], room_id) for i in f_add])
-    if b_rem:
-        gone = [names[i] for i in b_rem]
+    gone = [names[i] for i in b_rem if names[i] in backward_hits]
+    if gone:
         for chunk in _chunks(gone):
             writes.execute("DELETE FROM event_backward_extremities WHERE room_id = ?"
                            " AND event_id IN (" + _ph(len(chunk)) + ")", [room_id, *chunk])
