@@ -76,6 +76,19 @@ def test_rejects_bad_buffers(impl_kind):
     with pytest.raises(ValueError):
         mod.update_extremities(array("q", [0]), b"\x03", array("q", [0, 1]), array("q", [9]),
                                b"\x00")
+    with pytest.raises(ValueError):  # int32 where int64 is needed
+        mod.update_extremities(array("i", [0]), b"\x03", array("q", [0, 0]), array("q"),
+                               b"\x00")
+    with pytest.raises(ValueError):
+        mod.update_extremities(array("q", [0]), array("q", [3]), array("q", [0, 0]),
+                               array("q"), b"\x00")
+
+
+def test_empty_batch(impl_kind):
+    mod = core_module("extremities", impl_kind)
+    out = mod.update_extremities(array("q"), b"", array("q", [0]), array("q"), b"")
+    assert [list(a) for a in out] == [[], [], [], []]
+    assert all(a.typecode == "q" for a in out)
 
 
 @st.composite

@@ -44,6 +44,24 @@ ID_HAS_COUNTED_CHILD = 2
 ID_FORWARD = 4
 
 
+_INT64_FORMATS = frozenset({"q", "l", "<q", "<l", "=q", "=l", "@q", "@l"})
+_UINT8_FORMATS = frozenset({"B", "<B", "=B", "@B", "c"})
+
+
+def _int64s(obj: Any, name: str) -> Any:
+    view = memoryview(obj)
+    if view.format not in _INT64_FORMATS or view.itemsize != 8 or view.ndim != 1:
+        raise ValueError(f"{name}: buffer dtype mismatch, expected int64, got {view.format!r}")
+    return view.cast("B").cast("q")
+
+
+def _uint8s(obj: Any, name: str) -> Any:
+    view = memoryview(obj)
+    if view.format not in _UINT8_FORMATS or view.itemsize != 1 or view.ndim != 1:
+        raise ValueError(f"{name}: buffer dtype mismatch, expected uint8, got {view.format!r}")
+    return view.cast("B")
+
+
 def _check(n: int, batch_flags: Any, prev_offsets: Any, prev_ids: Any, n_ids: int,
            batch_ids: Any) -> None:
     if len(batch_flags) != n:
@@ -80,6 +98,11 @@ def update_extremities(
     as ``array('q')`` of interned IDs, each without duplicates, in order of first
     mention. Raises :class:`ValueError` for inconsistent buffers.
     """
+    batch_ids = _int64s(batch_ids, "batch_ids")
+    batch_flags = _uint8s(batch_flags, "batch_flags")
+    prev_offsets = _int64s(prev_offsets, "prev_offsets")
+    prev_ids = _int64s(prev_ids, "prev_ids")
+    id_flags = _uint8s(id_flags, "id_flags")
     n = len(batch_ids)
     n_ids = len(id_flags)
     _check(n, batch_flags, prev_offsets, prev_ids, n_ids, batch_ids)
