@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
 import click
 
-from streamrep.config import DEFAULT_DATABASE, DEFAULT_INSTANCE, DEFAULT_LISTEN, config_from_click, config_option
+from streamrep.config import DEFAULT_INSTANCE, DEFAULT_LISTEN, config_from_click, config_option
+
+
+def working_directory_database() -> str:
+    """The default database: ``streamrep.db`` in the working directory, as an
+    absolute URL (``sqlite:////path/to/cwd/streamrep.db``)."""
+    return "sqlite:///" + os.path.join(os.path.abspath(os.getcwd()), "streamrep.db")
 
 
 @click.command()
 @config_option
-@click.option("--db", "db", default=DEFAULT_DATABASE, show_default=True,
+@click.option("--db", "db", default=working_directory_database,
+              show_default="streamrep.db in the working directory",
               help="Database URL (sqlite:///path or postgresql://...).")
 @click.option("--listen", default=DEFAULT_LISTEN, show_default=True,
               help="HOST:PORT to accept replication connections on (loopback unless told otherwise).")

@@ -79,6 +79,8 @@ def tail(connect: str, stream_names: tuple[str, ...], from_token: str | None, na
     printed = {"facts": 0}
 
     def handler(stream: str, instance: str, token: int, rows: list[Any]) -> None:
+        if limit is not None and printed["facts"] >= limit:
+            return
         out.write(b"".join(
             orjson.dumps({"stream": stream, "instance": instance, "token": token, "row": row}) + b"\n"
             for row in rows
