@@ -7,11 +7,13 @@ decoder is fed 64 KiB chunks. Each benchmark stores its rate in
 ``extra_info["lines_per_s"]`` (shown with ``--benchmark-columns`` or in the JSON
 report) and prints it with ``-s``.
 
-Run: ``python -m pytest bench/test_bench_wire.py --benchmark-only -s``
+Run: ``python -m pytest bench/test_bench_wire.py --benchmark-only -s``; on a busy
+shared machine add ``--benchmark-timer=time.process_time`` to count CPU time only.
 """
 
 from __future__ import annotations
 
+import gc
 import random
 from types import ModuleType
 from typing import Any, Callable
@@ -118,6 +120,36 @@ def test_decode_rows_decoded(benchmark: Any, wire: ModuleType, impl_kind: str) -
     count = benchmark(run)
     assert count == len(MIX)
     _report(benchmark, f"decode, rows decoded [{impl_kind}]", count)
+
+
+def test_decode_rows_decoded_frozen_heap(benchmark: Any, wire: ModuleType, impl_kind: str) -> None:
+    """Rows decoded, in a process that froze its startup heap (``gc.freeze()``).
+
+    Decoded rows are lists, which the cyclic GC tracks; in a process with a large
+    heap (pytest's) the full collections they trigger cost as much as decoding.
+    Long-running servers freeze their startup heap for that reason, as Synapse does.
+    """
+    benchmark.group = "wire decode (rows decoded, frozen heap)"
+    rdata = wire.RdataCommand
+
+    def run() -> int:
+        decoder = wire.Decoder()
+        count = 0
+        for chunk in CHUNKS:
+            for command in decoder.feed(chunk):
+                if type(command) is rdata:
+                    command.row
+                count += 1
+        return count
+
+    gc.collect()
+    gc.freeze()
+    try:
+        count = benchmark(run)
+    finally:
+        gc.unfreeze()
+    assert count == len(MIX)
+    _report(benchmark, f"decode, rows decoded, frozen heap [{impl_kind}]", count)
 
 
 def test_route_by_stream(benchmark: Any, wire: ModuleType, impl_kind: str) -> None:

@@ -12,7 +12,7 @@ implementations raise the same errors with the same messages.
 cimport cython
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.list cimport PyList_Append
+from cpython.list cimport PyList_Append, PyList_New
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
@@ -244,6 +244,102 @@ cdef extern from "Python.h":
     object PyUnicode_DecodeASCII(const char* s, Py_ssize_t size, const char* errors)
 
 
+cdef extern from "Python.h":
+    object PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
+    void* PyUnicode_DATA(object o)
+    Py_ssize_t PyUnicode_GET_LENGTH(object o)
+    void _list_set_item "PyList_SET_ITEM"(object lst, Py_ssize_t i, PyObject* item)
+
+# Short strings repeat across rows (event types, room and user IDs, cache
+# names): reuse one str object per recent value instead of allocating each time.
+cdef enum:
+    _STR_CACHE_SIZE = 1024
+    _STR_CACHE_MAX = 48
+cdef PyObject* _str_cache[_STR_CACHE_SIZE]
+
+
+cdef inline object _new_ascii(const char* p, Py_ssize_t n):
+    cdef object text = PyUnicode_New(n, 127)
+    memcpy(PyUnicode_DATA(text), p, n)
+    return text
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef object _ascii(const char* p, Py_ssize_t n):
+    """A str of ASCII bytes ``p[:n]``, shared with the last equal one when short."""
+    cdef uint64_t h = 14695981039346656037ULL
+    cdef Py_ssize_t i
+    cdef PyObject* cached
+    cdef object text
+    if n > _STR_CACHE_MAX:
+        return _new_ascii(p, n)
+    for i in range(n):
+        h = (h ^ <unsigned char>p[i]) * 1099511628211ULL
+    h = (h ^ (h >> 31)) & (_STR_CACHE_SIZE - 1)
+    cached = _str_cache[h]
+    if cached is not NULL and PyUnicode_GET_LENGTH(<object>cached) == n and \
+            memcmp(PyUnicode_DATA(<object>cached), p, n) == 0:
+        return <object>cached
+    text = _new_ascii(p, n)
+    Py_XDECREF(_str_cache[h])
+    Py_INCREF(text)
+    _str_cache[h] = <PyObject*>text
+    return text
+
+
+cdef list _list_from(PyObject** items, Py_ssize_t count):
+    """A list that takes over the references in ``items[:count]``."""
+    cdef list result = PyList_New(count)
+    cdef Py_ssize_t i
+    for i in range(count):
+        _list_set_item(result, i, items[i])
+    return result
+
+
+cdef object _fast_array(const char** cursor, const char* end, int depth):
+    # Items wait on the C stack so the list is allocated once at its final size.
+    cdef const char* p = cursor[0] + 1
+    cdef PyObject* stack[16]
+    cdef Py_ssize_t count = 0
+    cdef Py_ssize_t i
+    cdef list items = None
+    cdef object item
+    if p < end and p[0] == c']':
+        cursor[0] = p + 1
+        return []
+    try:
+        while True:
+            item = _fast_value(&p, end, depth + 1)
+            if item is _GIVE_UP:
+                return _GIVE_UP
+            if items is not None:
+                PyList_Append(items, item)
+            elif count < 16:
+                Py_INCREF(item)
+                stack[count] = <PyObject*>item
+                count += 1
+            else:
+                items = _list_from(stack, count)
+                count = 0
+                PyList_Append(items, item)
+            if p >= end:
+                return _GIVE_UP
+            if p[0] == c',':
+                p += 1
+            elif p[0] == c']':
+                if items is None:
+                    items = _list_from(stack, count)
+                    count = 0
+                cursor[0] = p + 1
+                return items
+            else:
+                return _GIVE_UP
+    finally:
+        for i in range(count):
+            Py_XDECREF(stack[i])
+
+
 @cython.boundscheck(False)
 @cython.wraparound(False)
 cdef object _fast_value(const char** cursor, const char* end, int depth):
@@ -273,27 +369,9 @@ cdef object _fast_value(const char** cursor, const char* end, int depth):
         if p >= end:
             return _GIVE_UP
         cursor[0] = p + 1
-        return PyUnicode_DecodeASCII(start, p - start, NULL)
+        return _ascii(start, p - start)
     if c == c'[':
-        p += 1
-        items = []
-        if p < end and p[0] == c']':
-            cursor[0] = p + 1
-            return items
-        while True:
-            item = _fast_value(&p, end, depth + 1)
-            if item is _GIVE_UP:
-                return _GIVE_UP
-            PyList_Append(items, item)
-            if p >= end:
-                return _GIVE_UP
-            if p[0] == c',':
-                p += 1
-            elif p[0] == c']':
-                cursor[0] = p + 1
-                return items
-            else:
-                return _GIVE_UP
+        return _fast_array(cursor, end, depth)
     if c == c'n':
         if end - p >= 4 and memcmp(p, b"null", 4) == 0:
             cursor[0] = p + 4
@@ -393,8 +471,6 @@ cdef int _check_finite(object value, int depth) except -1:
 # subclasses) goes to orjson through encode_row, so the bytes are the same.
 cdef extern from "Python.h":
     bint PyUnicode_IS_ASCII(object o)
-    void* PyUnicode_DATA(object o)
-    Py_ssize_t PyUnicode_GET_LENGTH(object o)
     long long PyLong_AsLongLongAndOverflow(object o, int* overflow) except? -1
     const char* PyUnicode_AsUTF8AndSize(object o, Py_ssize_t* size) except NULL
 
