@@ -57,6 +57,24 @@ def _core_extensions() -> list[Extension]:
     return extensions
 
 
+def _cython_include_root() -> Path:
+    """A directory where ``streamrep/_core`` resolves to ``src/_core``.
+
+    Core modules cimport each other as ``streamrep._core.<name>``; the sources
+    live in ``src/_core``, so Cython is shown them under their installed name.
+    """
+    root = HERE / "build" / "cython-include"
+    package = root / "streamrep"
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.pxd").touch()
+    link = package / "_core"
+    if not link.is_symlink():
+        if link.exists():
+            link.rmdir()
+        link.symlink_to(HERE / CORE_DIR, target_is_directory=True)
+    return root
+
+
 class build_ext(_build_ext):
     user_options = _build_ext.user_options + [
         ("cython-annotate", None, "write Cython's HTML annotation of each core module"),
@@ -94,12 +112,13 @@ class build_ext(_build_ext):
                     ("CYTHON_TRACE_NOGIL", "1"),
                 ]
                 ext.extra_compile_args = ["-O0", "-g"]
+        include_root = _cython_include_root()
         self.distribution.ext_modules = cythonize(
             self.distribution.ext_modules or [],
             compiler_directives=directives,
             annotate=bool(self.cython_annotate),
             force=bool(self.cython_always),
-            include_path=[str(CORE_DIR)],
+            include_path=[str(include_root)],
             quiet=True,
             nthreads=0 if sys.platform == "win32" else min(2, os.cpu_count() or 1),
         )
