@@ -14,7 +14,7 @@ from streamrep.demo.verify import check_worker
 from streamrep.demo.workload import Workload
 
 DEMO_ARGS = ["--duration", "3", "--rate", "120", "--rooms", "4", "--workers", "2",
-             "--catch-up-timeout", "20"]
+             "--catch-up-timeout", "60"]
 
 
 def run_demo(tmp_path: pathlib.Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -23,7 +23,7 @@ def run_demo(tmp_path: pathlib.Path, *extra: str) -> subprocess.CompletedProcess
     return subprocess.run(
         [sys.executable, "-m", "streamrep", "demo", *DEMO_ARGS, "--workdir",
          str(tmp_path / "demo"), *extra],
-        capture_output=True, text=True, timeout=120, env=env)
+        capture_output=True, text=True, timeout=240, env=env)
 
 
 def assert_passed(proc: subprocess.CompletedProcess[str], workers: int) -> None:

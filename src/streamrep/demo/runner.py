@@ -174,7 +174,7 @@ class _Run:
             self._child(name, "worker", [
                 py, "-m", "streamrep.demo.worker", "--config", self.config_path,
                 "--name", name, "--out", self._out(name), "--seed", str(self.options.seed)])
-        deadline = time.monotonic() + 30.0
+        deadline = time.monotonic() + 60.0
         while time.monotonic() < deadline:
             self._drain()
             if all(self.children[w].last.get("connected") for w in self.worker_names):
@@ -183,7 +183,7 @@ class _Run:
                 return False
             time.sleep(0.05)
         else:
-            self.problems.append("the workers did not connect to the hub in 30s")
+            self.problems.append("the workers did not connect to the hub in 60s")
             return False
         rate = self.options.rate / len(self.writer_names)
         for i, name in enumerate(self.writer_names):
