@@ -251,3 +251,29 @@ def test_relayed_commands_reach_the_application(hubs: list[ReplicationHub], sour
         assert seen[0].to_bytes() == b"REMOTE_SERVER_UP other.example"
     finally:
         a.stop(), b.stop()
+
+
+def test_following_everything_from_now_resumes_each_stream_from_its_own_token(
+    hubs: list[ReplicationHub], source: MemorySource
+) -> None:
+    hub = _hub(hubs, source)
+    port = hub.address[1]
+    got: list[Fact] = []
+    client = _client(port, got)
+    client.start()
+    try:
+        assert client.replicate_commands()[0].to_bytes() == b"REPLICATE ALL NOW"
+        wait_until(lambda: len(hub.connections) == 1 and hub.connections[0].live_all)
+        _write(hub, source, "events", range(1, 400))
+        wait_until(lambda: len(got) == 399)
+        hub.stop()
+        _write(None, source, "events", range(400, 420))
+        # Each stream resumes from its own position, not the lowest of all.
+        assert sorted(c.to_bytes() for c in client.replicate_commands()) == [
+            b"REPLICATE caches 1", b"REPLICATE events 399"]
+        hub = _hub(hubs, source, port)
+        wait_until(lambda: len(got) == 419)
+        assert [fact[2] for fact in got] == list(range(1, 420))
+        assert hub.metrics.commands_out["RDATA"] == 20
+    finally:
+        client.stop()

@@ -262,3 +262,20 @@ def test_metrics_are_exposed(hub: ReplicationHub, source: MemorySource) -> None:
     assert 'streamrep_replication_commands_received_total{command="REPLICATE"} 1.0' in text
     assert 'streamrep_replication_commands_sent_total{command="POSITION"} 2.0' in text
     assert "streamrep_replication_queued_commands{connection=" in text
+
+
+def test_metrics_served_over_http(source: MemorySource) -> None:
+    h = ReplicationHub("hub.example", source, port=0, settings=FAST, metrics_listen=("127.0.0.1", 0))
+    h.start()
+    try:
+        host, port = h._metrics_server.address[:2]
+        peer = LineClient((host, port))
+        peer.send(f"GET /metrics HTTP/1.0\r\nHost: {host}\r\n\r\n")
+        assert peer.closed_by_peer()
+        body = peer._buf.decode()
+        peer.close()
+        assert body.startswith("HTTP/1.1 200") or body.startswith("HTTP/1.0 200")
+        assert 'streamrep_replication_stream_position{instance="main",stream="caches"} 1.0' in body
+    finally:
+        h.stop()
+    assert h.connections == []

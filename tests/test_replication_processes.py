@@ -211,3 +211,19 @@ def test_two_writers_on_postgres_share_a_stream_through_hub_restarts(
     time.sleep(0.2)
     for worker in (via_hub, via_db):
         _assert_exactly_once_in_order(worker.facts(), expected)
+
+
+def test_serve_stops_gracefully_on_sigterm(procs: tuple[str, list[Proc]]) -> None:
+    cwd, started = procs
+    port = _free_port()
+    hub = _serve(started, cwd, f"sqlite:///{cwd}/streamrep.db", port)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        reader = sock.makefile("rb")
+        assert reader.readline() == b"SERVER test.local\n"
+        sock.sendall(b"NAME probe\nREPLICATE\n")
+        assert reader.readline().startswith(b"PING ")
+        hub.proc.send_signal(signal.SIGTERM)
+        lines = reader.readlines()
+        reader.close()
+    assert lines[-1] == b"ERROR server stopping\n"
+    assert hub.terminate() == 0

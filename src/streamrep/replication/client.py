@@ -259,9 +259,12 @@ class ReplicationClient:
         if self.source is not None:
             return [C.replicate()]
         tokens = follower.resume_tokens()
-        if follower.streams is None:
-            return [C.replicate("ALL", min(tokens.values()) if tokens else None)]
-        return [C.replicate(stream, tokens.get(stream)) for stream in sorted(follower.streams)]
+        if follower.streams is None and not tokens:
+            return [C.replicate("ALL", None)]
+        # Each stream from its own token (one token for all would replay the
+        # busiest streams from the quietest one's position).
+        names = sorted(follower.streams) if follower.streams is not None else sorted(tokens)
+        return [C.replicate(stream, tokens.get(stream)) for stream in names]
 
     # --- sending ------------------------------------------------------------------------
 
