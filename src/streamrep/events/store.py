@@ -38,6 +38,7 @@ from streamrep.events.validation import EventRecord, parse_event
 
 if TYPE_CHECKING:
     from streamrep._pure import changecache as _core_changecache
+    from streamrep.streams import Streams
 else:
     _core_changecache = _impl.load("changecache")
 
@@ -103,7 +104,7 @@ class EventStore:
         cache_size: int = 20_000,
         change_cache_size: int = 100_000,
         on_persisted: Callable[[PersistOutcome, list[CacheRow]], None] | None = None,
-        streams: Any = None,
+        streams: "Streams | None" = None,
     ) -> None:
         self._owns_db = isinstance(database, str)
         self.db = Database.open(database, migrate=False) if isinstance(database, str) else database
@@ -172,7 +173,7 @@ class EventStore:
                 self._current_state.clear()
                 raise
             cache_rows = self._apply_outcome(outcome)
-        if self._writes_caches and cache_rows:
+        if self._writes_caches and cache_rows and self._streams is not None:
             for cache_name, keys in cache_rows:
                 self._streams.add_cache_invalidation(cache_name, keys)
         if self._on_persisted is not None:
