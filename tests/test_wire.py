@@ -397,6 +397,7 @@ def test_decoder_splits_chunks(wire: ModuleType) -> None:
     assert decoder.feed(b"") == []
     assert decoder.feed(bytearray(b"PING 2\n")) == [wire.PingCommand("2")]
     assert decoder.feed(memoryview(b"xPING 3\n")[1:]) == [wire.PingCommand("3")]
+    assert decoder.feed(memoryview(b"PxIxNxGx x4x\nx")[::2]) == [wire.PingCommand("4")]
 
 
 def test_decoder_byte_by_byte(wire: ModuleType) -> None:
@@ -456,7 +457,7 @@ def test_decoder_long_prefix_is_bounded(wire: ModuleType) -> None:
 
 
 def test_decoder_rejects_bad_limits(wire: ModuleType) -> None:
-    for bad in (0, -1, 1.5, "10"):
+    for bad in (0, -1, 1.5, "10", True):
         with pytest.raises(ValueError):
             wire.Decoder(bad)
     with pytest.raises(TypeError):

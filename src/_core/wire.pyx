@@ -1320,7 +1320,8 @@ cdef class Decoder:
         self._discarding = False
 
     def __init__(self, max_line_length=DEFAULT_MAX_LINE_LENGTH):
-        if type(max_line_length) is not int or max_line_length < 1:
+        if not isinstance(max_line_length, int) or isinstance(max_line_length, bool) \
+                or max_line_length < 1:
             raise ValueError("max_line_length must be a positive int")
         self._max = max_line_length
 
@@ -1376,6 +1377,8 @@ cdef class Decoder:
         cdef list commands = []
         cdef list errors = []
         cdef bytes prefix
+        if type(data) is not bytes and type(data) is not bytearray:
+            data = bytes(data)  # e.g. a non-contiguous memoryview, as the twin accepts
         PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
         try:
             p = <const char*>view.buf

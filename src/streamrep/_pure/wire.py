@@ -863,7 +863,11 @@ class Decoder:
     __slots__ = ("_max_line_length", "_tail", "_discarding")
 
     def __init__(self, max_line_length: int = DEFAULT_MAX_LINE_LENGTH) -> None:
-        if not isinstance(max_line_length, int) or max_line_length < 1:
+        if (
+            not isinstance(max_line_length, int)
+            or isinstance(max_line_length, bool)
+            or max_line_length < 1
+        ):
             raise ValueError("max_line_length must be a positive int")
         self._max_line_length = max_line_length
         self._tail = b""
