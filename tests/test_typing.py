@@ -30,11 +30,13 @@ def _typed_copy(dest: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_mypy_strict(tmp_path: Path) -> None:
+def test_mypy_strict(tmp_path: Path, pytestconfig: pytest.Config) -> None:
     tree = _typed_copy(tmp_path / "tree")
+    config_file = pytestconfig.rootpath / "pyproject.toml"
     env = dict(os.environ, MYPY_CACHE_DIR=str(tmp_path / "mypy-cache"))
     result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "-p", "streamrep"],
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental",
+         "--config-file", str(config_file), "-p", "streamrep"],
         capture_output=True, text=True, env=env, cwd=tree, timeout=900,
     )
     assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-2000:]
