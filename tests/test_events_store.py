@@ -469,3 +469,12 @@ def test_unknown_state_group_is_reported(store):
         store.get_state_group(999_999)
     with pytest.raises(EventNotFoundError):
         store.get_state_after_event("$nope")
+    # Edges that loop cannot describe a state.
+    store.db.execute("INSERT INTO state_groups (id, room_id, event_id) VALUES (?, ?, ?)",
+                     (500, ROOM, "$x"))
+    store.db.execute("INSERT INTO state_groups (id, room_id, event_id) VALUES (?, ?, ?)",
+                     (501, ROOM, "$y"))
+    store.db.execute("INSERT INTO state_group_edges VALUES (?, ?)", (500, 501))
+    store.db.execute("INSERT INTO state_group_edges VALUES (?, ?)", (501, 500))
+    with pytest.raises(StateCorruptionError):
+        store.get_state_group(500)

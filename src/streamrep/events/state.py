@@ -32,6 +32,10 @@ GroupState = Mapping[StateKey, str]
 EMPTY_STATE: GroupState = MappingProxyType({})
 
 
+# Longest chain walked before the tables are declared corrupt (a cycle).
+_MAX_CHAIN = 100_000
+
+
 def _placeholders(n: int) -> str:
     return ",".join("?" * n)
 
@@ -83,25 +87,27 @@ class StateGroupStore:
         cached = self.group_cache.get(group)
         if cached is not None:
             return cached
-        chain = [group]
+        # The whole chain in one query (recursive CTE), then cut at the first group
+        # whose state is cached. A cycle shows up as a repeated group.
+        walked = [int(g) for (g,) in txn.fetchall(
+            "WITH RECURSIVE chain(sg, hop) AS (SELECT CAST(? AS BIGINT), 0 UNION ALL"
+            " SELECT e.prev_state_group, chain.hop + 1 FROM state_group_edges e"
+            " JOIN chain ON e.state_group = chain.sg WHERE chain.hop < ?)"
+            " SELECT sg FROM chain ORDER BY hop", (group, _MAX_CHAIN))]
+        chain: list[int] = []
         parents: list[int] = []
-        seen = {group}
-        while True:
-            prev = txn.fetchval(
-                "SELECT prev_state_group FROM state_group_edges WHERE state_group = ?",
-                (chain[-1],))
-            if prev is None:
-                parents.append(-1)
+        seen: set[int] = set()
+        for g in walked:
+            if g in seen:
+                raise StateCorruptionError(f"state group chain of {group} has a cycle at {g}")
+            seen.add(g)
+            if chain:
+                parents.append(g)
+            chain.append(g)
+            if len(chain) > 1 and g in self.group_cache:
                 break
-            prev = int(prev)
-            parents.append(prev)
-            if prev in seen:
-                raise StateCorruptionError(f"state group chain of {group} has a cycle at {prev}")
-            seen.add(prev)
-            cached_prev = self.group_cache.get(prev)
-            chain.append(prev)
-            if cached_prev is not None:
-                break
+        else:
+            parents.append(-1)
         # Rows of every group on the chain whose state is not cached.
         base_state: GroupState | None = None
         base_hops = 0
