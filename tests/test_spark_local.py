@@ -7,7 +7,6 @@ process against a brute-force walk of every group's chain.
 from __future__ import annotations
 
 import os
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from streamrep.spark.export import export_tables
 from streamrep.spark.local import reconstruct_local
 from streamrep.spark.tables import SCHEMAS, read_table
 from streamrep.spark.verify import read_output_states, walk_states_db
-from support.state_forest import Forest, make_forest
+from support.state_forest import Forest, load_database, make_forest
 
 digest_state = _impl.load("state").digest_state
 
@@ -211,48 +210,6 @@ def test_missing_table_is_a_config_error(tmp_path: Path) -> None:
 
 
 # --- databases: export and the single-process mode over a database ---------------
-
-
-STATE_DDL = [
-    "CREATE TABLE state_groups (id BIGINT PRIMARY KEY, room_id TEXT NOT NULL, event_id TEXT NOT NULL)",
-    "CREATE TABLE state_group_edges (state_group BIGINT NOT NULL, prev_state_group BIGINT NOT NULL)",
-    "CREATE TABLE state_groups_state (state_group BIGINT NOT NULL, room_id TEXT NOT NULL, "
-    "type TEXT NOT NULL, state_key TEXT NOT NULL, event_id TEXT NOT NULL)",
-    "CREATE TABLE event_to_state_groups (event_id TEXT NOT NULL PRIMARY KEY, state_group BIGINT NOT NULL)",
-]
-
-
-def load_database(url: str, forest: Forest) -> None:
-    """Create the four state tables at *url* and fill them with *forest*."""
-    rows = {
-        "state_groups": forest.groups, "state_group_edges": forest.edges,
-        "state_groups_state": forest.state, "event_to_state_groups": forest.event_to_state_groups,
-    }
-    if url.startswith("sqlite"):
-        conn = sqlite3.connect(url[len("sqlite:///"):])
-        for ddl in STATE_DDL:
-            conn.execute(ddl)
-        for table, data in rows.items():
-            marks = ",".join("?" * len(SCHEMAS[table]))
-            conn.executemany(f"INSERT INTO {table} VALUES ({marks})", data)
-        conn.commit()
-        conn.close()
-        return
-    import io
-
-    import psycopg2
-
-    conn = psycopg2.connect(url)
-    with conn, conn.cursor() as cur:
-        for ddl in STATE_DDL:
-            cur.execute(ddl)
-        for table, data in rows.items():
-            buf = io.StringIO()
-            for row in data:
-                buf.write("\t".join(str(v) for v in row) + "\n")
-            buf.seek(0)
-            cur.copy_expert(f"COPY {table} FROM STDIN", buf)
-    conn.close()
 
 
 def test_export_and_reconstruct_from_database(forest: Forest, db_url: str, tmp_path: Path) -> None:

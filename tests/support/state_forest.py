@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import sqlite3
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -100,6 +101,8 @@ def make_forest(
     fan_out: int = 200,
     snapshot_share: float = 0.01,
     first_id: int = 1,
+    initial_members: int = 0,
+    member_pool: int | None = None,
 ) -> Forest:
     """A forest of about *n_groups* state groups over *rooms* rooms."""
     rng = random.Random(seed)
@@ -129,6 +132,9 @@ def make_forest(
             # Snapshot: a root holding the room's full state.
             if not room_state[r]:
                 room_state[r] = {("m.room.create", ""): event(), ("m.room.name", ""): event()}
+                for m in range(initial_members):
+                    room_state[r][("m.room.member", f"@u{m}:example.org")] = event()
+                members[r] = initial_members
             for (t, s), e in room_state[r].items():
                 forest.state.append((gid, room, t, s, e))
             room_recent[r] = [(gid, 0)]
@@ -158,6 +164,8 @@ def make_forest(
                 key = ("m.room.member", f"@u{rng.randrange(members[r])}:example.org")
             elif rng.random() < 0.1:
                 key = (rng.choice(("m.room.name", "m.room.topic", "m.room.power_levels")), "")
+            elif member_pool is not None and members[r] >= member_pool:
+                key = ("m.room.member", f"@u{rng.randrange(member_pool)}:example.org")
             else:
                 key = ("m.room.member", f"@u{members[r]}:example.org")
                 members[r] += 1
@@ -168,3 +176,45 @@ def make_forest(
         recent.append((gid, hops + 1))
         del recent[:-8]
     return forest
+
+
+STATE_DDL = [
+    "CREATE TABLE state_groups (id BIGINT PRIMARY KEY, room_id TEXT NOT NULL, event_id TEXT NOT NULL)",
+    "CREATE TABLE state_group_edges (state_group BIGINT NOT NULL, prev_state_group BIGINT NOT NULL)",
+    "CREATE TABLE state_groups_state (state_group BIGINT NOT NULL, room_id TEXT NOT NULL, "
+    "type TEXT NOT NULL, state_key TEXT NOT NULL, event_id TEXT NOT NULL)",
+    "CREATE TABLE event_to_state_groups (event_id TEXT NOT NULL PRIMARY KEY, state_group BIGINT NOT NULL)",
+]
+
+
+def load_database(url: str, forest: Forest) -> None:
+    """Create the four state tables at *url* and fill them with *forest*."""
+    rows = {
+        "state_groups": forest.groups, "state_group_edges": forest.edges,
+        "state_groups_state": forest.state, "event_to_state_groups": forest.event_to_state_groups,
+    }
+    if url.startswith("sqlite"):
+        conn = sqlite3.connect(url[len("sqlite:///"):])
+        for ddl in STATE_DDL:
+            conn.execute(ddl)
+        for table, data in rows.items():
+            marks = ",".join("?" * len(SCHEMAS[table]))
+            conn.executemany(f"INSERT INTO {table} VALUES ({marks})", data)
+        conn.commit()
+        conn.close()
+        return
+    import io
+
+    import psycopg2
+
+    conn = psycopg2.connect(url)
+    with conn, conn.cursor() as cur:
+        for ddl in STATE_DDL:
+            cur.execute(ddl)
+        for table, data in rows.items():
+            buf = io.StringIO()
+            for row in data:
+                buf.write("\t".join(str(v) for v in row) + "\n")
+            buf.seek(0)
+            cur.copy_expert(f"COPY {table} FROM STDIN", buf)
+    conn.close()

@@ -1,0 +1,197 @@
+"""Bulk state reconstruction on one synthetic forest, four ways, in one run.
+
+    python bench/reconstruct_state_forest.py --groups 200000
+
+1. one recursive SQL query per group on PostgreSQL (timed on ``--sql-groups``
+   random groups and scaled to the whole forest; the figure says so);
+2. the compiled walk alone: one ``expand_groups`` call over the whole forest,
+   interned in advance (no reading, no writing);
+3. the single-process mode: ``streamrep spark reconstruct --single-process``
+   from Parquet to Parquet;
+4. the Spark job in ``local[2]``: ``streamrep spark reconstruct --master local[2]``.
+
+Peak memory is the largest sum of RSS over the process tree of each run (the
+JVM and Python workers for Spark), polled every 50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from array import array
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+from support.state_forest import Forest, load_database, make_forest  # noqa: E402
+
+from streamrep import _impl  # noqa: E402
+
+
+def tree_rss(pid: int) -> int:
+    """Sum of RSS (bytes) of *pid* and all its descendants."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    page = os.sysconf("SC_PAGE_SIZE")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/statm") as f:
+                resident = int(f.read().split()[1]) * page
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        rss[int(entry)] = resident
+    total, stack = 0, [pid]
+    while stack:
+        p = stack.pop()
+        total += rss.get(p, 0)
+        stack.extend(children.get(p, []))
+    return total
+
+
+def run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, int, str]:
+    """Run *cmd*; return (wall seconds, peak tree RSS bytes, stdout)."""
+    clock = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    peak = [0]
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], tree_rss(proc.pid))
+            done.wait(0.05)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    out, err = proc.communicate()
+    done.set()
+    poller.join()
+    wall = time.perf_counter() - clock
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{err[-4000:]}")
+    return wall, peak[0], out
+
+
+def interned_batch(forest: Forest) -> tuple[array, array, array, array, array]:
+    """The whole forest as expand_groups buffers (strings interned in Python)."""
+    prev = dict(forest.edges)
+    rows: dict[int, list[tuple[int, int]]] = {}
+    keys: dict[tuple[str, str], int] = {}
+    events: dict[str, int] = {}
+    for g, _room, t, s, e in forest.state:
+        k = keys.setdefault((t, s), len(keys))
+        rows.setdefault(g, []).append((k, events.setdefault(e, len(events))))
+    groups, prevs, offsets, dkeys, devents = (array("q") for _ in range(5))
+    offsets.append(0)
+    for g, _room, _event in forest.groups:
+        groups.append(g)
+        prevs.append(prev.get(g, -1))
+        for k, e in rows.get(g, []):
+            dkeys.append(k)
+            devents.append(e)
+        offsets.append(len(dkeys))
+    return groups, prevs, offsets, dkeys, devents
+
+
+def phases(summary: str) -> str:
+    found = re.search(r"\((.*)\)", summary)
+    return found.group(1) if found else summary.strip()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--groups", type=int, default=200_000)
+    parser.add_argument("--sql-groups", type=int, default=20_000,
+                        help="groups timed with the per-group recursive query (0: skip)")
+    parser.add_argument("--dsn", default=os.environ.get("STREAMREP_TEST_DSN",
+                                                        "postgresql://postgres@127.0.0.1:5432/test"))
+    parser.add_argument("--skip-spark", action="store_true")
+    parser.add_argument("--workdir", default=None)
+    args = parser.parse_args()
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="streamrep-bench-state-"))
+    rooms = max(1, args.groups // 50)
+    clock = time.perf_counter()
+    forest = make_forest(args.groups, seed=1, rooms=rooms, snapshot_share=0.08,
+                         initial_members=55, member_pool=120, fan_out=2000)
+    forest.write_parquet(str(work / "input"))
+    print(f"forest: {len(forest.groups)} groups, {len(forest.edges)} edges, "
+          f"{len(forest.state)} delta rows (generated in {time.perf_counter() - clock:.1f}s)")
+
+    state = _impl.load_compiled("state")
+    batch = interned_batch(forest)
+    clock = time.perf_counter()
+    out_groups, _, _ = state.expand_groups(*batch, None)
+    walk = time.perf_counter() - clock
+    output_rows = len(out_groups)
+    del out_groups
+    print(f"output: {output_rows} rows")
+    print(f"compiled walk (one expand_groups call, pre-interned): {walk:.2f}s")
+
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    results: dict[str, tuple[float, int, str]] = {}
+    cmd = [sys.executable, "-m", "streamrep", "spark", "reconstruct", "--input", str(work / "input")]
+    results["single-process"] = run_measured(
+        cmd + ["--single-process", "--output", str(work / "out-local")], env)
+    if not args.skip_spark:
+        results["spark local[2]"] = run_measured(
+            cmd + ["--master", "local[2]", "--output", str(work / "out-spark")], env)
+    for name, (wall, peak, out) in results.items():
+        print(f"{name}: {wall:.2f}s wall, peak RSS {peak / 2**30:.2f} GiB ({phases(out)})")
+
+    if args.sql_groups:
+        import psycopg2
+
+        from streamrep.spark.verify import walk_state_sql
+
+        schema = f"bench_{uuid.uuid4().hex[:8]}"
+        admin = psycopg2.connect(args.dsn)
+        admin.autocommit = True
+        with admin.cursor() as cur:
+            cur.execute(f"CREATE SCHEMA {schema}")
+        url = f"{args.dsn}?options=-csearch_path%3D{schema}"
+        try:
+            load_database(url, forest)
+            conn = psycopg2.connect(url)
+            with conn, conn.cursor() as cur:
+                cur.execute("CREATE INDEX ON state_group_edges (state_group)")
+                cur.execute("CREATE INDEX ON state_groups_state (state_group)")
+                cur.execute("ANALYZE")
+            sample = random.Random(2).sample([g for g, _, _ in forest.groups],
+                                             min(args.sql_groups, len(forest.groups)))
+            clock = time.perf_counter()
+            for g in sample:
+                walk_state_sql(conn, "postgres", g)
+            sql = time.perf_counter() - clock
+            conn.close()
+            scaled = sql * len(forest.groups) / len(sample)
+            print(f"per-group recursive SQL: {sql:.2f}s for {len(sample)} groups, "
+                  f"{scaled:.1f}s scaled to {len(forest.groups)} groups")
+            if "spark local[2]" in results:
+                print(f"spark local[2] vs per-group SQL: {scaled / results['spark local[2]'][0]:.1f}x faster")
+        finally:
+            with admin.cursor() as cur:
+                cur.execute(f"DROP SCHEMA {schema} CASCADE")
+            admin.close()
+    local_wall = results["single-process"][0]
+    print(f"single-process vs compiled walk: {local_wall / walk:.1f}x the walk's time")
+    if args.workdir is None:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
