@@ -46,6 +46,13 @@ def test_slow_consumer_is_disconnected_others_keep_up() -> None:
                     received.append(int(line.split()[3]))
 
         reader = gevent.spawn(read_fast)
+
+        def read_slow_once_cut_off() -> list[str]:
+            # The cut-off peer gets a moment to drain its backlog and the ERROR.
+            wait_until(lambda: hub.metrics.disconnects["slow_consumer"] == 1, timeout=30)
+            return slow.lines_until(lambda line: line.startswith("ERROR"), limit=total)
+
+        slow_reader = gevent.spawn(read_slow_once_cut_off)
         total, per_advance = 60_000, 200
         deepest = 0
         padding = "x" * 60
@@ -61,7 +68,7 @@ def test_slow_consumer_is_disconnected_others_keep_up() -> None:
         # The slow one was cut off with a reason; queues never exceeded the bound.
         assert hub.metrics.disconnects["slow_consumer"] == 1
         assert deepest <= max_queue
-        tail = slow.lines_until(lambda line: line.startswith("ERROR"), limit=total)
+        tail = slow_reader.get(timeout=30)
         assert tail[-1] == f"ERROR too far behind: more than {max_queue} commands queued"
         assert slow.closed_by_peer()
         assert [c.name for c in hub.connections] == ["fast@" + c.peer for c in hub.connections]

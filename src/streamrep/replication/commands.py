@@ -19,6 +19,7 @@ __all__ = [
     "COMMAND_NAMES",
     "DEFAULT_MAX_LINE_LENGTH",
     "BATCH",
+    "RdataCommand",
     "new_decoder",
     "encode_one",
     "encode_many",
@@ -35,6 +36,8 @@ __all__ = [
 ]
 
 DEFAULT_MAX_LINE_LENGTH: int = wire.DEFAULT_MAX_LINE_LENGTH
+#: The class of RDATA commands, for type checks on the hot path.
+RdataCommand = wire.RdataCommand
 BATCH = "batch"
 COMMAND_NAMES: tuple[str, ...] = tuple(wire.COMMANDS)
 

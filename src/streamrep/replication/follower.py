@@ -96,7 +96,11 @@ class StreamFollower:
             return
         key = (stream, instance)
         if token is None:
-            self._pending.setdefault(key, []).append(row)
+            waiting = self._pending.get(key)
+            if waiting is None:
+                self._pending[key] = [row]
+            else:
+                waiting.append(row)
             return
         pending = self._pending.pop(key, None)
         base = self._base(key)
