@@ -32,7 +32,8 @@ HISTORY_VISIBILITY_KEY: StateKey = ("m.room.history_visibility", "")
 
 
 def _ph(n: int) -> str:
-    return ",".join("?" * n)
+    """*n* placeholders for an ``IN (...)`` list; ``NULL`` (matching nothing) for none."""
+    return ",".join("?" * n) if n else "NULL"
 
 
 def _chunks(items: Sequence[Any], size: int = 500) -> Iterable[Sequence[Any]]:
@@ -264,13 +265,21 @@ def persist_batch(
     if not records:
         return out
 
-    # Which events are stored already: skip repeats, de-outlier upgraded ones.
+    # One query: which events are stored already (skip repeats, de-outlier upgraded
+    # ones), and which stored redactions target events of the batch.
     stored: dict[str, bool] = {}
+    redaction_targets: set[tuple[str, str]] = set()
     for chunk in _chunks([r.event_id for r in records]):
-        for event_id, outlier in txn.fetchall(
-                "SELECT event_id, outlier FROM events WHERE event_id IN (" + _ph(len(chunk)) + ")",
-                list(chunk)):
-            stored[event_id] = bool(outlier)
+        marks = _ph(len(chunk))
+        for kind, event_id, outlier, room_id in txn.fetchall(
+                "SELECT 0, event_id, outlier, NULL FROM events WHERE event_id IN (" + marks + ")"
+                " UNION ALL SELECT 1, redacts, NULL, room_id FROM events"
+                " WHERE redacts IS NOT NULL AND NOT rejected AND redacts IN (" + marks + ")",
+                [*chunk, *chunk]):
+            if kind == 0:
+                stored[event_id] = bool(outlier)
+            else:
+                redaction_targets.add((event_id, room_id))
     todo: list[EventRecord] = []
     deoutliered: set[str] = set()
     for record in records:
@@ -307,14 +316,7 @@ def persist_batch(
         rooms.setdefault(record.room_id, []).append(record)
 
     # Redactions already stored for events of this batch (same room only).
-    redacted_now: set[str] = set()
-    batch_rooms = {r.event_id: r.room_id for r in todo}
-    for chunk in _chunks(list(batch_rooms)):
-        for target, room_id in txn.fetchall(
-                "SELECT redacts, room_id FROM events WHERE redacts IS NOT NULL"
-                " AND NOT rejected AND redacts IN (" + _ph(len(chunk)) + ")", list(chunk)):
-            if batch_rooms.get(target) == room_id:
-                redacted_now.add(target)
+    redacted_now = {r.event_id for r in todo if (r.event_id, r.room_id) in redaction_targets}
 
     history_rows: list[tuple[str, str, str]] = []
     for record in todo:
@@ -437,19 +439,22 @@ def _extremities(txn: Transaction, writes: Writes, room_id: str, records: list[E
 
     batch_set = {r.event_id for r in non_outliers}
     prevs = [names[i] for i in range(n_batch_known) if names[i] not in batch_set]
-    for chunk in _chunks(prevs):
-        for (event_id,) in txn.fetchall(
-                "SELECT event_id FROM events WHERE NOT outlier AND event_id IN ("
-                + _ph(len(chunk)) + ")", list(chunk)):
-            id_flags[ids[event_id]] |= _core_ext.ID_STORED_NON_OUTLIER
-    # A batch event that a stored non-outlier already lists as a prev_event is, by
-    # the rule above, a backward extremity: only those can have a stored child, so
-    # the edges are read for them alone.
+    # One query per room: which prev_events are stored as non-outliers, and which
+    # batch events are backward extremities (only those can have a stored child).
     backward_hits: set[str] = set()
-    for chunk in _chunks(sorted(batch_set)):
-        backward_hits.update(e for (e,) in txn.fetchall(
-            "SELECT event_id FROM event_backward_extremities WHERE room_id = ? AND event_id IN ("
-            + _ph(len(chunk)) + ")", [room_id, *chunk]))
+    batch_list = sorted(batch_set)
+    for start in range(0, max(len(prevs), len(batch_list)), 400):
+        some_prevs = prevs[start:start + 400]
+        some_batch = batch_list[start:start + 400]
+        for kind, event_id in txn.fetchall(
+                "SELECT 0, event_id FROM events WHERE NOT outlier AND event_id IN ("
+                + _ph(len(some_prevs)) + ") UNION ALL SELECT 1, event_id"
+                " FROM event_backward_extremities WHERE room_id = ? AND event_id IN ("
+                + _ph(len(some_batch)) + ")", [*some_prevs, room_id, *some_batch]):
+            if kind == 0:
+                id_flags[ids[event_id]] |= _core_ext.ID_STORED_NON_OUTLIER
+            else:
+                backward_hits.add(event_id)
     counted = sorted(r.event_id for r in non_outliers if r.counts and r.event_id in backward_hits)
     for chunk in _chunks(counted):
         for (event_id,) in txn.fetchall(
