@@ -144,9 +144,14 @@ class HubConnection(ReplicationConnection):
                 self.live_streams.add(stream)
             return
         from_token = int(token)
-        if hub.source is None:
-            self.close(DisconnectReason.PROTOCOL_ERROR, "this hub has no database to replicate from")
+        if stream != _ALL and not hub.readable(stream):
+            self.close(DisconnectReason.PROTOCOL_ERROR,
+                       f"cannot replicate {stream} from a token: this hub has no stored rows of it")
             return
+        # Streams only relayed through the hub (no stored rows) go live from now.
+        for name in [n for n in streams if not hub.readable(n)]:
+            hub.send_positions(self, name)
+            streams.remove(name)
         for name in streams:
             self.catching_up.add(name)
             self._catch_up_queue.append((name, from_token))
@@ -383,6 +388,10 @@ class ReplicationHub:
             self.positions[key] = new_token
             self.broadcast(stream, C.encode_one(C.position(stream, instance, last, new_token)), 1, "POSITION")
 
+    def readable(self, stream: str) -> bool:
+        """Whether the hub can read *stream*'s rows (for catch-up and gap filling)."""
+        return self.source is not None and stream in self.source.stream_names()
+
     def writer_advanced(self, stream: str, instance: str, new_token: int) -> None:
         """A writer of this process (or one sharing its database) reached
         *new_token*: publish its rows since the last published position."""
@@ -390,7 +399,7 @@ class ReplicationHub:
         old = self.positions.get(key, 0)
         if new_token <= old:
             return
-        if self.source is None:
+        if not self.readable(stream):
             self.publish_rows(stream, instance, [], new_token)
             return
         self._publish_from_source(stream, instance, old, new_token)
@@ -419,10 +428,11 @@ class ReplicationHub:
         pass the position on."""
         key = (stream, instance)
         self._known_streams.setdefault(stream, None)
+        readable = self.readable(stream)
         old = self.positions.get(key)
         if old is None:
-            old = 0 if self.source is not None else prev_token
-        if prev_token > old and self.source is not None:
+            old = 0 if readable else prev_token
+        if prev_token > old and readable:
             self._publish_from_source(stream, instance, old, prev_token)
             old = self.positions.get(key, old)
         elif prev_token > old:
