@@ -140,7 +140,7 @@ class _Run:
         return os.path.join(self.workdir, f"{name}.facts.jsonl")
 
     def _start_hub(self, log_name: str = "hub") -> bool:
-        hub = Child("hub", "hub", [sys.executable, "-m", "streamrep.demo.hub", "--config",
+        hub = Child("hub", "hub", [sys.executable, "-m", "streamrep", "serve", "--config",
                                    self.config_path],
                     os.path.join(self.workdir, f"{log_name}.log"), self.lines, env=self._env())
         self.children["hub"] = hub

@@ -49,7 +49,7 @@ def read_facts(config: Config) -> dict[tuple[str, str], list[int]]:
                 facts[(stream, instance)] = tokens
         return facts
     finally:
-        source.close()
+        source.streams.close()
         db.close()
 
 

@@ -211,6 +211,7 @@ class DemoWorker:
         stale = self.check_caches()
         self.sync_mismatches += stale
         self.client.stop()
+        self.source.streams.close()
         with open(out_path, "wb") as fh:
             for fact in self.facts:
                 fh.write(orjson.dumps(fact) + b"\n")

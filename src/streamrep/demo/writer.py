@@ -4,9 +4,10 @@ Run by ``streamrep demo`` as ``python -m streamrep.demo.writer --config FILE
 --instance-name NAME ...``. It plays :class:`~streamrep.demo.workload.Workload` at
 ``--rate`` operations per second for ``--duration`` seconds:
 
-* events (and backfilled history) through the :class:`~streamrep.EventStore`; the
-  store's cache invalidations (``cs_cache_fake`` for current-state changes,
-  ``get_event`` for redactions) go to the ``caches`` stream;
+* events (and backfilled history) through the :class:`~streamrep.EventStore`, whose
+  stream orderings come from the registry's ``events`` and ``backfill`` generators;
+  the store appends its cache invalidations (``cs_cache_fake`` for current-state
+  changes, ``get_event`` for redactions) to the ``caches`` stream;
 * account data, receipts, to-device messages and explicit cache invalidations
   through the stream registry's writers, from several greenlets so that stream IDs
   complete out of order.
@@ -39,18 +40,11 @@ import orjson  # noqa: E402
 from streamrep.config import Config, load_config  # noqa: E402
 from streamrep.db import Database  # noqa: E402
 from streamrep.demo.processes import emit  # noqa: E402
-from streamrep.demo.streams import EVENT_STREAMS, REGISTRY_STREAMS  # noqa: E402
+from streamrep.demo.streams import EVENT_STREAMS, demo_streams, stream_names  # noqa: E402
 from streamrep.demo.workload import Op, Workload  # noqa: E402
 from streamrep.events import EventStore  # noqa: E402
-from streamrep.events.streams import (  # noqa: E402
-    current_backfill_token,
-    current_events_token,
-    get_backfill_stream_rows,
-    get_events_stream_rows,
-)
 from streamrep.logsetup import get_logger, setup_logging  # noqa: E402
 from streamrep.replication import ConnectionSettings, ReplicationClient  # noqa: E402
-from streamrep.streams import Streams  # noqa: E402
 
 log = get_logger("streamrep.demo.writer")
 
@@ -68,21 +62,20 @@ class DemoWriter:
         self.instance = instance
         self.workload = workload
         self.db = Database.open(config.database)
-        self.writes = [s for s in REGISTRY_STREAMS if instance in config.writers_of(s)]
-        self.streams = Streams(self.db, instance,
-                               {s: config.writers_of(s) for s in REGISTRY_STREAMS})
-        self.streams.open_all(REGISTRY_STREAMS)
+        self.streams = demo_streams(self.db, instance, config.stream_writers)
+        self.own = [s for s in stream_names() if instance in config.writers_of(s)]
+        self.streams.open_all(stream_names())
         self.streams.add_listener(self._advanced)
-        self.writes_events = instance in config.writers_of("events")
         self.store: EventStore | None = None
-        if self.writes_events:
-            self.store = EventStore(self.db, on_persisted=self._persisted)
+        if "events" in self.own:
+            # Orderings from the registry's generators (their listeners announce them);
+            # the store appends its cache invalidations to the caches stream itself.
+            self.store = EventStore(self.db, streams=self.streams)
         self._announce_lock = gevent.lock.RLock()
-        self.announced: dict[str, int] = {s: self._position(s) for s in self._own_streams()}
+        self.announced: dict[str, int] = {s: self._position(s) for s in self.own}
         self.visible: list[tuple[str, str, int, float]] = []
         self.written: Counter[str] = Counter()
         self.ops: Counter[str] = Counter()
-        self._pending_invalidations: list[tuple[str, list[Any] | None]] = []
         self.client = ReplicationClient(
             config.listen.host, config.listen.port, client_name=instance,
             server_name=config.server_name, writer_positions=self._writer_positions,
@@ -94,34 +87,17 @@ class DemoWriter:
 
     # --- positions and announcing ------------------------------------------------------
 
-    def _own_streams(self) -> list[str]:
-        own = list(self.writes)
-        if self.writes_events:
-            own += list(EVENT_STREAMS)
-        return own
-
     def _position(self, stream: str) -> int:
-        if stream == "events":
-            return current_events_token(self.db)
-        if stream == "backfill":
-            return current_backfill_token(self.db)
         return int(self.streams.current_token(stream, self.instance))
 
     def _writer_positions(self) -> list[tuple[str, str, int]]:
-        return [(s, self.instance, self.announced[s]) for s in self._own_streams()]
+        return [(s, self.instance, self.announced[s]) for s in self.own]
 
     def _rows(self, stream: str, from_token: int, upto: int) -> list[tuple[int, Any]]:
         rows: list[tuple[int, Any]] = []
         while from_token < upto:
-            if stream == "events":
-                chunk = get_events_stream_rows(self.db, from_token, upto, _ANNOUNCE_PAGE)
-                page, limited = chunk.rows, chunk.limited
-            elif stream == "backfill":
-                chunk = get_backfill_stream_rows(self.db, from_token, upto, _ANNOUNCE_PAGE)
-                page, limited = chunk.rows, chunk.limited
-            else:
-                page, limited = self.streams.get_updates_since(
-                    stream, self.instance, from_token, upto, _ANNOUNCE_PAGE)
+            page, limited = self.streams.get_updates_since(
+                stream, self.instance, from_token, upto, _ANNOUNCE_PAGE)
             rows.extend(page)
             if not limited or not page:
                 break
@@ -149,12 +125,10 @@ class DemoWriter:
             self.announced[stream] = position
 
     def _advanced(self, stream: str, instance: str, tokens: list[int], position: int) -> None:
+        # The generators call this after each commit (or rollback) that moved this
+        # writer's position.
         if instance == self.instance and stream in self.announced:
             self.announce(stream, position)
-
-    def _persisted(self, outcome: Any, cache_rows: list[tuple[str, list[Any] | None]]) -> None:
-        # Called by the event store after its transaction committed.
-        self._pending_invalidations.extend(cache_rows)
 
     # --- the workload ---------------------------------------------------------------
 
@@ -162,13 +136,9 @@ class DemoWriter:
         """Persist one workload operation."""
         self.ops[op.label] += 1
         args = op.args
-        if op.kind in ("events", "backfill"):
+        if op.kind in EVENT_STREAMS:
             assert self.store is not None
             self.store.persist_events(op.events, backfilled=op.kind == "backfill")
-            self.announce(op.kind, self._position(op.kind))
-            invalidations, self._pending_invalidations = self._pending_invalidations, []
-            for name, keys in invalidations:
-                self.streams.add_cache_invalidation(name, keys)
         elif op.kind == "account_data":
             self.streams.add_account_data(args["user_id"], args["type"], args["content"],
                                           args["room_id"])
@@ -233,7 +203,7 @@ class DemoWriter:
         for q in [events_queue] + [other_queue] * CONCURRENCY:
             q.put(None)
         gevent.joinall(consumers)
-        for stream in self._own_streams():
+        for stream in self.own:
             self.announce(stream, self._position(stream))
         flushed = self.client.flush(10.0)
         self.streams.close()
@@ -266,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     gevent.signal_handler(signal.SIGTERM, stop_handler)
     gevent.signal_handler(signal.SIGINT, stop_handler)
     log.info("writer_started", instance=args.instance_name, rate=args.rate,
-             streams=",".join(writer._own_streams()))
+             streams=",".join(writer.own))
     code = 0
     try:
         writer.run(args.rate, args.duration, stop)
