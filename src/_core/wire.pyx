@@ -137,6 +137,19 @@ cdef inline bint _parse_int(const char* p, Py_ssize_t n, int64_t* out) noexcept 
     return True
 
 
+cdef inline uint64_t _short_hash(const char* p, Py_ssize_t n) noexcept nogil:
+    """A cheap hash of a short byte string: its length, first and last 8 bytes."""
+    cdef uint64_t head = 0
+    cdef uint64_t tail = 0
+    if n >= 8:
+        memcpy(&head, p, 8)
+        memcpy(&tail, p + n - 8, 8)
+    else:
+        memcpy(&head, p, n)
+    head = (head ^ (tail * 0x9E3779B97F4A7C15ULL) ^ <uint64_t>n) * 0xFF51AFD7ED558CCDULL
+    return head ^ (head >> 32)
+
+
 # Stream, instance and user names repeat on nearly every line: decode each once.
 cdef enum:
     _NAME_CACHE_SIZE = 512
@@ -149,16 +162,13 @@ cdef PyObject* _cache_values[_NAME_CACHE_SIZE]
 @cython.wraparound(False)
 cdef str _name(const char* p, Py_ssize_t n):
     """The str of UTF-8 bytes already validated, from the cache when seen before."""
-    cdef uint64_t h = 14695981039346656037ULL
-    cdef Py_ssize_t i
+    cdef uint64_t h
     cdef PyObject* key
     cdef bytes new_key
     cdef str value
     if n > _NAME_CACHE_MAX:
         return PyUnicode_DecodeUTF8(<char*>p, n, NULL)
-    for i in range(n):
-        h = (h ^ <unsigned char>p[i]) * 1099511628211ULL
-    h = (h ^ (h >> 29)) & (_NAME_CACHE_SIZE - 1)
+    h = _short_hash(p, n) & (_NAME_CACHE_SIZE - 1)
     key = _cache_keys[h]
     if key is not NULL and PyBytes_GET_SIZE(<object>key) == n and \
             memcmp(PyBytes_AS_STRING(<object>key), p, n) == 0:
@@ -268,15 +278,12 @@ cdef inline object _new_ascii(const char* p, Py_ssize_t n):
 @cython.wraparound(False)
 cdef object _ascii(const char* p, Py_ssize_t n):
     """A str of ASCII bytes ``p[:n]``, shared with the last equal one when short."""
-    cdef uint64_t h = 14695981039346656037ULL
-    cdef Py_ssize_t i
+    cdef uint64_t h
     cdef PyObject* cached
     cdef object text
     if n > _STR_CACHE_MAX:
         return _new_ascii(p, n)
-    for i in range(n):
-        h = (h ^ <unsigned char>p[i]) * 1099511628211ULL
-    h = (h ^ (h >> 31)) & (_STR_CACHE_SIZE - 1)
+    h = _short_hash(p, n) & (_STR_CACHE_SIZE - 1)
     cached = _str_cache[h]
     if cached is not NULL and PyUnicode_GET_LENGTH(<object>cached) == n and \
             memcmp(PyUnicode_DATA(<object>cached), p, n) == 0:
