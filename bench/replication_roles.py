@@ -6,8 +6,8 @@
 rows arrived. Prints ``ready`` once connected.
 
 ``python bench/replication_roles.py writer HOST:PORT DB FACTS ROWS_PER_FACT RATE OUT``:
-persists FACTS to-device facts of ROWS_PER_FACT rows (RATE rows/s, 0 = flat out),
-announcing each when it commits, and writes ``{"commits": [[token, ns], ...]}``.
+persists FACTS to-device facts of ROWS_PER_FACT rows (RATE rows/s, 0 = flat out;
+at a set rate several facts share a transaction), announcing each when it commits, and writes ``{"commits": [[token, ns], ...]}``.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def writer(connect: str, db: str, fact_count: int, rows_per_fact: int, rate: flo
         committed = time.time_ns()
         rows = [row for token in visible for row in pending.pop(token)]
         client.announce(stream, inst, rows)
-        commits.append((position, committed))
+        commits.extend((token, committed) for token in visible)
 
     streams.add_listener(on_advance)
     client.start()
@@ -87,14 +87,23 @@ def writer(connect: str, db: str, fact_count: int, rows_per_fact: int, rate: flo
     insert = ("INSERT INTO device_inbox (stream_id, instance_name, user_id, device_id, message_json)"
               " VALUES (?, ?, ?, ?, ?)")
     start = time.monotonic()
-    for i in range(fact_count):
-        device = f"D{i}"
-        with id_gen.get_next() as stream_id:
-            pending[stream_id] = [(stream_id, b'["%s","%s"]' % (u.encode(), device.encode())) for u in users]
+    done = 0
+    while done < fact_count:
+        # Several facts per transaction (each its own stream ID), sized so a
+        # transaction carries about 5 ms of the target rate.
+        batch = min(fact_count - done, max(1, int(rate * 0.005 / rows_per_fact)) if rate else 1)
+        with id_gen.get_next_mult(batch) as stream_ids:
+            params = []
+            for offset, stream_id in enumerate(stream_ids):
+                device = f"D{done + offset}"
+                pending[stream_id] = [
+                    (stream_id, b'["%s","%s"]' % (u.encode(), device.encode())) for u in users]
+                params.extend((stream_id, instance, u, device, '{"n":0}') for u in users)
             with database.transaction("bench_to_device") as txn:
-                txn.executemany(insert, [(stream_id, instance, u, device, '{"n":0}') for u in users])
+                txn.executemany(insert, params)
+        done += batch
         if rate > 0:
-            delay = start + (i + 1) * rows_per_fact / rate - time.monotonic()
+            delay = start + done * rows_per_fact / rate - time.monotonic()
             gevent.sleep(max(delay, 0))
         else:
             gevent.sleep(0)

@@ -28,6 +28,8 @@ def hub(source: MemorySource) -> Iterator[ReplicationHub]:
     h.start()
     yield h
     h.stop()
+    # Every connection is accounted for once the hub has stopped.
+    assert h.connections == []
 
 
 _open: list[LineClient] = []
