@@ -176,15 +176,11 @@ def test_assign_trees_splits_giant_trees() -> None:
 
 
 def test_expand_partition_handles_trees_across_batches(forest: Forest) -> None:
-    from streamrep.spark.local import build_topology, sorted_tree_rows
+    from streamrep.spark.local import TreeRows, build_topology
 
     tables = forest.tables()
-    trees = assign_trees(build_topology(
-        {k: tables[k] for k in ("state_groups", "state_group_edges")} | {}, ReconstructOptions("unused")),
-        split_threshold=30)
-    rows, order, _ = sorted_tree_rows(trees, tables["state_groups_state"].select(
-        ["state_group", "type", "state_key", "event_id"]))
-    ordered = rows.take(order)
+    trees = assign_trees(build_topology(tables, ReconstructOptions("unused")), split_threshold=30)
+    ordered = TreeRows(trees, tables["state_groups_state"]).take(0, 10**9)
     # Small, uneven record batches: trees straddle batch boundaries.
     batches = ordered.to_batches(max_chunksize=37)
     out = pa.Table.from_batches(list(expand_partition(iter(batches), batch_rows=100)))
@@ -193,6 +189,13 @@ def test_expand_partition_handles_trees_across_batches(forest: Forest) -> None:
         assert (t, s) not in got.setdefault(g, {})
         got[g][(t, s)] = e
     assert got == expected(forest, False)
+
+
+def test_several_edges_for_one_group_is_corrupt(forest: Forest, tmp_path: Path) -> None:
+    edges = list(forest.edges) + [(forest.edges[3][0], forest.groups[0][0])]
+    Forest(forest.groups, edges, forest.state).write_parquet(str(tmp_path / "in"))
+    with pytest.raises(StateCorruptionError, match="several prev groups"):
+        reconstruct_local(Source(input_dir=str(tmp_path / "in")), ReconstructOptions(str(tmp_path / "out")))
 
 
 def test_output_directory_is_not_clobbered(parquet_dir: str, tmp_path: Path) -> None:

@@ -39,6 +39,7 @@ __all__ = [
     "TREES_SCHEMA",
     "TREE_ROWS_SCHEMA",
     "STATE_SCHEMA",
+    "STATE_DICT_SCHEMA",
     "DIGEST_SCHEMA",
     "assign_trees",
     "expand_partition",
@@ -75,6 +76,17 @@ STATE_SCHEMA = pa.schema(
         ("type", pa.string()),
         ("state_key", pa.string()),
         ("event_id", pa.string()),
+    ]
+)
+
+#: The same with dictionary-encoded strings (the single-process mode writes these
+#: straight to Parquet without materialising every string).
+STATE_DICT_SCHEMA = pa.schema(
+    [
+        ("state_group", pa.int64()),
+        ("type", pa.dictionary(pa.int32(), pa.string())),
+        ("state_key", pa.dictionary(pa.int32(), pa.string())),
+        ("event_id", pa.dictionary(pa.int32(), pa.string())),
     ]
 )
 
@@ -266,7 +278,7 @@ class _Interned:
 
 
 def _expand_segment(
-    segment: pa.Table, digest: bool
+    segment: pa.Table, digest: bool, dictionary: bool = False
 ) -> Iterator[pa.RecordBatch]:
     """Expand one closed batch of whole trees (group IDs unique within it)."""
     g_all = _int64_numpy(segment.column("state_group"))
@@ -316,6 +328,20 @@ def _expand_segment(
     og, oe = _as_arrow(out_groups), _as_arrow(out_events)
     keys = np.frombuffer(out_keys, dtype=np.int64) if total else np.zeros(0, np.int64)
     stride = interned.stride
+    if dictionary:
+        whole_types = keys // stride
+        whole_keys = keys - whole_types * stride
+        whole_events = np.frombuffer(out_events, dtype=np.int64) if total else np.zeros(0, np.int64)
+        yield pa.RecordBatch.from_arrays(
+            [
+                og,
+                pa.DictionaryArray.from_arrays(pa.array(whole_types.astype(np.int32)), interned.types),
+                pa.DictionaryArray.from_arrays(pa.array(whole_keys.astype(np.int32)), interned.state_keys),
+                pa.DictionaryArray.from_arrays(pa.array(whole_events.astype(np.int32)), interned.events),
+            ],
+            schema=STATE_DICT_SCHEMA,
+        )
+        return
     for lo in range(0, total, OUTPUT_BATCH_ROWS):
         hi = min(total, lo + OUTPUT_BATCH_ROWS)
         type_ids = keys[lo:hi] // stride
@@ -379,10 +405,15 @@ def _segments(table: pa.Table) -> Iterator[pa.Table]:
         lo = cut
 
 
-def expand_table(table: pa.Table, digest: bool = False) -> Iterator[pa.RecordBatch]:
-    """Expand rows of whole trees sorted by ``root, piece, state_group``."""
+def expand_table(
+    table: pa.Table, digest: bool = False, dictionary: bool = False
+) -> Iterator[pa.RecordBatch]:
+    """Expand rows of whole trees sorted by ``root, piece, state_group``.
+
+    With *dictionary*, full-state batches have :data:`STATE_DICT_SCHEMA`.
+    """
     for segment in _segments(table):
-        yield from _expand_segment(segment, digest)
+        yield from _expand_segment(segment, digest, dictionary)
 
 
 def expand_partition(

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from streamrep.spark.batches import (
     DIGEST_SCHEMA,
-    STATE_SCHEMA,
+    STATE_DICT_SCHEMA,
     TOPOLOGY_SCHEMA,
     assign_trees,
     expand_table,
@@ -27,7 +27,7 @@ from streamrep.spark.batches import (
 from streamrep.spark.options import ReconstructOptions, ReconstructResult, Source, prepare_output
 from streamrep.spark.tables import locate_table, read_db_table, read_table
 
-__all__ = ["reconstruct_local", "load_tables", "build_topology", "sorted_tree_rows"]
+__all__ = ["reconstruct_local", "load_tables", "build_topology", "TreeRows"]
 
 #: Rows of sorted tree data handed to the core per call.
 CHUNK_ROWS = 1_000_000
@@ -57,49 +57,118 @@ def load_tables(source: Source, need_events: bool) -> dict[str, pa.Table]:
 
 
 def build_topology(tables: dict[str, pa.Table], options: ReconstructOptions) -> pa.Table:
-    """One row per group with its prev group and whether it is wanted."""
+    """One row per group with its prev group and whether it is wanted.
+
+    A group with several edges keeps them all (one row each), which
+    :func:`~streamrep.spark.batches.assign_trees` then reports as corrupt.
+    """
     groups = tables["state_groups"]
     edges = tables["state_group_edges"]
-    joined = groups.join(edges, keys="id", right_keys="state_group", join_type="left outer")
-    wanted = pa.array(np.ones(joined.num_rows, dtype=np.bool_))
+    ids = _int64(groups.column("id"))
+    edge_groups = _int64(edges.column("state_group"))
+    edge_prevs = _int64(edges.column("prev_state_group"))
+    # Left join groups -> edges with numpy: sort the edges by group.
+    order = np.argsort(edge_groups, kind="stable")
+    sorted_edges = edge_groups[order]
+    lo = np.searchsorted(sorted_edges, ids, side="left")
+    hi = np.searchsorted(sorted_edges, ids, side="right")
+    counts = np.maximum(hi - lo, 1)
+    row_group = np.repeat(np.arange(len(ids)), counts)
+    within = np.arange(len(row_group)) - np.repeat(np.cumsum(counts) - counts, counts)
+    edge_pos = np.repeat(lo, counts) + within
+    has_edge = np.repeat(hi > lo, counts)
+    prev = np.where(has_edge, edge_prevs[order[np.minimum(edge_pos, max(len(order) - 1, 0))]]
+                    if len(order) else -1, -1)
+    group_ids = ids[row_group]
+
+    wanted = np.ones(len(group_ids), dtype=np.bool_)
     if options.groups:
-        wanted = pc.and_(wanted, pc.is_in(joined.column("id"), pa.array(options.groups, pa.int64())))
+        wanted &= np.isin(group_ids, np.asarray(options.groups, dtype=np.int64))
     if options.rooms:
-        wanted = pc.and_(wanted, pc.fill_null(
-            pc.is_in(joined.column("room_id"), pa.array(options.rooms, pa.string())), False))
+        in_rooms = pc.fill_null(pc.is_in(groups.column("room_id"), pa.array(options.rooms, pa.string())), False)
+        wanted &= in_rooms.to_numpy(zero_copy_only=False)[row_group]
     if options.referenced_by_events:
-        referenced = pc.unique(tables["event_to_state_groups"].column("state_group").combine_chunks())
-        wanted = pc.and_(wanted, pc.is_in(joined.column("id"), referenced))
+        referenced = _int64(tables["event_to_state_groups"].column("state_group"))
+        wanted &= np.isin(group_ids, referenced)
     return pa.table(
-        [joined.column("id"), joined.column("prev_state_group"), wanted], schema=TOPOLOGY_SCHEMA
+        [pa.array(group_ids), pa.array(prev, mask=~has_edge), pa.array(wanted)], schema=TOPOLOGY_SCHEMA
     )
 
 
-def sorted_tree_rows(trees: pa.Table, state: pa.Table) -> tuple[pa.Table, pa.Array, np.ndarray]:
-    """Trees joined with their delta rows, plus the order that sorts them by tree.
+def _int64(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    return np.asarray(column.cast(pa.int64()).fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
 
-    Returns the joined table, sort indices, and the sorted positions where a new
-    ``(root, piece)`` starts.
+
+class TreeRows:
+    """The delta rows of every kept tree, in ``(root, piece, state_group)`` order.
+
+    Built with numpy instead of a hash join: each delta row finds its tree rows
+    by binary search (a split tree's root has one tree row per piece), groups
+    without delta rows get one placeholder row, and one stable argsort on the
+    trees' rank orders everything.
     """
-    rows = trees.join(state, keys="state_group", join_type="left outer")
-    order = pc.sort_indices(
-        rows, sort_keys=[("root", "ascending"), ("piece", "ascending"), ("state_group", "ascending")]
-    )
-    roots = rows.column("root").take(order).to_numpy()
-    pieces = rows.column("piece").take(order).to_numpy()
-    starts = np.flatnonzero(np.r_[True, (roots[1:] != roots[:-1]) | (pieces[1:] != pieces[:-1])])
-    return rows, order, starts
 
+    def __init__(self, trees: pa.Table, state: pa.Table) -> None:
+        self.trees = trees
+        self.state = state
+        roots = _int64(trees.column("root"))
+        pieces = _int64(trees.column("piece"))
+        t_groups = _int64(trees.column("state_group"))
+        rank = np.empty(len(t_groups), dtype=np.int64)
+        rank[np.lexsort((t_groups, pieces, roots))] = np.arange(len(t_groups))
 
-def _chunks(rows: pa.Table, order: pa.Array, starts: np.ndarray) -> Iterator[pa.Table]:
-    total = rows.num_rows
-    bounds = np.r_[starts, total]
-    lo = 0
-    while lo < total:
-        # The first tree start at or after lo + CHUNK_ROWS (whole trees only).
-        hi = int(bounds[np.searchsorted(bounds, lo + CHUNK_ROWS)]) if lo + CHUNK_ROWS < total else total
-        yield rows.take(order.slice(lo, hi - lo))
-        lo = hi
+        s_groups = _int64(state.column("state_group"))
+        order = np.argsort(t_groups, kind="stable")
+        sorted_groups = t_groups[order]
+        lo = np.searchsorted(sorted_groups, s_groups, side="left")
+        hi = np.searchsorted(sorted_groups, s_groups, side="right")
+        counts = hi - lo  # 0 for rows of groups outside the kept trees
+        state_row = np.repeat(np.arange(len(s_groups)), counts)
+        within = np.arange(len(state_row)) - np.repeat(np.cumsum(counts) - counts, counts)
+        tree_row = order[np.repeat(lo, counts) + within]
+
+        has_rows = np.zeros(len(t_groups), dtype=np.bool_)
+        has_rows[tree_row] = True
+        empty = np.flatnonzero(~has_rows)
+        tree_row = np.concatenate([tree_row, empty])
+        state_row = np.concatenate([state_row, np.full(len(empty), -1, dtype=np.int64)])
+        ordering = np.argsort(rank[tree_row], kind="stable")
+        self.tree_row = tree_row[ordering]
+        self.state_row = state_row[ordering]
+        sorted_rank = rank[self.tree_row]
+        key_roots = roots[self.tree_row]
+        key_pieces = pieces[self.tree_row]
+        change = (key_roots[1:] != key_roots[:-1]) | (key_pieces[1:] != key_pieces[:-1])
+        self.tree_starts = np.flatnonzero(np.r_[True, change]) if len(sorted_rank) else np.zeros(0, np.int64)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.tree_row)
+
+    def take(self, lo: int, hi: int) -> pa.Table:
+        """Sorted rows ``lo:hi`` as a table of TREE_ROWS_SCHEMA columns."""
+        tree_part = self.trees.take(pa.array(self.tree_row[lo:hi]))
+        rows = self.state_row[lo:hi]
+        missing = rows < 0
+        indices = pa.array(np.where(missing, 0, rows), mask=missing)
+        state_part = self.state.select(["type", "state_key", "event_id"]).take(indices)
+        return pa.Table.from_arrays(
+            tree_part.columns + state_part.columns, names=tree_part.column_names + state_part.column_names
+        )
+
+    def chunks(self, rows: int = 0) -> Iterator[pa.Table]:
+        """Consecutive tables of whole trees, about *rows* rows each."""
+        rows = rows or CHUNK_ROWS
+        total = self.num_rows
+        bounds = np.r_[self.tree_starts, total]
+        lo = 0
+        while lo < total:
+            target = lo + rows
+            hi = int(bounds[np.searchsorted(bounds, target)]) if target < total else total
+            yield self.take(lo, hi)
+            lo = hi
 
 
 def reconstruct_local(source: Source, options: ReconstructOptions) -> ReconstructResult:
@@ -112,18 +181,19 @@ def reconstruct_local(source: Source, options: ReconstructOptions) -> Reconstruc
 
     clock = time.perf_counter()
     trees = assign_trees(build_topology(tables, options), options.split_threshold)
-    rows, order, starts = sorted_tree_rows(trees, tables["state_groups_state"])
+    tree_rows = TreeRows(trees, tables["state_groups_state"])
     del tables
     result.wanted_groups = int(pc.sum(trees.column("wanted")).as_py() or 0)
     result.timings["trees"] = time.perf_counter() - clock
 
     os.makedirs(options.output, exist_ok=True)
-    schema = DIGEST_SCHEMA if options.digest else STATE_SCHEMA
+    schema = DIGEST_SCHEMA if options.digest else STATE_DICT_SCHEMA
     expand_time = write_time = 0.0
     path = os.path.join(options.output, "part-00000.parquet")
-    with pq.ParquetWriter(path, schema, compression="snappy") as writer:
-        for chunk in _chunks(rows, order, starts):
-            batches = expand_table(chunk, options.digest)
+    # store_schema=False: readers (Spark included) see plain strings.
+    with pq.ParquetWriter(path, schema, compression="snappy", store_schema=False) as writer:
+        for chunk in tree_rows.chunks():
+            batches = expand_table(chunk, options.digest, dictionary=True)
             while True:
                 clock = time.perf_counter()
                 batch = next(batches, None)
