@@ -120,8 +120,14 @@ class DemoWorker:
     # --- sync queries ----------------------------------------------------------------
 
     def sync_once(self) -> None:
-        """Answer one sync query from the change caches and check it."""
-        upto = self.events_position()
+        """Answer one sync query from the change caches and check it.
+
+        Two checks, both bounded by the position this worker has applied: the change
+        caches must flag every room and user that changed (a room reported unchanged
+        that has new events is a mismatch), and the event store's sync answer must
+        hold only events of the user's rooms within the range.
+        """
+        upto = min(self.events_position(), self.store.current_token().stream)
         now = time.monotonic()
         self._history.append((now, upto))
         self._history = [(t, p) for t, p in self._history if now - t < 2.0]
@@ -143,14 +149,21 @@ class DemoWorker:
             " AND stream_ordering > ? AND stream_ordering <= ?",
             ("m.room.member", user, since, upto), 0))
         membership_cached = self.store.membership_changes.has_entity_changed(user, since)
+        # The event store's own sync answer, from the same change caches.
+        synced = self.store.get_new_events_for_user(user, f"s{since}", limit=10_000)
+        in_rooms = set(rooms)
+        strays = [e.event_id for e in synced.events
+                  if e.room_id not in in_rooms or not since < e.stream_ordering
+                  <= synced.next_token.stream]
         self.sync_queries += 1
-        if answer != truth or (membership_truth and not membership_cached):
+        if answer != truth or (membership_truth and not membership_cached) or strays:
             self.sync_mismatches += 1
             if len(self.mismatch_examples) < 3:
                 self.mismatch_examples.append(
                     f"sync for {user} in ({since}, {upto}]: change cache gave "
                     f"{len(answer)} events, database {len(truth)}; membership changed: "
-                    f"{membership_truth}, cache says {membership_cached}")
+                    f"{membership_truth}, cache says {membership_cached}; events outside "
+                    f"the user's rooms or the range: {strays[:3]}")
         for room in changed[:3]:
             self.room_members.get_or_compute((room,), functools.partial(self._members, room))
             self._member_keys.add((room,))
