@@ -281,3 +281,42 @@ def test_metrics_served_over_http(source: MemorySource) -> None:
     finally:
         h.stop()
     assert h.connections == []
+
+
+def test_writer_rows_are_relayed_once_with_their_batches(hub: ReplicationHub, source: MemorySource) -> None:
+    worker = _connect(hub)
+    worker.send("NAME worker\nREPLICATE\n")
+    worker.lines_until(lambda line: line.startswith("POSITION events"))
+    writer = _connect(hub)
+    writer.send("NAME w1\nPOSITION to_device w1 0 0\n")
+    lines = [
+        'RDATA to_device w1 batch ["@a:x","D1"]',
+        'RDATA to_device w1 batch ["@b:x","D1"]',
+        'RDATA to_device w1 4 ["@c:x","D1"]',
+    ]
+    writer.send("\n".join(lines) + "\n")
+    assert [worker.skip_pings() for _ in range(3)] == lines
+    # A replay of what was already published is not passed on.
+    writer.send("\n".join(lines) + '\nRDATA to_device w1 5 ["@d:x","D2"]\n')
+    assert worker.skip_pings() == 'RDATA to_device w1 5 ["@d:x","D2"]'
+    assert hub.positions[("to_device", "w1")] == 5
+    # The writer does not get its own rows back: only the greeting and pings.
+    deadline = time.monotonic() + 0.4
+    while time.monotonic() < deadline:
+        assert writer.line().startswith(("SERVER", "PING"))
+
+
+def test_legacy_replicate_all_from_a_token(hub: ReplicationHub, source: MemorySource) -> None:
+    source.append("caches", "main", 5, [["c", None, 5]])
+    source.append("events", "main", 6, [["$e6", "!r", "m", None, None]])
+    for stream, token in (("caches", 5), ("events", 6)):
+        hub.writer_advanced(stream, "main", token)
+    c = _connect(hub)
+    c.send("REPLICATE ALL 2\n")
+    assert [c.skip_pings() for _ in range(5)] == [
+        'RDATA caches main 5 ["c",null,5]',
+        "POSITION caches main 5 5",
+        'RDATA events main 3 ["$e3","!r","m.room.message",null,null]',
+        'RDATA events main 6 ["$e6","!r","m",null,null]',
+        "POSITION events main 6 6",
+    ]
