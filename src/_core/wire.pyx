@@ -81,7 +81,16 @@ cdef enum CommandKind:
 @cython.wraparound(False)
 cdef inline bint _is_ascii(const char* p, Py_ssize_t n) noexcept nogil:
     cdef Py_ssize_t i = 0
-    cdef uint64_t word
+    cdef uint64_t word, w1, w2, w3
+    while i + 32 <= n:
+        # One test per 32 bytes: rows are long and almost always ASCII.
+        memcpy(&word, p + i, 8)
+        memcpy(&w1, p + i + 8, 8)
+        memcpy(&w2, p + i + 16, 8)
+        memcpy(&w3, p + i + 24, 8)
+        if (word | w1 | w2 | w3) & 0x8080808080808080ULL:
+            return False
+        i += 32
     while i + 8 <= n:
         memcpy(&word, p + i, 8)
         if word & 0x8080808080808080ULL:
@@ -141,11 +150,14 @@ cdef inline uint64_t _short_hash(const char* p, Py_ssize_t n) noexcept nogil:
     """A cheap hash of a short byte string: its length, first and last 8 bytes."""
     cdef uint64_t head = 0
     cdef uint64_t tail = 0
+    cdef Py_ssize_t i
     if n >= 8:
         memcpy(&head, p, 8)
         memcpy(&tail, p + n - 8, 8)
     else:
-        memcpy(&head, p, n)
+        # Byte by byte in a register: a short memcpy then a wide load would stall.
+        for i in range(n):
+            head = (head << 8) | <unsigned char>p[i]
     head = (head ^ (tail * 0x9E3779B97F4A7C15ULL) ^ <uint64_t>n) * 0xFF51AFD7ED558CCDULL
     return head ^ (head >> 32)
 
