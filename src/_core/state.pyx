@@ -520,18 +520,44 @@ cdef inline void _put_u32(unsigned char* out, uint32_t value) noexcept nogil:
     out[3] = value & 0xFF
 
 
-cdef int _append_string(bytearray buf, _StringTable table, int64_t i, str what) except -1:
+cdef class _ByteBuffer:
+    """A growable C byte buffer for one group's canonical encoding."""
+    cdef unsigned char* data
+    cdef Py_ssize_t length
+    cdef Py_ssize_t capacity
+
+    def __dealloc__(self):
+        free(self.data)
+
+    cdef int reserve(self, Py_ssize_t extra) except -1:
+        cdef Py_ssize_t cap
+        cdef unsigned char* grown
+        if self.length + extra <= self.capacity:
+            return 0
+        cap = self.capacity * 2 if self.capacity else 4096
+        while cap < self.length + extra:
+            cap *= 2
+        grown = <unsigned char*>realloc(self.data, cap)
+        if grown == NULL:
+            raise MemoryError()
+        self.data = grown
+        self.capacity = cap
+        return 0
+
+
+cdef int _append_string(_ByteBuffer buf, _StringTable table, int64_t i, str what) except -1:
     if i < 0 or i >= table.count:
         raise ValueError(f"{what} index {i} is outside its string table")
     cdef int64_t start = table.offsets.ptr[i]
     cdef int64_t end = table.offsets.ptr[i + 1]
     if start < 0 or end < start or end > table.data.shape[0]:
         raise ValueError(f"{what} offsets at index {i} are outside the string data")
-    cdef unsigned char prefix[4]
-    _put_u32(prefix, <uint32_t>(end - start))
-    buf += (<char*>prefix)[:4]
+    buf.reserve(4 + end - start)
+    _put_u32(buf.data + buf.length, <uint32_t>(end - start))
+    buf.length += 4
     if end > start:
-        buf += (<const char*>&table.data[start])[:end - start]
+        memcpy(buf.data + buf.length, &table.data[start], end - start)
+        buf.length += end - start
     return 0
 
 
@@ -560,13 +586,13 @@ def digest_states(out_groups, out_keys, out_events, int64_t key_stride, types, s
     cdef _StringTable e_table = _StringTable(event_ids, "event_ids")
     cdef array.array result_groups = array.clone(_INT64_TEMPLATE, 0, zero=False)
     cdef bytearray hexes = bytearray()
-    cdef bytearray buf = bytearray()
+    cdef _ByteBuffer buf = _ByteBuffer()
     cdef Py_ssize_t i = 0, j, total = groups.length
     cdef int64_t gid, k
     sha256 = hashlib.sha256
     while i < total:
         gid = groups.ptr[i]
-        del buf[:]
+        buf.length = 0
         j = i
         while j < total and groups.ptr[j] == gid:
             k = keys.ptr[j]
@@ -577,7 +603,7 @@ def digest_states(out_groups, out_keys, out_events, int64_t key_stride, types, s
             _append_string(buf, e_table, events.ptr[j], "event_id")
             j += 1
         result_groups.append(gid)
-        hexes += sha256(buf).hexdigest().encode("ascii")
+        hexes += sha256((<char*>buf.data)[:buf.length] if buf.length else b"").hexdigest().encode("ascii")
         i = j
     return result_groups, bytes(hexes)
 
