@@ -635,6 +635,17 @@ cpdef bytes encode_row(object row):
 # --- commands ---------------------------------------------------------------------
 
 
+cdef int64_t _checked_int64(object value, str field) except? -1:
+    """A 64-bit int field; other values get the pure twin's error."""
+    cdef int overflow = 0
+    cdef long long number
+    if type(value) is int:
+        number = PyLong_AsLongLongAndOverflow(value, &overflow)
+        if not overflow:
+            return number
+    return _int64(value, field)
+
+
 cdef const char* _checked_word(object value, str field, Py_ssize_t* size) except NULL:
     """UTF-8 of a word (non-empty str without spaces or newlines); else the pure error."""
     cdef const char* utf8
@@ -701,9 +712,25 @@ cdef class _TextCommand(Command):
     FIELDS = ("data",)
 
     def __init__(self, str data):
-        _text(data, "data")
+        global _scratch_len
+        cdef Py_ssize_t size
+        cdef const char* utf8
+        cdef bytes name = self.NAME.encode()
+        if data is None:
+            _text(data, "data")
+        utf8 = PyUnicode_AsUTF8AndSize(data, &size)
+        if memchr(utf8, c'\n', size) is not NULL:
+            _text(data, "data")
         self.data = data
-        self._line = _join(self.NAME.encode(), (data,)) if data else self.NAME.encode()
+        if size == 0:
+            self._line = name
+            return
+        _scratch_len = 0
+        _put(PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name))
+        _put_char(c' ')
+        _put(utf8, size)
+        self._line = PyBytes_FromStringAndSize(_scratch, _scratch_len)
+        _scratch_len = 0
 
 
 cdef class ServerCommand(_TextCommand):
@@ -790,11 +817,7 @@ cdef class RdataCommand(Command):
         global _scratch_len
         cdef const char* stream_utf8
         cdef const char* instance_utf8
-        cdef Py_ssize_t stream_len, instance_len, row_len, head_len
-        cdef long long value
-        cdef int overflow = 0
-        cdef char* out
-        cdef bytes line
+        cdef Py_ssize_t stream_len, instance_len, head_len
         stream_utf8 = _checked_word(stream_name, "stream_name", &stream_len)
         instance_utf8 = _checked_word(instance_name, "instance_name", &instance_len)
         self.stream_name = stream_name
@@ -804,11 +827,7 @@ cdef class RdataCommand(Command):
             self._token = 0
         else:
             self._batch = False
-            if type(token) is int:
-                value = PyLong_AsLongLongAndOverflow(token, &overflow)
-                self._token = _int64(token, "token") if overflow else value
-            else:
-                self._token = _int64(token, "token")
+            self._token = _checked_int64(token, "token")
         # Head then row, assembled in the scratch buffer and copied out once.
         _scratch_len = 0
         _put(b"RDATA ", 6)
@@ -901,12 +920,25 @@ cdef class PositionCommand(Command):
     FIELDS = ("stream_name", "instance_name", "prev_token", "new_token")
 
     def __init__(self, str stream_name, str instance_name, object prev_token, object new_token):
-        self.stream_name = _word(stream_name, "stream_name")
-        self.instance_name = _word(instance_name, "instance_name")
-        self._prev_token = _int64(prev_token, "prev_token")
-        self._new_token = _int64(new_token, "new_token")
-        self._line = _join(b"POSITION", (stream_name, instance_name,
-                                         str(self._prev_token), str(self._new_token)))
+        global _scratch_len
+        cdef Py_ssize_t stream_len, instance_len
+        cdef const char* stream_utf8 = _checked_word(stream_name, "stream_name", &stream_len)
+        cdef const char* instance_utf8 = _checked_word(instance_name, "instance_name", &instance_len)
+        self.stream_name = stream_name
+        self.instance_name = instance_name
+        self._prev_token = _checked_int64(prev_token, "prev_token")
+        self._new_token = _checked_int64(new_token, "new_token")
+        _scratch_len = 0
+        _put(b"POSITION ", 9)
+        _put(stream_utf8, stream_len)
+        _put_char(c' ')
+        _put(instance_utf8, instance_len)
+        _put_char(c' ')
+        _put_int(self._prev_token)
+        _put_char(c' ')
+        _put_int(self._new_token)
+        self._line = PyBytes_FromStringAndSize(_scratch, _scratch_len)
+        _scratch_len = 0
 
     @property
     def prev_token(self):
