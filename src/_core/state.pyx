@@ -42,14 +42,38 @@ _INT64_FORMATS = frozenset({"q", "l", "<q", "<l", "=q", "=l", "@q", "@l"})
 _BYTE_FORMATS = frozenset({"B", "b", "c", "?", "<B", "=B", "@B"})
 
 
-cdef struct Entry:
-    int64_t key
-    int64_t event
-
-
 cdef struct IdIndex:
     int64_t gid
     int64_t index
+
+
+cdef Py_ssize_t merge_sorted(const Entry* base, Py_ssize_t base_len,
+                             const Entry* delta, Py_ssize_t delta_len,
+                             Entry* out) noexcept nogil:
+    """Merge two key-sorted states into *out* (room for base_len + delta_len
+    entries); on equal keys the delta wins. Returns the merged length."""
+    cdef Py_ssize_t x = 0, y = 0, n = 0
+    while x < base_len and y < delta_len:
+        if base[x].key < delta[y].key:
+            out[n] = base[x]
+            x += 1
+        elif base[x].key > delta[y].key:
+            out[n] = delta[y]
+            y += 1
+        else:
+            out[n] = delta[y]
+            x += 1
+            y += 1
+        n += 1
+    while x < base_len:
+        out[n] = base[x]
+        x += 1
+        n += 1
+    while y < delta_len:
+        out[n] = delta[y]
+        y += 1
+        n += 1
+    return n
 
 
 cdef int _cmp_entry(const void* a, const void* b) noexcept nogil:
@@ -420,29 +444,7 @@ def expand_groups(group_ids, prev_ids, delta_offsets, delta_keys, delta_events, 
         delta = s.sorted_delta + offsets.ptr[v]
         dlen = offsets.ptr[v + 1] - offsets.ptr[v]
         result = <Entry*>_alloc(plen + dlen, sizeof(Entry))
-        x = 0
-        y = 0
-        rlen = 0
-        while x < plen and y < dlen:
-            if base[x].key < delta[y].key:
-                result[rlen] = base[x]
-                x += 1
-            elif base[x].key > delta[y].key:
-                result[rlen] = delta[y]
-                y += 1
-            else:
-                result[rlen] = delta[y]
-                x += 1
-                y += 1
-            rlen += 1
-        while x < plen:
-            result[rlen] = base[x]
-            x += 1
-            rlen += 1
-        while y < dlen:
-            result[rlen] = delta[y]
-            y += 1
-            rlen += 1
+        rlen = merge_sorted(base, plen, delta, dlen, result)
         if p != -1:
             s.remaining[p] -= 1
             if s.remaining[p] == 0:
