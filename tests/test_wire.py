@@ -216,6 +216,23 @@ def test_encode_row_rejects_nan_and_escapes_non_ascii(wire: ModuleType) -> None:
 
 
 @pytest.mark.parametrize(
+    "row_json, row",
+    [
+        (b"[-0,0,-5]", [0, 0, -5]),
+        (b'{"a":1,"a":2}', {"a": 2}),
+        (b"[" + b",".join(b"%d" % i for i in range(40)) + b"]", list(range(40))),
+        (b"[[[]],{},[{}]]", [[[]], {}, [{}]]),
+        (b"[1234567890123456789,-9223372036854775808]", [1234567890123456789, -(2**63)]),
+        (b"[18446744073709551615]", [18446744073709551615]),
+        (b'["\\u00e9\\n\\"",1.5e3]', ["\u00e9\n\"", 1500.0]),
+        (b'["a" , {"b" :null}]', ["a", {"b": None}]),
+    ],
+)
+def test_rows_decode(wire: ModuleType, row_json: bytes, row: Any) -> None:
+    assert wire.parse_line(b"RDATA s m 1 " + row_json).row == row
+
+
+@pytest.mark.parametrize(
     "row_json",
     [b"[NaN]", b"[Infinity]", b"[-Infinity]", b"[1e400]", b"[1,", b"{'a':1}", b'["\\ud800"]'],
 )

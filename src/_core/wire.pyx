@@ -514,6 +514,16 @@ cdef int _reserve_scratch(Py_ssize_t extra) except -1:
     return 0
 
 
+cdef inline void _release_scratch() noexcept:
+    # Keep the buffer for the next line, unless one huge row made it large.
+    global _scratch, _scratch_len, _scratch_cap
+    _scratch_len = 0
+    if _scratch_cap > (1 << 20):
+        PyMem_Free(_scratch)
+        _scratch = NULL
+        _scratch_cap = 0
+
+
 cdef inline int _put(const char* p, Py_ssize_t n) except -1:
     global _scratch_len
     _reserve_scratch(n)
@@ -730,7 +740,7 @@ cdef class _TextCommand(Command):
         _put_char(c' ')
         _put(utf8, size)
         self._line = PyBytes_FromStringAndSize(_scratch, _scratch_len)
-        _scratch_len = 0
+        _release_scratch()
 
 
 cdef class ServerCommand(_TextCommand):
@@ -860,7 +870,7 @@ cdef class RdataCommand(Command):
             self._row = _MISSING
         self._row_start = head_len
         self._line = PyBytes_FromStringAndSize(_scratch, _scratch_len)
-        _scratch_len = 0
+        _release_scratch()
 
     @property
     def token(self):
@@ -938,7 +948,7 @@ cdef class PositionCommand(Command):
         _put_char(c' ')
         _put_int(self._new_token)
         self._line = PyBytes_FromStringAndSize(_scratch, _scratch_len)
-        _scratch_len = 0
+        _release_scratch()
 
     @property
     def prev_token(self):
