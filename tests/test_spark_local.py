@@ -258,3 +258,18 @@ def test_cli_reports_corruption(forest: Forest, tmp_path: Path) -> None:
                                     str(tmp_path / "in"), "--output", str(tmp_path / "out")])
     assert res.exit_code == 2
     assert "StateCorruptionError" in res.output and "999999999" in res.output
+
+
+def test_jdbc_url_conversions() -> None:
+    from streamrep.spark.job import jdbc_connection, libpq_url
+
+    url, props = jdbc_connection(
+        "postgresql://alice:s%40cret@db.example:5433/synapse?application_name=x&options=-csearch_path%3Ds1")
+    assert url == "jdbc:postgresql://db.example:5433/synapse"
+    assert props == {"driver": "org.postgresql.Driver", "user": "alice", "password": "s@cret",
+                     "ApplicationName": "x", "options": "-csearch_path=s1"}
+    assert libpq_url("jdbc:postgresql://db:5432/synapse?user=bob&password=p%40w") == \
+        "postgresql://bob:p%40w@db:5432/synapse"
+    assert libpq_url("postgresql://db/x") == "postgresql://db/x"
+    with pytest.raises(ConfigError):
+        jdbc_connection("mysql://db/x")

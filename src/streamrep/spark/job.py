@@ -26,7 +26,7 @@ import re
 import sys
 import time
 from typing import TYPE_CHECKING, Any, Iterator
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from streamrep.errors import ConfigError, StateCorruptionError
 from streamrep.spark.options import ReconstructOptions, ReconstructResult, Source, prepare_output
@@ -40,6 +40,7 @@ __all__ = [
     "build_session",
     "find_jdbc_jar",
     "jdbc_connection",
+    "libpq_url",
     "read_spark_tables",
     "reconstruct_spark",
 ]
@@ -164,14 +165,28 @@ def jdbc_connection(url: str) -> tuple[str, dict[str, str]]:
     return f"jdbc:postgresql://{host}:{port}/{database}", props
 
 
+def libpq_url(url: str) -> str:
+    """A ``postgresql://`` URL for a ``jdbc:postgresql://`` one (user and password
+    taken from its query); other URLs unchanged."""
+    if not url.startswith("jdbc:"):
+        return url
+    parts = urlsplit(url[len("jdbc:"):])
+    params = dict(parse_qsl(parts.query, keep_blank_values=True))
+    user = params.pop("user", "")
+    password = params.pop("password", "")
+    auth = ""
+    if user:
+        auth = quote(user, safe="") + (":" + quote(password, safe="") if password else "") + "@"
+    rest = "&".join(f"{k}={quote(v, safe='')}" for k, v in params.items() if k == "options")
+    return f"postgresql://{auth}{parts.netloc}{parts.path}" + (f"?{rest}" if rest else "")
+
+
 def _jdbc_bounds(url: str, table: str, column: str) -> tuple[int, int, int]:
     import psycopg2
 
     from streamrep.db.url import parse_database_url
 
-    dsn = parse_database_url(url).target if not url.startswith("jdbc:") else None
-    if dsn is None:
-        return 0, 0, 0
+    dsn = parse_database_url(libpq_url(url)).target
     with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
         cur.execute(f"SELECT min({column}), max({column}), count(*) FROM {table}")
         lo, hi, count = cur.fetchone()
@@ -344,6 +359,8 @@ def reconstruct_spark(
         candidates = [
             int(r[0]) for r in wanted_df.sample(fraction=fraction, seed=options.seed).limit(20 * options.verify).collect()
         ]
+        if source.db_url is not None:
+            source = Source(db_url=libpq_url(source.db_url))
         result.verified = verify_output(source, options, sample_groups(candidates, options.verify, options.seed))
         result.timings["verify"] = time.perf_counter() - clock
     return result
