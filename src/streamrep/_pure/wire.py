@@ -176,6 +176,9 @@ def _join(name: bytes, *args: str) -> bytes:
 
 
 def _parse_int(raw: bytes, name: str, field: str, extra: str = "") -> int:
+    # Common case first: up to 18 plain digits, no leading zero, always in range.
+    if raw.isdigit() and len(raw) <= 18 and (raw[0] != 48 or len(raw) == 1):
+        return int(raw)
     if _STRICT_INT.fullmatch(raw) and raw != b"-0":
         value = int(raw)
         if _INT64_MIN <= value <= _INT64_MAX:
@@ -183,6 +186,19 @@ def _parse_int(raw: bytes, name: str, field: str, extra: str = "") -> int:
     raise MalformedCommandError(
         f"{name}: invalid {field} {_quote(raw)} (expected a 64-bit decimal integer{extra})"
     )
+
+
+_NAMES: dict[bytes, str] = {}
+
+
+def _name(raw: bytes) -> str:
+    """Decode a stream or instance name, sharing one str per name (bounded cache)."""
+    name = _NAMES.get(raw)
+    if name is None:
+        if len(_NAMES) >= 1024:
+            _NAMES.clear()
+        name = _NAMES[raw] = raw.decode("utf-8")
+    return name
 
 
 def _split_words(args: bytes, count: int, name: str, usage: str) -> list[bytes]:
@@ -411,8 +427,8 @@ class RdataCommand(Command):
             raise MalformedCommandError(f"RDATA expects {cls._USAGE}")
         self = cls.__new__(cls)
         self._line = line
-        self._stream_name = stream.decode("utf-8")
-        self._instance_name = instance.decode("utf-8")
+        self._stream_name = _name(stream)
+        self._instance_name = _name(instance)
         self._token = None if token == b"batch" else _parse_int(
             token, "RDATA", "token", " or 'batch'"
         )
@@ -465,8 +481,8 @@ class PositionCommand(Command):
         stream, instance, prev, new = _split_words(args, 4, "POSITION", cls._USAGE)
         self = cls.__new__(cls)
         self._line = line
-        self._stream_name = stream.decode("utf-8")
-        self._instance_name = instance.decode("utf-8")
+        self._stream_name = _name(stream)
+        self._instance_name = _name(instance)
         self._prev_token = _parse_int(prev, "POSITION", "prev_token")
         self._new_token = _parse_int(new, "POSITION", "new_token")
         return self
@@ -806,10 +822,11 @@ def _parse(line: bytes) -> Command:
     parser = _PARSERS.get(name)
     if parser is None:
         raise UnknownCommandError(f"unknown command {_quote(name)}")
-    try:
-        line.decode("utf-8")
-    except UnicodeDecodeError:
-        raise MalformedCommandError(f"{name.decode()}: line is not valid UTF-8") from None
+    if not line.isascii():
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            raise MalformedCommandError(f"{name.decode()}: line is not valid UTF-8") from None
     command: Command = parser(line, b"" if space < 0 else line[space + 1 :])
     return command
 
