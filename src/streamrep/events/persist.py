@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from streamrep import _impl
 from streamrep.db import Transaction
+from streamrep.events.lru import Lru
 from streamrep.events.resolver import StateKey, StateResolver, conflicted_ids
 from streamrep.events.state import EMPTY_STATE, GroupState, StateGroupStore
 from streamrep.events.validation import EventRecord
@@ -256,9 +257,9 @@ def persist_batch(
     states: StateGroupStore,
     resolver: StateResolver,
     allocator: StreamAllocator,
-    forward_cache: dict[str, frozenset[str]],
-    current_state_cache: dict[str, GroupState],
-    visibility_cache: dict[str, str],
+    forward_cache: Lru[str, frozenset[str]],
+    current_state_cache: Lru[str, GroupState],
+    visibility_cache: Lru[str, str],
 ) -> PersistOutcome:
     """Persist *records* (validated, distinct IDs) in *txn*."""
     out = PersistOutcome()
@@ -401,7 +402,7 @@ def persist_batch(
 
 
 def _extremities(txn: Transaction, writes: Writes, room_id: str, records: list[EventRecord],
-                 forward_cache: dict[str, frozenset[str]], out: PersistOutcome) -> None:
+                 forward_cache: Lru[str, frozenset[str]], out: PersistOutcome) -> None:
     """Run the extremity core for one room's share of the batch and write the changes."""
     non_outliers = [r for r in records if not r.outlier]
     if not non_outliers:
@@ -488,20 +489,20 @@ def _extremities(txn: Transaction, writes: Writes, room_id: str, records: list[E
         out.forward[room_id] = frozenset(new_forward)
 
 
-def _visibility_value(txn: Transaction, event_id: str, visibility_cache: dict[str, str],
+def _visibility_value(txn: Transaction, event_id: str, visibility_cache: Lru[str, str],
                       out: PersistOutcome) -> str:
     value = out.visibility_values.get(event_id) or visibility_cache.get(event_id)
     if value is None:
         value = txn.fetchval(
             "SELECT history_visibility FROM room_history_visibility WHERE event_id = ?",
             (event_id,), "joined")
-        visibility_cache[event_id] = value
+        visibility_cache.put(event_id, str(value))
     return str(value)
 
 
 def _assign_state(txn: Transaction, room_id: str, records: list[EventRecord],
                   states: StateGroupStore, resolver: StateResolver,
-                  orderings: dict[str, tuple[int, int]], visibility_cache: dict[str, str],
+                  orderings: dict[str, tuple[int, int]], visibility_cache: Lru[str, str],
                   out: PersistOutcome, group_rows: list[tuple[int, str, str]],
                   group_edge_rows: list[tuple[int, int]],
                   group_state_rows: list[tuple[int, str, str, str, str]],
@@ -582,7 +583,7 @@ def _assign_state(txn: Transaction, room_id: str, records: list[EventRecord],
 
 def _update_current_state(txn: Transaction, room_id: str, states: StateGroupStore,
                           resolver: StateResolver, orderings: dict[str, tuple[int, int]],
-                          out: PersistOutcome, current_state_cache: dict[str, GroupState],
+                          out: PersistOutcome, current_state_cache: Lru[str, GroupState],
                           allocator: StreamAllocator) -> None:
     new_state = current_state_of(txn, states, resolver, room_id, out.forward[room_id],
                                  out.event_groups, out.new_groups, orderings)

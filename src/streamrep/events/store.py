@@ -91,7 +91,8 @@ class EventStore:
     from the largest stored ordering itself.
     ``on_persisted(outcome, cache_rows)`` runs after each committed batch with the
     ``caches`` stream rows to write. ``max_delta_hops`` bounds state-group delta
-    chains; ``resolver`` merges conflicting states (default
+    chains; ``cache_size`` and ``max_cached_state_entries`` bound the in-memory
+    caches (entries, and state keys held by cached states); ``resolver`` merges conflicting states (default
     :class:`~streamrep.events.resolver.DepthOrderResolver`).
     """
 
@@ -103,6 +104,7 @@ class EventStore:
         max_delta_hops: int = 100,
         cache_size: int = 20_000,
         change_cache_size: int = 100_000,
+        max_cached_state_entries: int = 5_000_000,
         on_persisted: Callable[[PersistOutcome, list[CacheRow]], None] | None = None,
         streams: "Streams | None" = None,
     ) -> None:
@@ -110,7 +112,7 @@ class EventStore:
         self.db = Database.open(database, migrate=False) if isinstance(database, str) else database
         self.db.ensure_schema(schema.COMPONENT)
         self.resolver: StateResolver = resolver or DepthOrderResolver()
-        self.states = StateGroupStore(max_delta_hops, cache_size)
+        self.states = StateGroupStore(max_delta_hops, cache_size, max_cached_state_entries)
         self._allocator: StreamAllocator
         self._streams = streams
         self._writes_caches = bool(
@@ -125,9 +127,11 @@ class EventStore:
             self._allocator = StreamAllocator()
         # Per greenlet (and thread): one batch at a time, in stream order.
         self._write_lock = gevent.lock.RLock()
-        self._forward: dict[str, frozenset[str]] = {}
-        self._current_state: dict[str, GroupState] = {}
-        self._visibility_values: dict[str, str] = {}
+        # Bounded: a server may hold many rooms, and large rooms have large states.
+        self._forward: Lru[str, frozenset[str]] = Lru("forward_extremities", cache_size)
+        self._current_state: Lru[str, GroupState] = Lru(
+            "current_state", cache_size, max_cached_state_entries // 4, lambda s: len(s) + 1)
+        self._visibility_values: Lru[str, str] = Lru("history_visibility", cache_size)
         self.event_cache: Lru[str, StoredEvent] = Lru("get_event", cache_size)
         self._on_persisted = on_persisted
         live, _ = self.db.run(lambda txn: self._allocator.current(txn), name="positions")
@@ -212,9 +216,12 @@ class EventStore:
             self.states.event_group_cache.put(event_id, group)
         for group, value in outcome.new_groups.items():
             self.states.group_cache.put(group, value)
-        self._forward.update(outcome.forward)
-        self._current_state.update(outcome.current_state)
-        self._visibility_values.update(outcome.visibility_values)
+        for room_id, forward in outcome.forward.items():
+            self._forward.put(room_id, forward)
+        for room_id, state in outcome.current_state.items():
+            self._current_state.put(room_id, state)
+        for event_id, setting in outcome.visibility_values.items():
+            self._visibility_values.put(event_id, setting)
         for event_id in outcome.persisted:
             self.event_cache.pop(event_id)
         for event_id in outcome.redacted:
@@ -234,7 +241,7 @@ class EventStore:
 
     def invalidate_extremities(self, room_id: str) -> None:
         """Drop the cached forward extremities of *room_id* (another process wrote)."""
-        self._forward.pop(room_id, None)
+        self._forward.pop(room_id)
 
     def invalidate_current_state(self, room_id: str | None) -> None:
         """Drop cached current state and extremities of *room_id* (None: of every room)."""
@@ -242,8 +249,8 @@ class EventStore:
             self._current_state.clear()
             self._forward.clear()
         else:
-            self._current_state.pop(room_id, None)
-            self._forward.pop(room_id, None)
+            self._current_state.pop(room_id)
+            self._forward.pop(room_id)
 
     # -- extremities and orders ------------------------------------------------------
 
@@ -353,7 +360,7 @@ class EventStore:
             (t, sk): e for t, sk, e in self.db.fetchall(
                 "SELECT type, state_key, event_id FROM current_state_events WHERE room_id = ?",
                 (room_id,))})
-        self._current_state[room_id] = state
+        self._current_state.put(room_id, state)
         return state
 
     def compute_state_at_extremities(self, room_id: str) -> Mapping[StateKey, str]:
