@@ -92,8 +92,8 @@ class EventStore:
     ``on_persisted(outcome, cache_rows)`` runs after each committed batch with the
     ``caches`` stream rows to write. ``max_delta_hops`` bounds state-group delta
     chains; ``cache_size`` and ``max_cached_state_entries`` bound the in-memory
-    caches (entries, and state keys held by cached states); ``resolver`` merges conflicting states (default
-    :class:`~streamrep.events.resolver.DepthOrderResolver`).
+    caches (entries, and state keys held by cached states); ``resolver`` merges
+    conflicting states (default :class:`~streamrep.events.resolver.DepthOrderResolver`).
     """
 
     def __init__(
