@@ -20,6 +20,7 @@ The exit status is non-zero when any check fails.
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import signal
@@ -28,7 +29,7 @@ import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 import yaml
@@ -169,22 +170,17 @@ class _Run:
         py = sys.executable
         if not self._start_hub():
             return False
-        # Workers first, so they follow from the very first fact.
+        # Workers first, so they follow from the very first fact. Processes start one
+        # at a time: at startup each records its streams' sequences (table
+        # stream_sequences), and two doing so at the same moment on PostgreSQL can
+        # collide on that table's key.
         for name in self.worker_names:
             self._child(name, "worker", [
                 py, "-m", "streamrep.demo.worker", "--config", self.config_path,
                 "--name", name, "--out", self._out(name), "--seed", str(self.options.seed)])
-        deadline = time.monotonic() + 60.0
-        while time.monotonic() < deadline:
-            self._drain()
-            if all(self.children[w].last.get("connected") for w in self.worker_names):
-                break
-            if not self._check_children(("hub", "worker")):
+            if not self._wait_until(functools.partial(self._is_connected, name),
+                                    f"{name} to connect to the hub"):
                 return False
-            time.sleep(0.05)
-        else:
-            self.problems.append("the workers did not connect to the hub in 60s")
-            return False
         rate = self.options.rate / len(self.writer_names)
         for i, name in enumerate(self.writer_names):
             self._child(name, "writer", [
@@ -193,7 +189,30 @@ class _Run:
                 "--rate", str(rate), "--duration", str(self.options.duration),
                 "--rooms", str(self.options.rooms), "--out", self._out(name),
                 "--events", "yes" if i == 0 else "no"])
+            if not self._wait_until(functools.partial(self._has_reported, name),
+                                    f"{name} to start writing"):
+                return False
         return True
+
+    def _is_connected(self, name: str) -> bool:
+        return bool(self.children[name].last.get("connected"))
+
+    def _has_reported(self, name: str) -> bool:
+        return bool(self.children[name].last)
+
+    def _wait_until(self, ready: Callable[[], bool], what: str, timeout: float = 60.0) -> bool:
+        """Wait for *ready* while watching every child; False (with a problem noted)
+        if a child fails or *timeout* passes."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._drain()
+            if ready():
+                return True
+            if not self._check_children(("hub", "worker", "writer")):
+                return False
+            time.sleep(0.05)
+        self.problems.append(f"gave up waiting {timeout:g}s for {what}")
+        return False
 
     # --- the loop --------------------------------------------------------------------
 
