@@ -24,12 +24,7 @@ from libc.string cimport memchr, memcmp, memcpy
 import orjson
 
 from streamrep._pure import wire as _ref
-from streamrep.errors import (  # noqa: F401  (re-exported names users expect here)
-    LineTooLongError,
-    MalformedCommandError,
-    ProtocolError,
-    UnknownCommandError,
-)
+from streamrep.errors import MalformedCommandError
 
 cdef extern from "Python.h":
     object PyMemoryView_FromMemory(char* mem, Py_ssize_t size, int flags)
@@ -261,9 +256,6 @@ cdef inline const char* _next_space(const char* p, const char* end) noexcept nog
 # anything else (floats, escapes, non-ASCII, whitespace, errors) it gives up
 # and orjson decodes the row, so results never differ from orjson's.
 cdef object _GIVE_UP = object()
-
-cdef extern from "Python.h":
-    object PyUnicode_DecodeASCII(const char* s, Py_ssize_t size, const char* errors)
 
 
 cdef extern from "Python.h":
