@@ -516,3 +516,33 @@ def test_commands_are_immutable_and_comparable(wire: ModuleType) -> None:
     assert wire.PingCommand("1") != wire.NameCommand("1")
     assert repr(cmd) == "PositionCommand(stream_name='events', instance_name='master', prev_token=1, new_token=2)"
     assert describe(cmd)[0] == "PositionCommand"
+
+
+# The document's example session, as each side sends it.
+SERVER_TRANSCRIPT = (
+    b"SERVER localhost:8823\n"
+    b"PING 1490197665618\n"
+    b"POSITION events master 1 1\n"
+    b"POSITION backfill master 1 1\n"
+    b"POSITION caches master 1 1\n"
+    b'RDATA caches master 2 ["get_user_by_id",["@01register-user:localhost:8823"],1490197670513]\n'
+    b'RDATA events master 14 ["$149019767112vOHxz:localhost:8823",'
+    b'"!AFDCvgApUmpdfVjIXm:localhost:8823","m.room.guest_access","",null]\n'
+    b"ERROR server stopping\n"
+)
+CLIENT_TRANSCRIPT = b"NAME synapse.app.appservice\nPING 1490197665618\nREPLICATE\nPING 1490197675618\n"
+
+
+@pytest.mark.parametrize("transcript", [SERVER_TRANSCRIPT, CLIENT_TRANSCRIPT])
+@pytest.mark.parametrize("chunk", [1, 7, 64, 65536])
+def test_golden_transcripts(wire: ModuleType, transcript: bytes, chunk: int) -> None:
+    decoder = wire.Decoder()
+    commands = []
+    for i in range(0, len(transcript), chunk):
+        commands.extend(decoder.feed(transcript[i : i + chunk]))
+    encoder = wire.Encoder()
+    encoder.encode_many(commands)
+    assert encoder.take() == transcript
+    rebuilt = wire.Encoder()
+    rebuilt.encode_many(type(c)(**{f: getattr(c, f) for f in c.FIELDS}) for c in commands)
+    assert rebuilt.take() == transcript
