@@ -117,7 +117,13 @@ def writer(connect: str, db: str, fact_count: int, rows_per_fact: int, rate: flo
 
 
 if __name__ == "__main__":
+    import signal
+
     import gevent.event  # noqa: F401
+    import gevent.util
+
+    # `kill -USR1` prints every greenlet's stack, to see where a process waits.
+    gevent.signal_handler(signal.SIGUSR1, lambda: gevent.util.print_run_info(file=sys.stderr))
 
     role, *args = sys.argv[1:]
     if role == "worker":

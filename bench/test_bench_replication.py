@@ -59,7 +59,8 @@ def _run(tmp: str, impl_kind: str, facts: int, rows_per_fact: int, rate: float) 
     logs = []
 
     def start(args: list[str], **kw: Any) -> subprocess.Popen[bytes]:
-        log = open(os.path.join(tmp, f"{args[0]}-{len(procs)}.log"), "wb")
+        role = args[3] if args[1] == "-m" else args[2]
+        log = open(os.path.join(tmp, f"{role}-{len(procs)}.log"), "wb")
         logs.append(log)
         proc = subprocess.Popen(args, env=env, stderr=log, **kw)
         procs.append(proc)

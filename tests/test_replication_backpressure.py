@@ -76,3 +76,29 @@ def test_slow_consumer_is_disconnected_others_keep_up() -> None:
         slow.close()
         fast.close()
         hub.stop()
+
+
+def test_catch_up_delivers_facts_larger_than_the_queue_bound() -> None:
+    from streamrep.replication import Backoff, ReplicationClient
+
+    source = MemorySource(["to_device"])
+    for token in (1, 2, 3):
+        source.append("to_device", "w1", token, [[f"@u{j}:x", f"D{token}"] for j in range(500)])
+    hub = ReplicationHub(
+        "hub.example", source, port=0,
+        settings=ConnectionSettings(ping_interval=5, ping_timeout=15, max_queued_commands=100),
+    )
+    hub.start()
+    got: list[tuple[int, int]] = []
+    client = ReplicationClient(
+        "127.0.0.1", hub.address[1], client_name="w", start_from={"to_device": 0},
+        handler=lambda s, i, token, rows: got.append((token, len(rows))), backoff=Backoff(0.02, 0.1),
+    )
+    client.start()
+    try:
+        wait_until(lambda: len(got) == 3, timeout=20)
+        assert got == [(1, 500), (2, 500), (3, 500)]
+        assert hub.metrics.disconnects["slow_consumer"] == 0
+    finally:
+        client.stop()
+        hub.stop()

@@ -31,6 +31,7 @@ __all__ = [
     "position",
     "rdata",
     "rdata_lines",
+    "rdata_line_list",
     "clear_user_sync",
     "error_message",
 ]
@@ -100,6 +101,11 @@ def error_message(command: Any) -> str:
 def rdata_lines(stream: str, instance: str, rows: Sequence[tuple[int, bytes]]) -> bytes:
     """Encode rows ``(token, row_json)`` in token order as RDATA lines, with
     ``batch`` for every row but the last of each token."""
+    return b"".join(rdata_line_list(stream, instance, rows))
+
+
+def rdata_line_list(stream: str, instance: str, rows: Sequence[tuple[int, bytes]]) -> list[bytes]:
+    """As :func:`rdata_lines`, one bytes object per line."""
     # Built directly: this is the hub's hottest loop. The prefix is validated once
     # by building a real command from it.
     rdata(stream, instance, 0, b"0")
@@ -113,4 +119,4 @@ def rdata_lines(stream: str, instance: str, rows: Sequence[tuple[int, bytes]]) -
             out.append(b"%b%d %b\n" % (head, token, row_json))
         else:
             out.append(b"%bbatch %b\n" % (head, row_json))
-    return b"".join(out)
+    return out

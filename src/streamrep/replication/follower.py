@@ -145,19 +145,12 @@ class StreamFollower:
     def _fill(self, stream: str, instance: str, from_token: int, upto_token: int) -> None:
         assert self.source is not None
         key = (stream, instance)
-        limit = FETCH_LIMIT
         while from_token < upto_token:
-            rows, limited = self.source.updates(stream, instance, from_token, upto_token, limit)
+            # Limited answers end at a whole stream ID (the source's contract).
+            rows, limited = self.source.updates(stream, instance, from_token, upto_token, FETCH_LIMIT)
             if not rows:
                 break
             facts = group_facts(rows)
-            if limited:
-                if len(facts) == 1:
-                    # One fact larger than the limit: fetch again with room for all of it.
-                    limit *= 2
-                    continue
-                # The limit may have cut the last fact short: fetch it again whole.
-                facts.pop()
             for token, fact_rows in facts:
                 if token <= from_token:
                     continue

@@ -406,14 +406,8 @@ class ReplicationHub:
 
     def _publish_from_source(self, stream: str, instance: str, from_token: int, upto_token: int) -> None:
         assert self.source is not None
-        limit = CATCH_UP_BATCH
         while from_token < upto_token:
-            rows, limited = self.source.updates(stream, instance, from_token, upto_token, limit)
-            if limited:
-                rows, cut = _whole_facts(rows)
-                if not rows:
-                    limit *= 2
-                    continue
+            rows, limited = self.source.updates(stream, instance, from_token, upto_token, CATCH_UP_BATCH)
             if not rows:
                 break
             self.publish_rows(stream, instance, rows)
@@ -464,35 +458,38 @@ class ReplicationHub:
                 if s == stream and token > sent.get(inst, from_token)
             ]
             if not behind:
-                break
+                lines = [
+                    C.encode_one(C.position(stream, inst, max(from_token, last_row.get(inst, from_token)), token))
+                    for (s, inst), token in self.positions.items()
+                    if s == stream
+                ]
+                if conn.queue.room() >= len(lines):
+                    # Switch to live: nothing yielded since the check above.
+                    conn.catching_up.discard(stream)
+                    if lines:
+                        conn.send_encoded(b"".join(lines), len(lines), "POSITION")
+                    return
+                conn.queue.wait_for_room(len(lines))
+                continue  # the wait yielded: look again for newer rows
             for instance, upto in behind:
                 start = sent.get(instance, from_token)
-                limit = CATCH_UP_BATCH
                 while start < upto and not conn.closed:
-                    rows, limited = self.source.updates(stream, instance, start, upto, limit)
-                    if limited:
-                        rows, _cut = _whole_facts(rows)
-                        if not rows:
-                            limit *= 2
-                            continue
+                    # Limited answers end at a whole stream ID (the source's contract).
+                    rows, limited = self.source.updates(stream, instance, start, upto, CATCH_UP_BATCH)
                     if rows:
-                        conn.queue.wait_for_room(len(rows))
-                        conn.send_encoded(C.rdata_lines(stream, instance, rows), len(rows), "RDATA")
+                        # In pieces that fit the queue, even when one fact is larger
+                        # than the whole bound.
+                        lines = C.rdata_line_list(stream, instance, rows)
+                        piece = max(1, conn.queue.max_commands // 2)
+                        for i in range(0, len(lines), piece):
+                            chunk = lines[i : i + piece]
+                            conn.queue.wait_for_room(len(chunk))
+                            if not conn.send_encoded(b"".join(chunk), len(chunk), "RDATA"):
+                                return
                         start = last_row[instance] = rows[-1][0]
-                    if not limited:
+                    if not limited or not rows:
                         break
                 sent[instance] = upto
-        if conn.closed:
-            return
-        # Switch to live: no yield between the last check above and here.
-        conn.catching_up.discard(stream)
-        lines = [
-            C.encode_one(C.position(stream, inst, max(from_token, last_row.get(inst, from_token)), token))
-            for (s, inst), token in self.positions.items()
-            if s == stream
-        ]
-        if lines:
-            conn.send_encoded(b"".join(lines), len(lines), "POSITION")
 
     # --- presence ----------------------------------------------------------------------
 
@@ -514,18 +511,6 @@ class ReplicationHub:
         for users in self.syncing_users.values():
             out |= users
         return out
-
-
-def _whole_facts(rows: list[tuple[int, bytes]]) -> tuple[list[tuple[int, bytes]], bool]:
-    """Drop the trailing rows sharing the last token (a limit may have cut that
-    fact short); returns the rows left and whether any were dropped."""
-    if not rows:
-        return rows, False
-    last = rows[-1][0]
-    end = len(rows)
-    while end and rows[end - 1][0] == last:
-        end -= 1
-    return rows[:end], end != len(rows)
 
 
 def _clear_user_sync(instance_id: str) -> Any:

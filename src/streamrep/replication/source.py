@@ -38,8 +38,11 @@ class StreamSource(Protocol):
     def updates(
         self, stream: str, instance: str, from_token: int, upto_token: int, limit: int
     ) -> tuple[list[tuple[int, bytes]], bool]:
-        """Rows of *instance* with ``from_token < token <= upto_token``, token order,
-        at most *limit*; the flag is True when more rows remain."""
+        """Rows of *instance* with ``from_token < token <= upto_token``, token order.
+
+        About *limit* rows: when more remain the flag is True and the rows end at a
+        whole token (rows sharing a token are never split, so the answer may exceed
+        *limit* by the rest of the last token's rows)."""
         ...
 
 
@@ -92,5 +95,8 @@ class MemorySource:
         lo = bisect.bisect_right(tokens, from_token)
         hi = bisect.bisect_right(tokens, upto_token)
         if hi - lo > limit:
-            return rows[lo : lo + limit], True
+            end = lo + limit
+            while end < hi and tokens[end] == tokens[end - 1]:
+                end += 1  # never split a fact
+            return rows[lo:end], end < hi
         return rows[lo:hi], False
