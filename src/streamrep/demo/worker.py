@@ -229,6 +229,9 @@ class DemoWorker:
             for fact in self.facts:
                 fh.write(orjson.dumps(fact) + b"\n")
         self.status("done", stale_cache_entries=stale)
+        log.info("worker_finished", facts=len(self.facts), sync_queries=self.sync_queries,
+                 sync_mismatches=self.sync_mismatches, stale_cache_entries=stale,
+                 cache_invalidations=self.cache_invalidations)
 
 
 def _watch_stdin(stop: gevent.event.Event) -> None:

@@ -247,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         for fact in writer.visible:
             fh.write(orjson.dumps(fact) + b"\n")
     writer.status("done")
+    log.info("writer_finished", instance=args.instance_name, facts=len(writer.visible),
+             **{f"ops_{label}": n for label, n in sorted(writer.ops.items())})
     if writer.store is not None:
         writer.store.close()
     writer.db.close()
