@@ -188,6 +188,8 @@ def topological_sort(records: Sequence[EventRecord]) -> list[EventRecord]:
     """Order *records* so that each comes after the batch events it lists as
     prev_events (stable otherwise; cycles keep their input order)."""
     by_id = {r.event_id: i for i, r in enumerate(records)}
+    if all(by_id.get(p, -1) < i for i, r in enumerate(records) for p in r.prev_events):
+        return list(records)  # already in order (the usual case)
     indegree = [0] * len(records)
     children: list[list[int]] = [[] for _ in records]
     for i, record in enumerate(records):
@@ -196,8 +198,6 @@ def topological_sort(records: Sequence[EventRecord]) -> list[EventRecord]:
             if j is not None:
                 indegree[i] += 1
                 children[j].append(i)
-    if all(by_id.get(p, -1) < i for i, r in enumerate(records) for p in r.prev_events):
-        return list(records)  # already in order (the usual case)
     ready = [i for i, d in enumerate(indegree) if d == 0]
     heapq.heapify(ready)
     out: list[EventRecord] = []
@@ -520,10 +520,15 @@ def _assign_state(txn: Transaction, room_id: str, records: list[EventRecord],
     def group_state(group: int) -> tuple[GroupState, int]:
         return out.new_groups.get(group) or states.load(txn, group)
 
+    event_groups = out.event_groups
+    # Visibility setting per m.room.history_visibility event, looked up once a batch.
+    vis_of: dict[str, str] = {}
     for record in non_outliers:
         prev_groups: list[int] = []
         for p in record.prev_events:
-            g = out.event_groups.get(p, groups.get(p))
+            g = event_groups.get(p)
+            if g is None:
+                g = groups.get(p)
             if g is not None and g not in prev_groups:
                 prev_groups.append(g)
         base_group: int | None
@@ -544,14 +549,19 @@ def _assign_state(txn: Transaction, room_id: str, records: list[EventRecord],
         changes_state = record.is_state and not record.rejected
         key: StateKey = (record.type, record.state_key or "")
         vis_id = before.get(HISTORY_VISIBILITY_KEY)
-        vis = (_visibility_value(txn, vis_id, visibility_cache, out) if vis_id
-               else DEFAULT_VISIBILITY)
+        if vis_id:
+            known = vis_of.get(vis_id)
+            if known is None:
+                known = vis_of[vis_id] = _visibility_value(txn, vis_id, visibility_cache, out)
+            vis = known
+        else:
+            vis = DEFAULT_VISIBILITY
         if changes_state and key == HISTORY_VISIBILITY_KEY:
             vis = more_permissive(vis, out.visibility_values[record.event_id])
         visibility[record.event_id] = vis
 
         if base_group is not None and (not changes_state or before.get(key) == record.event_id):
-            out.event_groups[record.event_id] = base_group
+            event_groups[record.event_id] = base_group
             event_group_rows.append((record.event_id, base_group))
             continue
         after = dict(before)
@@ -561,7 +571,16 @@ def _assign_state(txn: Transaction, room_id: str, records: list[EventRecord],
         # Store over the prev group that needs the smallest delta, unless its chain is
         # already max_delta_hops long: then store a full snapshot.
         best: tuple[int, int, dict[StateKey, str]] | None = None
-        for g in prev_groups:
+        if len(prev_groups) == 1 and changes_state:
+            # One prev group whose state is `before`: the delta is the one new key,
+            # found without walking the whole state.
+            g_hops = group_state(prev_groups[0])[1]
+            if g_hops + 1 <= states.max_delta_hops:
+                best = (prev_groups[0], g_hops + 1, {key: record.event_id})
+            prev_groups_to_try: list[int] = []
+        else:
+            prev_groups_to_try = prev_groups
+        for g in prev_groups_to_try:
             g_state, g_hops = group_state(g)
             if g_hops + 1 > states.max_delta_hops or any(k not in after for k in g_state):
                 continue
@@ -576,7 +595,7 @@ def _assign_state(txn: Transaction, room_id: str, records: list[EventRecord],
         group_rows.append((group, room_id, record.event_id))
         group_state_rows.extend((group, room_id, t, sk, e) for (t, sk), e in delta.items())
         out.new_groups[group] = (MappingProxyType(after), hops)
-        out.event_groups[record.event_id] = group
+        event_groups[record.event_id] = group
         event_group_rows.append((record.event_id, group))
     return visibility
 
