@@ -225,13 +225,15 @@ class ReplicationClient:
         """Stop reconnecting and close the connection (after flushing it)."""
         self._stopping = True
         conn = self.connection
-        if conn is not None:
+        if conn is not None and not conn.closed:
             conn.close(DisconnectReason.LOCAL_CLOSE)
             if conn._writer is not None:
                 conn._writer.join(timeout)
+            if self._greenlet is not None:
+                self._greenlet.join(timeout)
         if self._greenlet is not None:
-            self._greenlet.join(timeout)
-            self._greenlet.kill(block=False)
+            # Not connected: it is waiting to retry, nothing to finish.
+            self._greenlet.kill(block=True, timeout=timeout)
 
     @property
     def connected(self) -> bool:
