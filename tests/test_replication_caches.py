@@ -74,3 +74,13 @@ def test_lru_cache_evicts_least_recently_used() -> None:
     cache.set(("c",), 3)
     assert ("b",) not in cache and ("a",) in cache and ("c",) in cache
     assert cache.get_or_compute(("d",), lambda: 4) == 4 and len(cache) == 2
+
+
+def test_replication_handler_invalidates_then_passes_facts_on() -> None:
+    reg, caches = _registry()
+    seen: list[tuple[str, int]] = []
+    handler = reg.replication_handler(lambda stream, instance, token, rows: seen.append((stream, token)))
+    handler("caches", "main", 7, [["get_user_by_id", ["@bob:x"], 1], ["get_user_by_id", ["@amy:x"], 1]])
+    handler("events", "main", 8, [["$e", "!r", "m", None, None]])
+    assert len(caches["get_user_by_id"]) == 0
+    assert seen == [("caches", 7), ("events", 8)]

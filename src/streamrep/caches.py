@@ -202,3 +202,17 @@ class CacheRegistry:
     def handle_rows(self, rows: Iterable[Any]) -> int:
         """Apply several ``caches`` rows; returns the number of caches touched."""
         return sum(self.handle_row(row) for row in rows)
+
+    def replication_handler(
+        self, then: Callable[[str, str, int, list[Any]], None] | None = None
+    ) -> Callable[[str, str, int, list[Any]], None]:
+        """A :class:`~streamrep.replication.ReplicationClient` handler that applies
+        ``caches`` facts to this registry, then passes every fact to *then*."""
+
+        def handler(stream: str, instance: str, token: int, rows: list[Any]) -> None:
+            if stream == "caches":
+                self.handle_rows(rows)
+            if then is not None:
+                then(stream, instance, token, rows)
+
+        return handler
