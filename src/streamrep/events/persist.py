@@ -269,16 +269,21 @@ def persist_batch(
     # One query: which events are stored already (skip repeats, de-outlier upgraded
     # ones), and which stored redactions target events of the batch.
     stored: dict[str, bool] = {}
+    # The bytes first received for stored outliers: a de-outliered event keeps them.
+    outlier_json: dict[str, bytes] = {}
     redaction_targets: set[tuple[str, str]] = set()
     for chunk in _chunks([r.event_id for r in records]):
         marks = _ph(len(chunk))
-        for kind, event_id, outlier, room_id in txn.fetchall(
-                "SELECT 0, event_id, outlier, NULL FROM events WHERE event_id IN (" + marks + ")"
-                " UNION ALL SELECT 1, redacts, NULL, room_id FROM events"
+        for kind, event_id, outlier, room_id, raw in txn.fetchall(
+                "SELECT 0, event_id, outlier, NULL, CASE WHEN outlier THEN json END FROM events"
+                " WHERE event_id IN (" + marks + ")"
+                " UNION ALL SELECT 1, redacts, NULL, room_id, NULL FROM events"
                 " WHERE redacts IS NOT NULL AND NOT rejected AND redacts IN (" + marks + ")",
                 [*chunk, *chunk]):
             if kind == 0:
                 stored[event_id] = bool(outlier)
+                if raw is not None:
+                    outlier_json[event_id] = bytes(raw)
             else:
                 redaction_targets.add((event_id, room_id))
     todo: list[EventRecord] = []
@@ -287,6 +292,7 @@ def persist_batch(
         if record.event_id in stored:
             if stored[record.event_id] and not record.outlier:
                 deoutliered.add(record.event_id)
+                record.json = outlier_json.get(record.event_id, record.json)
                 todo.append(record)
             continue
         todo.append(record)
@@ -327,7 +333,6 @@ def persist_batch(
             history_rows.append((record.event_id, record.room_id, value))
 
     event_rows: list[tuple[Any, ...]] = []
-    json_rows: list[tuple[str, str, bytes]] = []
     edge_rows: list[tuple[str, str, str]] = []
     member_rows: list[tuple[Any, ...]] = []
     group_rows: list[tuple[int, str, str]] = []
@@ -347,9 +352,7 @@ def persist_batch(
                 stream, record.depth, record.event_id, room_id, record.type, record.state_key,
                 record.sender, record.outlier, record.rejected, record.soft_failed,
                 record.event_id in redacted_now, record.redacts, record.relates_to,
-                record.membership, visibility.get(record.event_id), now_ms))
-            if record.event_id not in deoutliered:
-                json_rows.append((record.event_id, room_id, record.json))
+                record.membership, visibility.get(record.event_id), now_ms, record.json))
             if not record.outlier:
                 edge_rows.extend((record.event_id, p, room_id) for p in record.prev_events)
             if (record.membership is not None and record.state_key is not None
@@ -369,8 +372,7 @@ def persist_batch(
     insert_many = writes.insert
     insert_many("events", "stream_ordering, topological_ordering, event_id, room_id, type,"
                 " state_key, sender, outlier, rejected, soft_failed, redacted, redacts,"
-                " relates_to, membership, history_visibility, received_ts", event_rows)
-    insert_many("event_json", "event_id, room_id, json", json_rows)
+                " relates_to, membership, history_visibility, received_ts, json", event_rows)
     insert_many("event_edges", "event_id, prev_event_id, room_id", edge_rows,
                 " ON CONFLICT DO NOTHING")
     insert_many("room_memberships", "event_id, user_id, sender, room_id, membership,"

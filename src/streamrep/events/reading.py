@@ -22,7 +22,7 @@ __all__ = ["StoredEvent", "EVENT_COLUMNS", "event_from_row", "fetch_events",
 EVENT_COLUMNS = (
     "e.event_id, e.room_id, e.type, e.state_key, e.sender, e.topological_ordering,"
     " e.stream_ordering, e.outlier, e.rejected, e.soft_failed, e.redacted, e.membership,"
-    " e.history_visibility, j.json"
+    " e.history_visibility, e.json"
 )
 
 
@@ -75,7 +75,7 @@ def fetch_events(txn: Transaction, event_ids: Sequence[str]) -> dict[str, Stored
     for start in range(0, len(ids), 500):
         chunk = ids[start:start + 500]
         for row in txn.fetchall(
-                f"SELECT {EVENT_COLUMNS} FROM events e JOIN event_json j ON j.event_id = e.event_id"
+                f"SELECT {EVENT_COLUMNS} FROM events e"
                 " WHERE e.event_id IN (" + ",".join("?" * len(chunk)) + ")", chunk):
             event = event_from_row(row)
             out[event.event_id] = event
@@ -96,7 +96,7 @@ def visible_timeline(txn: Transaction, room_id: str, user_id: str, *, where: str
     joined = 1 if currently_joined(txn, room_id, user_id) else 0
     sql = (
         f"SELECT x.* FROM (SELECT {EVENT_COLUMNS}, {MEMBERSHIP_AT_EVENT_SQL} AS mem"
-        " FROM events e JOIN event_json j ON j.event_id = e.event_id"
+        " FROM events e"
         " WHERE e.room_id = ? AND NOT e.outlier AND NOT e.rejected AND NOT e.soft_failed"
         f" AND {where}) x WHERE {VISIBLE_TO_USER_SQL} ORDER BY {order} LIMIT ?"
     )
@@ -109,7 +109,7 @@ def user_membership_changes(txn: Transaction, user_id: str, since: int, until: i
     """The user's membership events (out-of-band ones included) after *since*."""
     rows = txn.fetchall(
         f"SELECT {EVENT_COLUMNS} FROM room_memberships m"
-        " JOIN events e ON e.event_id = m.event_id JOIN event_json j ON j.event_id = e.event_id"
+        " JOIN events e ON e.event_id = m.event_id"
         " WHERE m.user_id = ? AND m.stream_ordering > ? AND m.stream_ordering <= ?"
         " ORDER BY m.stream_ordering LIMIT ?", (user_id, since, until, limit))
     return [event_from_row(r) for r in rows]

@@ -315,7 +315,7 @@ class EventStore:
 
     def get_event_json(self, event_id: str) -> bytes:
         """The exact JSON bytes received for *event_id* (never pruned)."""
-        raw = self.db.fetchval("SELECT json FROM event_json WHERE event_id = ?", (event_id,))
+        raw = self.db.fetchval("SELECT json FROM events WHERE event_id = ?", (event_id,))
         if raw is None:
             raise EventNotFoundError(f"event {event_id} is not stored")
         return bytes(raw)
