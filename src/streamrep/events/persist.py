@@ -385,6 +385,12 @@ def persist_batch(
                 group_state_rows)
     insert_many("event_to_state_groups", "event_id, state_group", event_group_rows)
 
+    # Current state goes out with the same round trip as the events.
+    batch_memberships = {r.event_id: r.membership for r in todo if r.membership is not None}
+    for room_id in rooms:
+        if room_id in out.forward:
+            _update_current_state(txn, writes, room_id, states, resolver, orderings, out,
+                                  current_state_cache, allocator, batch_memberships)
     writes.flush()
 
     # Redactions in this batch mark their (stored or just inserted) targets.
@@ -395,11 +401,6 @@ def persist_batch(
             if txn.rowcount:
                 out.redacted.add(record.redacts)
     out.redacted |= redacted_now
-
-    for room_id in rooms:
-        if room_id in out.forward:
-            _update_current_state(txn, room_id, states, resolver, orderings, out,
-                                  current_state_cache, allocator)
     return out
 
 
@@ -602,10 +603,13 @@ def _assign_state(txn: Transaction, room_id: str, records: list[EventRecord],
     return visibility
 
 
-def _update_current_state(txn: Transaction, room_id: str, states: StateGroupStore,
-                          resolver: StateResolver, orderings: dict[str, tuple[int, int]],
-                          out: PersistOutcome, current_state_cache: Lru[str, GroupState],
-                          allocator: StreamAllocator) -> None:
+def _update_current_state(txn: Transaction, writes: Writes, room_id: str,
+                          states: StateGroupStore, resolver: StateResolver,
+                          orderings: dict[str, tuple[int, int]], out: PersistOutcome,
+                          current_state_cache: Lru[str, GroupState],
+                          allocator: StreamAllocator,
+                          batch_memberships: dict[str, str]) -> None:
+    """Queue on *writes* the room's current-state changes the batch makes."""
     new_state = current_state_of(txn, states, resolver, room_id, out.forward[room_id],
                                  out.event_groups, out.new_groups, orderings)
     old_state = current_state_cache.get(room_id)
@@ -620,7 +624,14 @@ def _update_current_state(txn: Transaction, room_id: str, states: StateGroupStor
     changed = [k for k in set(old_state) | set(new_state) if old_state.get(k) != new_state.get(k)]
     changed.sort()
     memberships: dict[str, str] = {}
-    member_ids = [new_state[k] for k in changed if k[0] == "m.room.member" and k in new_state]
+    member_ids = []
+    for k in changed:
+        if k[0] == "m.room.member" and k in new_state:
+            event_id = new_state[k]
+            if event_id in batch_memberships:
+                memberships[event_id] = batch_memberships[event_id]
+            else:
+                member_ids.append(event_id)
     for chunk in _chunks(member_ids):
         for event_id, membership in txn.fetchall(
                 "SELECT event_id, membership FROM events WHERE event_id IN ("
@@ -630,7 +641,6 @@ def _update_current_state(txn: Transaction, room_id: str, states: StateGroupStor
     stream_id = out.max_stream if out.max_stream > 0 else allocator.next_live(txn)
     out.max_live = max(out.max_live, stream_id)
     users = out.current_state_changes.setdefault(room_id, set())
-    writes = Writes(txn)
     current_rows = []
     delta_rows = []
     for etype, state_key in changed:
@@ -647,4 +657,3 @@ def _update_current_state(txn: Transaction, room_id: str, states: StateGroupStor
                   current_rows)
     writes.insert("current_state_delta_stream", "stream_id, room_id, type, state_key, event_id,"
                   " prev_event_id", delta_rows)
-    writes.flush()
