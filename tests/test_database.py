@@ -16,8 +16,8 @@ from streamrep.errors import DatabaseConfigError, SchemaVersionError
 
 
 def test_sqlite_urls() -> None:
-    assert parse_database_url("sqlite:///var/lib/x.db").target == "/var/lib/x.db"
     assert parse_database_url("sqlite:////var/lib/x.db").target == "/var/lib/x.db"
+    assert parse_database_url("sqlite:///rel/x.db").target == "rel/x.db"
     assert parse_database_url("sqlite:rel/x.db").target == "rel/x.db"
     assert parse_database_url("sqlite:///:memory:").target == ":memory:"
     assert parse_database_url("sqlite:///x.db?busy_timeout_ms=100").busy_timeout_ms == 100

@@ -1,6 +1,6 @@
 """The database layer: one API over SQLite (embedded default) and PostgreSQL.
 
->>> db = Database.open("sqlite:///var/lib/streamrep/streamrep.db")
+>>> db = Database.open("sqlite:////var/lib/streamrep/streamrep.db")
 >>> with db.transaction() as txn:
 ...     txn.execute("INSERT INTO t (a) VALUES (?)", (1,))
 

@@ -73,8 +73,8 @@ def _split_own_parameters(query: str, url: str) -> tuple[str, dict[str, int]]:
 def parse_database_url(url: str) -> DatabaseURL:
     """Parse *url*, raising :class:`DatabaseConfigError` when it cannot work.
 
-    * ``sqlite:///var/lib/streamrep.db`` and ``sqlite:////var/lib/streamrep.db``
-      both name the absolute path ``/var/lib/streamrep.db``; ``sqlite:relative.db``
+    * ``sqlite:////var/lib/streamrep.db`` names the absolute path
+      ``/var/lib/streamrep.db``; ``sqlite:///relative.db`` (or ``sqlite:relative.db``)
       is relative to the working directory; ``sqlite:///:memory:`` is a private
       in-memory database.
     * ``postgresql://user@host:5432/db?options=-csearch_path%3Dstreamrep`` (or
@@ -98,15 +98,15 @@ def parse_database_url(url: str) -> DatabaseURL:
                 f"busy_timeout_ms (got {rest_query!r})"
             )
         if rest.startswith("//"):
+            # As everywhere else: the third slash ends the (empty) host part, so
+            # sqlite:///rel.db is relative and sqlite:////abs/path.db absolute.
             rest = rest[2:]
-            if rest.startswith("/:memory:"):
+            if rest.startswith("/"):
                 rest = rest[1:]
-            elif rest.startswith("/"):
-                rest = "/" + rest.lstrip("/")
             else:
                 raise DatabaseConfigError(
                     f"database URL {url!r}: a host part is not allowed in a SQLite URL; "
-                    "write sqlite:///absolute/path.db or sqlite:relative/path.db"
+                    "write sqlite:////absolute/path.db or sqlite:///relative/path.db"
                 )
         if not rest or rest.endswith("/"):
             raise DatabaseConfigError(f"database URL {url!r} names no SQLite database file")
