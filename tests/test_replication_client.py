@@ -51,6 +51,28 @@ def test_replayed_facts_are_dropped() -> None:
     assert [fact[2] for fact in got] == [6, 7, 8]
 
 
+def test_a_fact_whose_handler_raises_is_not_counted_as_seen() -> None:
+    got: list[Fact] = []
+    fail = {7}
+
+    def handler(stream: str, instance: str, token: int, rows: list[Any]) -> None:
+        if token in fail:
+            fail.discard(token)
+            raise RuntimeError("handler failed")
+        got.append((stream, instance, token, rows))
+
+    f = StreamFollower(handler)
+    f.on_position("events", "w1", 5, 5)
+    f.on_rdata("events", "w1", 6, [6])
+    with pytest.raises(RuntimeError):
+        f.on_rdata("events", "w1", 7, [7])
+    assert f.positions[("events", "w1")] == 6
+    f.connection_lost()
+    for token in (7, 8):  # replayed after the reconnect
+        f.on_rdata("events", "w1", token, [token])
+    assert [fact[2] for fact in got] == [6, 7, 8]
+
+
 def test_half_batch_is_forgotten_on_reconnect() -> None:
     f, got = _follower()
     f.on_position("caches", "main", 1, 1)

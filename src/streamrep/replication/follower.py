@@ -107,9 +107,11 @@ class StreamFollower:
         if base is not None and token <= base:
             return
         rows = pending + [row] if pending else [row]
+        # The position moves only once the handler has taken the fact: if it
+        # raises, the connection drops and the fact comes again on resume.
+        self.handler(stream, instance, token, rows)
         self.positions[key] = token
         self.delivered += 1
-        self.handler(stream, instance, token, rows)
 
     def on_position(self, stream: str, instance: str, prev_token: int, new_token: int) -> bool:
         """A ``POSITION``. Returns False when a gap needs filling and there is no
@@ -154,9 +156,9 @@ class StreamFollower:
             for token, fact_rows in facts:
                 if token <= from_token:
                     continue
+                self.handler(stream, instance, token, fact_rows)
                 self.positions[key] = token
                 self.delivered += 1
-                self.handler(stream, instance, token, fact_rows)
                 from_token = token
             if not limited:
                 break
