@@ -20,6 +20,7 @@ import argparse
 import os
 import random
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -63,8 +64,9 @@ def tree_rss(pid: int) -> int:
     return total
 
 
-def run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, int, str]:
-    """Run *cmd*; return (wall seconds, peak tree RSS bytes, stdout)."""
+def run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, int, str, float]:
+    """Run *cmd*; return (wall seconds, peak tree RSS bytes, stdout, CPU seconds)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     clock = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     peak = [0]
@@ -83,7 +85,9 @@ def run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, int, str]:
     wall = time.perf_counter() - clock
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{err[-4000:]}")
-    return wall, peak[0], out
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, peak[0], out, cpu
 
 
 def interned_batch(forest: Forest) -> tuple[array, array, array, array, array]:
@@ -115,13 +119,14 @@ def phases(summary: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--groups", type=int, default=200_000)
-    parser.add_argument("--sql-groups", type=int, default=20_000,
+    parser.add_argument("--sql-groups", type=int, default=10_000,
                         help="groups timed with the per-group recursive query (0: skip)")
     parser.add_argument("--dsn", default=os.environ.get("STREAMREP_TEST_DSN",
                                                         "postgresql://postgres@127.0.0.1:5432/test"))
     parser.add_argument("--skip-spark", action="store_true")
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()
+    print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="streamrep-bench-state-"))
     rooms = max(1, args.groups // 50)
@@ -135,23 +140,25 @@ def main() -> None:
     state = _impl.load_compiled("state")
     batch = interned_batch(forest)
     clock = time.perf_counter()
+    cpu_clock = time.process_time()
     out_groups, _, _ = state.expand_groups(*batch, None)
     walk = time.perf_counter() - clock
+    walk_cpu = time.process_time() - cpu_clock
     output_rows = len(out_groups)
     del out_groups
     print(f"output: {output_rows} rows")
-    print(f"compiled walk (one expand_groups call, pre-interned): {walk:.2f}s")
+    print(f"compiled walk (one expand_groups call, pre-interned): {walk:.2f}s wall, {walk_cpu:.2f}s CPU")
 
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
-    results: dict[str, tuple[float, int, str]] = {}
+    results: dict[str, tuple[float, int, str, float]] = {}
     cmd = [sys.executable, "-m", "streamrep", "spark", "reconstruct", "--input", str(work / "input")]
     results["single-process"] = run_measured(
         cmd + ["--single-process", "--output", str(work / "out-local")], env)
     if not args.skip_spark:
         results["spark local[2]"] = run_measured(
             cmd + ["--master", "local[2]", "--output", str(work / "out-spark")], env)
-    for name, (wall, peak, out) in results.items():
-        print(f"{name}: {wall:.2f}s wall, peak RSS {peak / 2**30:.2f} GiB ({phases(out)})")
+    for name, (wall, peak, out, cpu) in results.items():
+        print(f"{name}: {wall:.2f}s wall, {cpu:.2f}s CPU, peak RSS {peak / 2**30:.2f} GiB ({phases(out)})")
 
     if args.sql_groups:
         import psycopg2
@@ -187,6 +194,7 @@ def main() -> None:
             with admin.cursor() as cur:
                 cur.execute(f"DROP SCHEMA {schema} CASCADE")
             admin.close()
+    print(f"load average at end: {os.getloadavg()[0]:.1f}")
     local_wall = results["single-process"][0]
     print(f"single-process vs compiled walk: {local_wall / walk:.1f}x the walk's time")
     if args.workdir is None:

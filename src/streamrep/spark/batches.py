@@ -39,11 +39,12 @@ __all__ = [
     "TREES_SCHEMA",
     "TREE_ROWS_SCHEMA",
     "STATE_SCHEMA",
-    "STATE_DICT_SCHEMA",
     "DIGEST_SCHEMA",
     "assign_trees",
     "expand_partition",
     "expand_table",
+    "write_partition",
+    "WRITTEN_SCHEMA",
 ]
 
 #: Input of :func:`assign_trees`: one row per group (prev null for a root).
@@ -62,8 +63,9 @@ TREES_SCHEMA = pa.schema(
     ]
 )
 
-#: Input of :func:`expand_partition`: the trees joined with the delta rows (a group
-#: without delta rows has one row whose ``type`` is null).
+#: Input of :func:`expand_partition`: the trees joined with the delta rows. Rows
+#: whose ``type`` is null only carry the group (every group needs at least one
+#: row; extra such rows beside a group's delta rows are ignored).
 TREE_ROWS_SCHEMA = pa.schema(
     list(TREES_SCHEMA)
     + [("type", pa.string()), ("state_key", pa.string()), ("event_id", pa.string())]
@@ -76,17 +78,6 @@ STATE_SCHEMA = pa.schema(
         ("type", pa.string()),
         ("state_key", pa.string()),
         ("event_id", pa.string()),
-    ]
-)
-
-#: The same with dictionary-encoded strings (the single-process mode writes these
-#: straight to Parquet without materialising every string).
-STATE_DICT_SCHEMA = pa.schema(
-    [
-        ("state_group", pa.int64()),
-        ("type", pa.dictionary(pa.int32(), pa.string())),
-        ("state_key", pa.dictionary(pa.int32(), pa.string())),
-        ("event_id", pa.dictionary(pa.int32(), pa.string())),
     ]
 )
 
@@ -277,9 +268,7 @@ class _Interned:
         return f"({t!r}, {s!r})"
 
 
-def _expand_segment(
-    segment: pa.Table, digest: bool, dictionary: bool = False
-) -> Iterator[pa.RecordBatch]:
+def _expand_segment(segment: pa.Table, digest: bool) -> Iterator[pa.RecordBatch]:
     """Expand one closed batch of whole trees (group IDs unique within it)."""
     g_all = _int64_numpy(segment.column("state_group"))
     n_rows = len(g_all)
@@ -328,20 +317,6 @@ def _expand_segment(
     og, oe = _as_arrow(out_groups), _as_arrow(out_events)
     keys = np.frombuffer(out_keys, dtype=np.int64) if total else np.zeros(0, np.int64)
     stride = interned.stride
-    if dictionary:
-        whole_types = keys // stride
-        whole_keys = keys - whole_types * stride
-        whole_events = np.frombuffer(out_events, dtype=np.int64) if total else np.zeros(0, np.int64)
-        yield pa.RecordBatch.from_arrays(
-            [
-                og,
-                pa.DictionaryArray.from_arrays(pa.array(whole_types.astype(np.int32)), interned.types),
-                pa.DictionaryArray.from_arrays(pa.array(whole_keys.astype(np.int32)), interned.state_keys),
-                pa.DictionaryArray.from_arrays(pa.array(whole_events.astype(np.int32)), interned.events),
-            ],
-            schema=STATE_DICT_SCHEMA,
-        )
-        return
     for lo in range(0, total, OUTPUT_BATCH_ROWS):
         hi = min(total, lo + OUTPUT_BATCH_ROWS)
         type_ids = keys[lo:hi] // stride
@@ -405,15 +380,10 @@ def _segments(table: pa.Table) -> Iterator[pa.Table]:
         lo = cut
 
 
-def expand_table(
-    table: pa.Table, digest: bool = False, dictionary: bool = False
-) -> Iterator[pa.RecordBatch]:
-    """Expand rows of whole trees sorted by ``root, piece, state_group``.
-
-    With *dictionary*, full-state batches have :data:`STATE_DICT_SCHEMA`.
-    """
+def expand_table(table: pa.Table, digest: bool = False) -> Iterator[pa.RecordBatch]:
+    """Expand rows of whole trees sorted by ``root, piece, state_group``."""
     for segment in _segments(table):
-        yield from _expand_segment(segment, digest, dictionary)
+        yield from _expand_segment(segment, digest)
 
 
 def expand_partition(
@@ -449,3 +419,60 @@ def expand_partition(
         held = rest.num_rows
     if pending:
         yield from expand_table(pa.Table.from_batches(pending).combine_chunks(), digest)
+
+
+#: What each task reports after writing its part file itself.
+WRITTEN_SCHEMA = pa.schema(
+    [("partition", pa.int32()), ("rows", pa.int64()),
+     ("expand_seconds", pa.float64()), ("write_seconds", pa.float64())]
+)
+
+
+def write_partition(
+    batches: Iterable[pa.RecordBatch], output: str, partition: int, attempt: int,
+    digest: bool = False,
+) -> pa.RecordBatch:
+    """Expand a sorted partition and write it as ``part-NNNNN.parquet`` under *output*.
+
+    Writing from the Python worker keeps the (large) output out of the JVM: only
+    a one-row report goes back. The file is written under ``_temporary`` and
+    moved into place when complete, so a retried or speculative attempt replaces
+    it whole. *output* may be any URI pyarrow's filesystems understand.
+    """
+    import time
+
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    fs, root = pafs.FileSystem.from_uri(output)
+    final = f"{root}/part-{partition:05d}.parquet"
+    partial = f"{root}/_temporary/part-{partition:05d}-{attempt}.parquet"
+    schema = DIGEST_SCHEMA if digest else STATE_SCHEMA
+    rows = 0
+    expand_seconds = write_seconds = 0.0
+    writer = None
+    produced = expand_partition(batches, digest)
+    try:
+        while True:
+            clock = time.perf_counter()
+            batch = next(produced, None)
+            expand_seconds += time.perf_counter() - clock
+            if batch is None:
+                break
+            clock = time.perf_counter()
+            if writer is None:
+                fs.create_dir(f"{root}/_temporary", recursive=True)
+                writer = pq.ParquetWriter(partial, schema, filesystem=fs, compression="snappy")
+            writer.write_batch(batch)
+            write_seconds += time.perf_counter() - clock
+            rows += batch.num_rows
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer is not None:
+        fs.move(partial, final)
+    return pa.RecordBatch.from_arrays(
+        [pa.array([partition], pa.int32()), pa.array([rows], pa.int64()),
+         pa.array([expand_seconds]), pa.array([write_seconds])],
+        schema=WRITTEN_SCHEMA,
+    )

@@ -103,6 +103,8 @@ def build_session(
         builder = builder.master(master)
     effective = master or ""
     if _local_master(effective):
+        # Executors and the block manager bind to loopback too.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         builder = builder.config("spark.driver.host", "127.0.0.1").config(
             "spark.driver.bindAddress", "127.0.0.1"
         )
@@ -239,7 +241,7 @@ def read_spark_tables(
 
 
 def _arrow_to_spark_schema(schema: "pa.Schema") -> str:
-    kinds = {"int64": "long", "int32": "int", "bool": "boolean", "string": "string"}
+    kinds = {"int64": "long", "int32": "int", "bool": "boolean", "string": "string", "double": "double"}
     return ", ".join(f"{f.name} {kinds[str(f.type)]}" for f in schema)
 
 
@@ -258,14 +260,22 @@ def _trees_udf(split_threshold: int) -> Any:
     return assign
 
 
-def _expand_udf(digest: bool) -> Any:
-    def expand(batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
-        from streamrep.spark.batches import expand_partition
+def _write_udf(output: str, digest: bool) -> Any:
+    def expand_and_write(batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
+        from pyspark import TaskContext
 
-        yield from expand_partition(batches, digest)
+        from streamrep.spark.batches import write_partition
 
-    return expand
+        context = TaskContext.get()
+        partition = context.partitionId() if context else 0
+        attempt = context.attemptNumber() if context else 0
+        yield write_partition(batches, output, partition, attempt, digest)
 
+    return expand_and_write
+
+
+#: Up to this many tree rows, the trees are broadcast to the join with the deltas.
+BROADCAST_TREE_ROWS = 3_000_000
 
 _PYTHON_ERROR = re.compile(r"streamrep\.errors\.(StateCorruptionError|ConfigError): (.*)")
 
@@ -306,7 +316,9 @@ def reconstruct_spark(
     """Run the job on *spark*; returns counts and phase timings."""
     from pyspark.sql import functions as F
 
-    from streamrep.spark.batches import DIGEST_SCHEMA, STATE_SCHEMA, TREES_SCHEMA
+    import pyarrow.compute as pc
+
+    from streamrep.spark.batches import TREES_SCHEMA, WRITTEN_SCHEMA
 
     prepare_output(options.output, options.overwrite)
     result = ReconstructResult(options.output, digest=options.digest)
@@ -327,7 +339,11 @@ def reconstruct_spark(
     )
     try:
         trees = trees.localCheckpoint(eager=True)
-        result.wanted_groups = trees.where(F.col("wanted")).count()
+        counts = trees.agg(
+            F.count(F.lit(1)).alias("tree_rows"), F.sum(F.col("wanted").cast("long")).alias("wanted")
+        ).first()
+        tree_rows = int(counts["tree_rows"]) if counts else 0
+        result.wanted_groups = int(counts["wanted"] or 0) if counts else 0
     except Exception as exc:  # Py4JJavaError / PythonException from the task
         _reraise_executor_error(exc)
     result.timings["trees"] = time.perf_counter() - clock
@@ -336,19 +352,40 @@ def reconstruct_spark(
     state = frames["state_groups_state"].select(
         F.col("state_group").cast("long").alias("delta_group"), "type", "state_key", "event_id"
     )
-    rows = trees.join(state, F.col("state_group") == F.col("delta_group"), "left").drop("delta_group")
-    out_schema = DIGEST_SCHEMA if options.digest else STATE_SCHEMA
-    expanded = (
+    # Every tree row once with null delta columns (so groups without delta rows
+    # exist), plus the delta rows joined to their tree rows. The trees (a few
+    # fields per group) usually fit in a broadcast: then the delta rows are
+    # shuffled once, by tree, instead of twice.
+    tree_side = F.broadcast(trees) if tree_rows <= BROADCAST_TREE_ROWS else trees
+    tree_columns = list(TREES_SCHEMA.names)
+    with_deltas = state.join(tree_side, F.col("state_group") == F.col("delta_group"), "inner").select(
+        *tree_columns, "type", "state_key", "event_id"
+    )
+    placeholders = trees.select(
+        *tree_columns,
+        F.lit(None).cast("string").alias("type"),
+        F.lit(None).cast("string").alias("state_key"),
+        F.lit(None).cast("string").alias("event_id"),
+    )
+    rows = with_deltas.unionByName(placeholders)
+
+    # Each task writes its own part file from the Python worker and reports a
+    # row: the output never passes through the JVM.
+    output_uri = _absolute_uri(options.output)
+    reports = (
         rows.repartition("root", "piece")
         .sortWithinPartitions("root", "piece", "state_group")
-        .mapInArrow(_expand_udf(options.digest), _arrow_to_spark_schema(out_schema))
+        .mapInArrow(_write_udf(output_uri, options.digest), _arrow_to_spark_schema(WRITTEN_SCHEMA))
     )
     try:
-        expanded.write.mode("overwrite").parquet(options.output)
+        written = reports.toArrow()
     except Exception as exc:
         _reraise_executor_error(exc)
-    result.timings["expand_and_write"] = time.perf_counter() - clock
-    result.rows = _count_parquet_rows(options.output)
+    _finish_output(output_uri)
+    result.rows = int(pc.sum(written.column("rows")).as_py() or 0)
+    result.timings["shuffle_expand_write"] = time.perf_counter() - clock
+    result.timings["tasks_expand"] = float(pc.sum(written.column("expand_seconds")).as_py() or 0.0)
+    result.timings["tasks_write"] = float(pc.sum(written.column("write_seconds")).as_py() or 0.0)
 
     if options.verify:
         from streamrep.spark.verify import sample_groups, verify_output
@@ -366,11 +403,21 @@ def reconstruct_spark(
     return result
 
 
-def _count_parquet_rows(path: str) -> int:
-    import pyarrow.parquet as pq
+def _absolute_uri(output: str) -> str:
+    """*output* as a URI the executors resolve the same way (local paths made absolute)."""
+    if "://" in output:
+        return output
+    return "file://" + os.path.abspath(output)
 
-    total = 0
-    for name in sorted(os.listdir(path)):
-        if name.endswith(".parquet"):
-            total += pq.ParquetFile(os.path.join(path, name)).metadata.num_rows
-    return total
+
+def _finish_output(output_uri: str) -> None:
+    """Drop the attempts' scratch folder and mark the output complete."""
+    import pyarrow.fs as pafs
+
+    fs, root = pafs.FileSystem.from_uri(output_uri)
+    fs.create_dir(root, recursive=True)
+    scratch = f"{root}/_temporary"
+    if fs.get_file_info(scratch).type != pafs.FileType.NotFound:
+        fs.delete_dir(scratch)
+    with fs.open_output_stream(f"{root}/_SUCCESS"):
+        pass

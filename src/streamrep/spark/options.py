@@ -82,7 +82,12 @@ class ReconstructResult:
 
 
 def prepare_output(path: str, overwrite: bool) -> None:
-    """Refuse to write into a non-empty directory unless *overwrite*."""
+    """Refuse to write into a non-empty directory unless *overwrite*.
+
+    Remote URIs (``hdfs://``, ``s3://``...) are left to the writers.
+    """
+    if "://" in path:
+        return
     if os.path.exists(path):
         if not os.path.isdir(path):
             raise ConfigError(f"output {path} exists and is not a directory")
