@@ -117,3 +117,57 @@ def test_percentile() -> None:
     assert percentile(values, 99) == 99.0
     assert percentile(values, 100) == 100.0
     assert percentile([], 50) != percentile([], 50)  # NaN
+
+
+def test_worker_sync_check_catches_a_change_cache_that_missed_a_room(sqlite_url: str) -> None:
+    from streamrep.config import load_config
+    from streamrep.db import Database
+    from streamrep.demo.streams import demo_streams
+    from streamrep.demo.worker import DemoWorker
+    from streamrep.events import EventStore
+
+    writers = {s: ["writer1"] for s in ("events", "backfill", "caches", "account_data",
+                                        "to_device", "receipts")}
+    config = load_config(None, {"server_name": "t.example", "database": sqlite_url,
+                                "instance_map": {"writer1": {}}, "stream_writers": writers})
+    db = Database.open(sqlite_url)
+    streams = demo_streams(db, "writer1", config.stream_writers)
+    store = EventStore(db, streams=streams)
+    worker = DemoWorker(config, "w1", seed=1)
+    follower = worker.client.follower
+    assert follower is not None
+    workload = Workload(2, rooms=1)
+    room = workload.rooms[0]
+
+    def persist_and_deliver(ops: int) -> int:
+        before = int(streams.current_token("events", "writer1"))
+        for _ in range(ops):
+            op = workload.next_op()
+            if op.kind == "events":
+                store.persist_events(op.events)
+        upto = int(streams.current_token("events", "writer1"))
+        rows, _ = streams.get_updates_since("events", "writer1", before, upto, 10_000)
+        for i, (token, row) in enumerate(rows):
+            last = i + 1 == len(rows) or rows[i + 1][0] != token
+            follower.on_rdata("events", "writer1", token if last else None, row)
+        return upto
+
+    position = persist_and_deliver(40)
+    assert worker.sync_once(user=room.creator, since=0)
+    assert worker.sync_mismatches == 0
+
+    # A worker that moves its position without applying the rows (a bug) answers
+    # "nothing changed" for the room: the check must say so.
+    message = workload._op_message(room)
+    store.persist_events(message.events)
+    newer = int(streams.current_token("events", "writer1"))
+    assert newer > position
+    follower.positions[("events", "writer1")] = newer
+    worker.store.advance_position(newer)
+    assert not worker.sync_once(user=room.creator, since=position)
+    assert worker.sync_mismatches == 1
+    assert "change cache gave 0 events, database 1" in worker.mismatch_examples[0]
+    streams.close()
+    worker.source.streams.close()
+    worker.store.close()
+    db.close()

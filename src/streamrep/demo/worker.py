@@ -20,32 +20,35 @@ When told to stop (a line on stdin, or SIGTERM) it checks that every entry of it
 
 from __future__ import annotations
 
-from gevent import monkey
+if __name__ == "__main__":
+    # Patch before anything imports socket or threading. Imported as a library (by
+    # tests), the module leaves the process as it is.
+    from gevent import monkey
 
-monkey.patch_all()
+    monkey.patch_all()
 
-import argparse  # noqa: E402
-import functools  # noqa: E402
-import os  # noqa: E402
-import random  # noqa: E402
-import signal  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from collections import Counter  # noqa: E402
-from typing import Any  # noqa: E402
+import argparse
+import functools
+import os
+import random
+import signal
+import sys
+import time
+from collections import Counter
+from typing import Any
 
-import gevent  # noqa: E402
-import gevent.event  # noqa: E402
-import orjson  # noqa: E402
+import gevent
+import gevent.event
+import orjson
 
-from streamrep.caches import CacheRegistry, LruCache  # noqa: E402
-from streamrep.config import Config, load_config  # noqa: E402
-from streamrep.demo.processes import emit  # noqa: E402
-from streamrep.demo.streams import demo_source, stream_names  # noqa: E402
-from streamrep.events import EventStore  # noqa: E402
-from streamrep.events.streams import EventsStreamFollower  # noqa: E402
-from streamrep.logsetup import get_logger, setup_logging  # noqa: E402
-from streamrep.replication import ConnectionSettings, ReplicationClient  # noqa: E402
+from streamrep.caches import CacheRegistry, LruCache
+from streamrep.config import Config, load_config
+from streamrep.demo.processes import emit
+from streamrep.demo.streams import demo_source, stream_names
+from streamrep.events import EventStore
+from streamrep.events.streams import EventsStreamFollower
+from streamrep.logsetup import get_logger, setup_logging
+from streamrep.replication import ConnectionSettings, ReplicationClient
 
 log = get_logger("streamrep.demo.worker")
 
@@ -119,25 +122,29 @@ class DemoWorker:
 
     # --- sync queries ----------------------------------------------------------------
 
-    def sync_once(self) -> None:
+    def sync_once(self, user: str | None = None, since: int | None = None) -> bool:
         """Answer one sync query from the change caches and check it.
 
         Two checks, both bounded by the position this worker has applied: the change
         caches must flag every room and user that changed (a room reported unchanged
         that has new events is a mismatch), and the event store's sync answer must
-        hold only events of the user's rooms within the range.
+        hold only events of the user's rooms within the range. *user* and *since*
+        default to a random member and a position this worker had up to two seconds
+        ago. Returns whether the answer was right (True when there was nothing to ask).
         """
         upto = min(self.events_position(), self.store.current_token().stream)
         now = time.monotonic()
         self._history.append((now, upto))
         self._history = [(t, p) for t, p in self._history if now - t < 2.0]
-        since = self.rng.choice(self._history)[1]
+        if since is None:
+            since = self.rng.choice(self._history)[1]
         if upto <= since:
-            return
+            return True
         db = self.store.db
-        user = self.rng.choice([r[0] for r in db.fetchall(
-            "SELECT DISTINCT state_key FROM current_state_events WHERE type = ?"
-            " LIMIT 200", ("m.room.member",))] or ["@nobody:demo.example"])
+        if user is None:
+            user = self.rng.choice([r[0] for r in db.fetchall(
+                "SELECT DISTINCT state_key FROM current_state_events WHERE type = ?"
+                " LIMIT 200", ("m.room.member",))] or ["@nobody:demo.example"])
         rooms = sorted({r[0] for r in db.fetchall(
             "SELECT room_id FROM room_memberships WHERE user_id = ?", (user,))})
         # The answer a worker gives: only rooms its change cache says changed.
@@ -156,7 +163,8 @@ class DemoWorker:
                   if e.room_id not in in_rooms or not since < e.stream_ordering
                   <= synced.next_token.stream]
         self.sync_queries += 1
-        if answer != truth or (membership_truth and not membership_cached) or strays:
+        right = answer == truth and (membership_cached or not membership_truth) and not strays
+        if not right:
             self.sync_mismatches += 1
             if len(self.mismatch_examples) < 3:
                 self.mismatch_examples.append(
@@ -167,6 +175,7 @@ class DemoWorker:
         for room in changed[:3]:
             self.room_members.get_or_compute((room,), functools.partial(self._members, room))
             self._member_keys.add((room,))
+        return right
 
     def _events_in(self, rooms: list[str], since: int, upto: int) -> list[str]:
         if not rooms:

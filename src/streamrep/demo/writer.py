@@ -20,31 +20,34 @@ rows. ``[stream, instance, token, time]`` of every fact made visible is written 
 
 from __future__ import annotations
 
-from gevent import monkey
+if __name__ == "__main__":
+    # Patch before anything imports socket or threading. Imported as a library (by
+    # tests), the module leaves the process as it is.
+    from gevent import monkey
 
-monkey.patch_all()
+    monkey.patch_all()
 
-import argparse  # noqa: E402
-import signal  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from collections import Counter  # noqa: E402
-from typing import Any, Callable  # noqa: E402
+import argparse
+import signal
+import sys
+import time
+from collections import Counter
+from typing import Any, Callable
 
-import gevent  # noqa: E402
-import gevent.event  # noqa: E402
-import gevent.lock  # noqa: E402
-import gevent.queue  # noqa: E402
-import orjson  # noqa: E402
+import gevent
+import gevent.event
+import gevent.lock
+import gevent.queue
+import orjson
 
-from streamrep.config import Config, load_config  # noqa: E402
-from streamrep.db import Database  # noqa: E402
-from streamrep.demo.processes import emit  # noqa: E402
-from streamrep.demo.streams import EVENT_STREAMS, demo_streams, stream_names  # noqa: E402
-from streamrep.demo.workload import Op, Workload  # noqa: E402
-from streamrep.events import EventStore  # noqa: E402
-from streamrep.logsetup import get_logger, setup_logging  # noqa: E402
-from streamrep.replication import ConnectionSettings, ReplicationClient  # noqa: E402
+from streamrep.config import Config, load_config
+from streamrep.db import Database
+from streamrep.demo.processes import emit
+from streamrep.demo.streams import EVENT_STREAMS, demo_streams, stream_names
+from streamrep.demo.workload import Op, Workload
+from streamrep.events import EventStore
+from streamrep.logsetup import get_logger, setup_logging
+from streamrep.replication import ConnectionSettings, ReplicationClient
 
 log = get_logger("streamrep.demo.writer")
 
