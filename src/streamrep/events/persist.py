@@ -128,10 +128,18 @@ class StreamAllocator:
         return self._backfill
 
     def next_live_mult(self, txn: Transaction, count: int) -> list[int]:
-        return [self.next_live(txn) for _ in range(count)]
+        self._load(txn)
+        assert self._live is not None
+        first = self._live + 1
+        self._live += count
+        return list(range(first, first + count))
 
     def next_backfill_mult(self, txn: Transaction, count: int) -> list[int]:
-        return [self.next_backfill(txn) for _ in range(count)]
+        self._load(txn)
+        assert self._backfill is not None
+        first = self._backfill - 1
+        self._backfill -= count
+        return list(range(first, first - count, -1))
 
     def reset(self) -> None:
         self._live = self._backfill = None
@@ -346,28 +354,38 @@ def persist_batch(
         visibility = _assign_state(txn, room_id, room_records, states, resolver, orderings,
                                    visibility_cache, out, group_rows, group_edge_rows,
                                    group_state_rows, event_group_rows)
+        event_orderings = out.event_orderings
+        room_max = 0
         for record in room_records:
-            stream = out.event_orderings[record.event_id]
+            event_id = record.event_id
+            stream = event_orderings[event_id]
+            if stream > room_max:
+                room_max = stream
             event_rows.append((
-                stream, record.depth, record.event_id, room_id, record.type, record.state_key,
+                stream, record.depth, event_id, room_id, record.type, record.state_key,
                 record.sender, record.outlier, record.rejected, record.soft_failed,
-                record.event_id in redacted_now, record.redacts, record.relates_to,
-                record.membership, visibility.get(record.event_id), now_ms, record.json))
+                event_id in redacted_now, record.redacts, record.relates_to,
+                record.membership, visibility.get(event_id), now_ms, record.json))
             if not record.outlier:
-                edge_rows.extend((record.event_id, p, room_id) for p in record.prev_events)
-            if (record.membership is not None and record.state_key is not None
-                    and not record.rejected and not record.soft_failed):
-                member_rows.append((record.event_id, record.state_key, record.sender, room_id,
-                                    record.membership, stream, record.depth, record.outlier))
-            if (record.membership is not None and record.state_key is not None
-                    and not record.rejected and not backfilled):
-                # Same rule as a worker applying the ``ev`` row (which has no
-                # soft-failed flag): conservative for soft-failed events.
-                prev = out.membership_positions.get(record.state_key, stream)
-                out.membership_positions[record.state_key] = max(prev, stream)
-            if not backfilled:
-                out.room_positions[room_id] = max(out.room_positions.get(room_id, stream), stream)
-            out.persisted.append(record.event_id)
+                prev_events = record.prev_events
+                if len(prev_events) == 1:
+                    edge_rows.append((event_id, prev_events[0], room_id))
+                else:
+                    edge_rows.extend((event_id, p, room_id) for p in prev_events)
+            if record.membership is not None and record.state_key is not None:
+                if not record.rejected and not record.soft_failed:
+                    member_rows.append((event_id, record.state_key, record.sender, room_id,
+                                        record.membership, stream, record.depth,
+                                        record.outlier))
+                if not record.rejected and not backfilled:
+                    # Same rule as a worker applying the ``ev`` row (which has no
+                    # soft-failed flag): conservative for soft-failed events.
+                    prev = out.membership_positions.get(record.state_key, stream)
+                    out.membership_positions[record.state_key] = max(prev, stream)
+            out.persisted.append(event_id)
+        if not backfilled:
+            out.room_positions[room_id] = max(out.room_positions.get(room_id, room_max),
+                                              room_max)
 
     insert_many = writes.insert
     insert_many("events", "stream_ordering, topological_ordering, event_id, room_id, type,"
@@ -414,29 +432,37 @@ def _extremities(txn: Transaction, writes: Writes, room_id: str, records: list[E
     if forward is None:
         forward = frozenset(e for (e,) in txn.fetchall(
             "SELECT event_id FROM event_forward_extremities WHERE room_id = ?", (room_id,)))
-    ids: dict[str, int] = {}
-    names: list[str] = []
+    # Batch events are interned first, in order: batch event k has ID k.
+    ids: dict[str, int] = {r.event_id: k for k, r in enumerate(non_outliers)}
+    names: list[str] = [r.event_id for r in non_outliers]
+    if len(ids) != len(names):  # the same event twice: keep the first ID of each
+        ids = {}
+        names = []
+        for record in non_outliers:
+            if record.event_id not in ids:
+                ids[record.event_id] = len(names)
+                names.append(record.event_id)
+    setdefault = ids.setdefault
 
-    def intern(event_id: str) -> int:
-        i = ids.get(event_id)
-        if i is None:
-            i = ids[event_id] = len(names)
-            names.append(event_id)
-        return i
-
-    batch_ids = array("q")
-    batch_flags = bytearray()
+    non_outlier_flag = _core_ext.BATCH_NON_OUTLIER
+    counted_flag = _core_ext.BATCH_NON_OUTLIER | _core_ext.BATCH_COUNTED
+    batch_ids = array("q", [ids[r.event_id] for r in non_outliers])
+    batch_flags = bytes([counted_flag if not (r.rejected or r.soft_failed) else non_outlier_flag
+                         for r in non_outliers])
     offsets = array("q", [0])
-    prev_ids = array("q")
+    prev_list: list[int] = []
     for record in non_outliers:
-        batch_ids.append(intern(record.event_id))
-        batch_flags.append(_core_ext.BATCH_NON_OUTLIER
-                           | (_core_ext.BATCH_COUNTED if record.counts else 0))
-        prev_ids.extend(intern(p) for p in record.prev_events)
-        offsets.append(len(prev_ids))
+        for p in record.prev_events:
+            i = setdefault(p, len(names))
+            if i == len(names):
+                names.append(p)
+            prev_list.append(i)
+        offsets.append(len(prev_list))
+    prev_ids = array("q", prev_list)
     n_batch_known = len(names)
     for event_id in forward:
-        intern(event_id)
+        if setdefault(event_id, len(names)) == len(names):
+            names.append(event_id)
     id_flags = bytearray(len(names))
     for event_id in forward:
         id_flags[ids[event_id]] |= _core_ext.ID_FORWARD
@@ -470,7 +496,7 @@ def _extremities(txn: Transaction, writes: Writes, room_id: str, records: list[E
             id_flags[ids[event_id]] |= _core_ext.ID_HAS_COUNTED_CHILD
 
     f_add, f_rem, b_add, b_rem = _core_ext.update_extremities(
-        batch_ids, bytes(batch_flags), offsets, prev_ids, bytes(id_flags))
+        batch_ids, batch_flags, offsets, prev_ids, bytes(id_flags))
     if f_rem:
         removed = [names[i] for i in f_rem]
         for chunk in _chunks(removed):
