@@ -14,6 +14,7 @@
   loader must accept them. ```` ```yaml fragment ```` blocks must parse as YAML.
 * ``docs/examples/*.yaml`` files must load too, and ``docs/examples/invalid/*.yaml``
   (examples of mistakes) must be refused.
+* Relative links between pages resolve, anchors included.
 """
 
 from __future__ import annotations
@@ -223,6 +224,38 @@ def test_invalid_example_files_are_refused(path: pathlib.Path) -> None:
         load_config(path)
 
 
+# --- links ----------------------------------------------------------------------
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor as GitHub renders it."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors_of(page: pathlib.Path) -> set[str]:
+    text = FENCE.sub("", page.read_text(encoding="utf-8"))
+    return {slug(m.group(1)) for m in re.finditer(r"^#+\s+(.*)$", text, re.M)}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_relative_links_resolve(page: pathlib.Path) -> None:
+    text = FENCE.sub("", page.read_text(encoding="utf-8"))
+    broken = []
+    for target in LINK.findall(text):
+        if re.match(r"^[a-z]+:", target):
+            continue  # http(s), mailto: not checked offline
+        path, _, anchor = target.partition("#")
+        resolved = (page.parent / path).resolve() if path else page
+        if not resolved.exists():
+            broken.append(f"{target} (no such file)")
+        elif anchor and resolved.suffix == ".md" and anchor not in anchors_of(resolved):
+            broken.append(f"{target} (no heading for #{anchor})")
+    assert not broken, f"{page.name}: broken links: {broken}"
+
+
 # --- the mechanism itself ----------------------------------------------------------
 
 
@@ -239,4 +272,6 @@ def test_block_parser_and_matcher(tmp_path: pathlib.Path) -> None:
     assert output_matches(["config error: ...", "b"], ["x", "config error: foo", "b"]) is None
     assert output_matches(["b", "config error: ..."], ["config error: foo", "b"]) == \
         "config error: ..."
+    assert slug("`streamrep.idgen`: completion tracking") == "streamrepidgen-completion-tracking"
+    assert slug("Every example runs") == "every-example-runs"
     assert PAGES, "no docs found"
