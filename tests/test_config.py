@@ -236,3 +236,13 @@ def test_serve_refuses_a_port_in_use(tmp_path: pathlib.Path) -> None:
     assert proc.stderr.splitlines() == [
         f"config error: listen: 127.0.0.1:{port} is already in use by another process; "
         "stop the process using it or choose another port (--listen HOST:PORT)"]
+
+
+def test_check_config_notes_a_listen_address_reachable_from_other_machines(
+        tmp_path: pathlib.Path) -> None:
+    path = write(tmp_path, "server_name: example.com\nlisten: 0.0.0.0:9092\n")
+    code, lines = check(path, "--no-port-check")
+    assert code == 0
+    assert any("accepts replication connections from other machines" in line for line in lines)
+    code, lines = check(write(tmp_path, "server_name: example.com\n"), "--no-port-check")
+    assert code == 0 and not any("note:" in line for line in lines)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from streamrep.config import check_ports, load_config, report_and_exit
+from streamrep.config import check_ports, is_loopback, load_config, report_and_exit
 from streamrep.errors import ConfigError
 
 
@@ -30,5 +30,8 @@ def check_config(path: str, instance: str | None, no_port_check: bool) -> None:
         return
     click.echo(f"{path}: ok (server {config.server_name}, hub {config.instance_name} "
                f"listening on {config.listen}, database {config.database.partition(':')[0]})")
+    if not is_loopback(config.listen):
+        click.echo(f"  note: {config.listen} accepts replication connections from other "
+                   "machines; the protocol has no authentication, so firewall it")
     for stream in sorted(config.stream_writers):
         click.echo(f"  {stream}: written by {', '.join(config.stream_writers[stream])}")
