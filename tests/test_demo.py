@@ -76,6 +76,10 @@ def test_check_counts_lost_duplicated_and_unexpected() -> None:
     assert bad.lost == {("events", "w1", 2), ("receipts", "w1", 5)}
     assert bad.duplicated == {("events", "w1", 1): 2} and bad.duplicates == 1
     assert bad.unexpected == {("events", "w2", 9)}
+    # A fact in the database when the run started, replaced since, was right to receive.
+    earlier = check_worker(in_db, committed, [("receipts", "w1", 1, 9.0)],
+                           there_before={("receipts", "w1", 1)})
+    assert not earlier.unexpected and earlier.lag_ms == []
 
 
 def test_workload_is_seeded_and_covers_every_kind() -> None:

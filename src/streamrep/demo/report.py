@@ -64,6 +64,8 @@ class Summary:
     #: facts the writers committed and announced, per stream (more than ``written``
     #: where later facts replaced earlier rows: account data, receipts)
     committed: dict[str, int] = field(default_factory=dict)
+    #: facts in the database before the run, per stream
+    previous: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -144,17 +146,23 @@ def render_summary(summary: Summary, console: Console) -> None:
     """Print the summary tables and the verdict."""
     written = Table(title="Facts written, per stream", title_justify="left")
     written.add_column("stream")
+    show_previous = any(summary.previous.values())
+    if show_previous:
+        written.add_column("before the run", justify="right")
     written.add_column("committed by writers", justify="right")
     written.add_column("in the database", justify="right")
     written.add_column("replaced since", justify="right")
+    totals = [0, 0, 0]
     for stream in sorted(summary.written):
+        previous = summary.previous.get(stream, 0)
         committed = summary.committed.get(stream, 0)
         in_db = summary.written[stream]
-        written.add_row(stream, str(committed), str(in_db), str(max(0, committed - in_db)))
-    total_committed = sum(summary.committed.values())
-    total_db = sum(summary.written.values())
-    written.add_row(Text("total", style="bold"), str(total_committed), str(total_db),
-                    str(max(0, total_committed - total_db)))
+        totals = [totals[0] + previous, totals[1] + committed, totals[2] + in_db]
+        cells = [str(committed), str(in_db), str(max(0, previous + committed - in_db))]
+        written.add_row(stream, *([str(previous)] if show_previous else []), *cells)
+    cells = [str(totals[1]), str(totals[2]), str(max(0, sum(totals[:2]) - totals[2]))]
+    written.add_row(Text("total", style="bold"), *([str(totals[0])] if show_previous else []),
+                    *cells)
     console.print(written)
 
     streams = sorted(summary.written)

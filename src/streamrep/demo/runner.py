@@ -120,7 +120,10 @@ class _Run:
         self.config_path = os.path.join(self.workdir, "streamrep.yaml")
         self.config: Config | None = None
         self.truth: dict[tuple[str, str], list[int]] | None = None
+        self.before: dict[tuple[str, str], list[int]] | None = None
         self.hub_restarts = 0
+        # Room and event IDs of this run: another run on the same database adds rooms.
+        self.run_id = f"r{os.urandom(3).hex()}-"
 
     # --- children --------------------------------------------------------------------
 
@@ -167,6 +170,8 @@ class _Run:
         write_config(self.config_path, self.db_url, self.port, self.writer_names,
                      self.options.log_level)
         self.config = load_config(self.config_path, check_ports_of="main")
+        # A database used before holds facts already: workers receive them too.
+        self.before = read_facts(self.config)
         py = sys.executable
         if not self._start_hub():
             return False
@@ -188,7 +193,7 @@ class _Run:
                 "--instance-name", name, "--seed", str(self.options.seed + i),
                 "--rate", str(rate), "--duration", str(self.options.duration),
                 "--rooms", str(self.options.rooms), "--out", self._out(name),
-                "--events", "yes" if i == 0 else "no"])
+                "--events", "yes" if i == 0 else "no", "--id-prefix", self.run_id])
             if not self._wait_until(functools.partial(self._has_reported, name),
                                     f"{name} to start writing"):
                 return False
@@ -348,6 +353,8 @@ class _Run:
             truth = read_facts(self.config)
         truth = truth or {}
         expected = {(s, i, t) for (s, i), tokens in truth.items() for t in tokens}
+        before = {(s, i, t) for (s, i), tokens in (self.before or {}).items() for t in tokens}
+        previous: Counter[str] = Counter(s for s, _i, _t in before)
         written: Counter[str] = Counter()
         for (stream, _inst), tokens in truth.items():
             written[stream] += len(tokens)
@@ -358,7 +365,8 @@ class _Run:
         results = []
         for w in self.worker_names:
             check = check_worker(expected, visible_at,
-                                 [(s, i, t, when) for s, i, t, when in _read_jsonl(self._out(w))])
+                                 [(s, i, t, when) for s, i, t, when in _read_jsonl(self._out(w))],
+                                 before)
             lost, dup, unexpected = check.lost, check.duplicated, check.unexpected
             final = self.children[w].done or self.children[w].last
             examples = [f"lost {s}/{i} token {t}" for s, i, t in sorted(lost)[:3]]
@@ -383,7 +391,8 @@ class _Run:
         committed = Counter(stream for stream, _i, _t in visible_at)
         return Summary(duration=elapsed, database=self.db_url.partition(":")[0],
                        writers=self.writer_names, written=dict(written), workers=results,
-                       committed=dict(committed), problems=list(self.problems))
+                       committed=dict(committed), previous=dict(previous),
+                       problems=list(self.problems))
 
 
 def _console(stderr: bool) -> Console:

@@ -71,16 +71,18 @@ class WorkerCheck:
 
 
 def check_worker(in_database: set[FactKey], committed_at: Mapping[FactKey, float],
-                 received: Iterable[tuple[str, str, int, float]]) -> WorkerCheck:
+                 received: Iterable[tuple[str, str, int, float]],
+                 there_before: Iterable[FactKey] = ()) -> WorkerCheck:
     """Compare what a worker *received* (``(stream, instance, token, time)`` in order of
     arrival) with the facts *in_database* and the facts writers committed
     (*committed_at*: fact -> the time it became visible).
 
     * lost: in the database, never received;
     * duplicated: received more than once;
-    * unexpected: received, but neither in the database nor committed by a writer. A
-      fact whose row a later fact replaced (account data and receipts keep the latest
-      row per key) was committed: receiving it once is right.
+    * unexpected: received, but neither in the database now, nor committed by a
+      writer, nor in the database when the run started (*there_before*). A fact whose
+      row a later fact replaced (account data and receipts keep the latest row per
+      key) existed: receiving it once is right.
     """
     result = WorkerCheck()
     counts: Counter[FactKey] = Counter()
@@ -93,5 +95,6 @@ def check_worker(in_database: set[FactKey], committed_at: Mapping[FactKey, float
             result.lag_ms.append(max(0.0, (when - visible) * 1000.0))
     result.lost = in_database - counts.keys()
     result.duplicated = {k: n for k, n in counts.items() if n > 1}
-    result.unexpected = set(counts.keys()) - in_database - committed_at.keys()
+    result.unexpected = (set(counts.keys()) - in_database - committed_at.keys()
+                         - set(there_before))
     return result

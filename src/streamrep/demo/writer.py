@@ -228,11 +228,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rooms", type=int, default=20)
     parser.add_argument("--events", choices=["yes", "no"], default="yes")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--id-prefix", default="",
+                        help="prefix of room and event IDs (a new one per run, so runs "
+                             "on one database do not collide)")
     args = parser.parse_args(argv)
     config = load_config(args.config)
     setup_logging(config.logging.level, config.logging.format)
     workload = Workload(args.seed, args.rooms, events=args.events == "yes",
-                        prefix="" if args.events == "yes" else f"{args.instance_name}-")
+                        prefix=args.id_prefix + ("" if args.events == "yes"
+                                                 else f"{args.instance_name}-"))
     writer = DemoWriter(config, args.instance_name, workload)
     stop = gevent.event.Event()
     stop_handler: Callable[[], None] = stop.set
