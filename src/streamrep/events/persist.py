@@ -274,26 +274,47 @@ def persist_batch(
     if not records:
         return out
 
-    # One query: which events are stored already (skip repeats, de-outlier upgraded
-    # ones), and which stored redactions target events of the batch.
+    # One query for what the batch needs to know: which of its events and of their
+    # prev_events are stored (and whether as outliers), which stored redactions
+    # target its events, and which of its events are backward extremities.
     stored: dict[str, bool] = {}
     # The bytes first received for stored outliers: a de-outliered event keeps them.
     outlier_json: dict[str, bytes] = {}
     redaction_targets: set[tuple[str, str]] = set()
-    for chunk in _chunks([r.event_id for r in records]):
-        marks = _ph(len(chunk))
-        for kind, event_id, outlier, room_id, raw in txn.fetchall(
-                "SELECT 0, event_id, outlier, NULL, CASE WHEN outlier THEN json END FROM events"
-                " WHERE event_id IN (" + marks + ")"
-                " UNION ALL SELECT 1, redacts, NULL, room_id, NULL FROM events"
-                " WHERE redacts IS NOT NULL AND NOT rejected AND redacts IN (" + marks + ")",
-                [*chunk, *chunk]):
+    backward: set[tuple[str, str]] = set()
+    record_ids = {r.event_id: r for r in records}
+    extra_prevs = sorted({p for r in records if not r.outlier for p in r.prev_events
+                          if p not in record_ids})
+    for chunk in _chunks([*record_ids, *extra_prevs]):
+        batch_chunk = [e for e in chunk if e in record_ids]
+        sql = ["SELECT 0, event_id, outlier, NULL, CASE WHEN outlier THEN json END"
+               " FROM events WHERE event_id IN (" + _ph(len(chunk)) + ")"]
+        params = [*chunk]
+        if batch_chunk:
+            sql.append("SELECT 1, redacts, NULL, room_id, NULL FROM events WHERE redacts"
+                       " IS NOT NULL AND NOT rejected AND redacts IN ("
+                       + _ph(len(batch_chunk)) + ")")
+            params.extend(batch_chunk)
+        by_room: dict[str, list[str]] = {}
+        for event_id in batch_chunk:
+            record = record_ids[event_id]
+            if not record.outlier:
+                by_room.setdefault(record.room_id, []).append(event_id)
+        for room_id, room_ids in by_room.items():
+            sql.append("SELECT 2, event_id, NULL, room_id, NULL FROM event_backward_extremities"
+                       " WHERE room_id = ? AND event_id IN (" + _ph(len(room_ids)) + ")")
+            params.append(room_id)
+            params.extend(room_ids)
+        for kind, event_id, outlier, room_id, raw in txn.fetchall(" UNION ALL ".join(sql),
+                                                                   params):
             if kind == 0:
                 stored[event_id] = bool(outlier)
-                if raw is not None:
+                if raw is not None and event_id in record_ids:
                     outlier_json[event_id] = bytes(raw)
-            else:
+            elif kind == 1:
                 redaction_targets.add((event_id, room_id))
+            else:
+                backward.add((room_id, event_id))
     todo: list[EventRecord] = []
     deoutliered: set[str] = set()
     for record in records:
@@ -350,7 +371,7 @@ def persist_batch(
     now_ms = int(time.time() * 1000)
 
     for room_id, room_records in rooms.items():
-        _extremities(txn, writes, room_id, room_records, forward_cache, out)
+        _extremities(txn, writes, room_id, room_records, forward_cache, out, stored, backward)
         visibility = _assign_state(txn, room_id, room_records, states, resolver, orderings,
                                    visibility_cache, out, group_rows, group_edge_rows,
                                    group_state_rows, event_group_rows)
@@ -423,8 +444,13 @@ def persist_batch(
 
 
 def _extremities(txn: Transaction, writes: Writes, room_id: str, records: list[EventRecord],
-                 forward_cache: Lru[str, frozenset[str]], out: PersistOutcome) -> None:
-    """Run the extremity core for one room's share of the batch and write the changes."""
+                 forward_cache: Lru[str, frozenset[str]], out: PersistOutcome,
+                 stored: dict[str, bool], backward: set[tuple[str, str]]) -> None:
+    """Run the extremity core for one room's share of the batch and write the changes.
+
+    *stored* tells, for the batch's events and prev_events, which are stored and
+    whether as outliers; *backward* holds the ``(room, event)`` backward extremities
+    among the batch's events."""
     non_outliers = [r for r in records if not r.outlier]
     if not non_outliers:
         return
@@ -468,23 +494,13 @@ def _extremities(txn: Transaction, writes: Writes, room_id: str, records: list[E
         id_flags[ids[event_id]] |= _core_ext.ID_FORWARD
 
     batch_set = {r.event_id for r in non_outliers}
-    prevs = [names[i] for i in range(n_batch_known) if names[i] not in batch_set]
-    # One query per room: which prev_events are stored as non-outliers, and which
-    # batch events are backward extremities (only those can have a stored child).
-    backward_hits: set[str] = set()
-    batch_list = sorted(batch_set)
-    for start in range(0, max(len(prevs), len(batch_list)), 400):
-        some_prevs = prevs[start:start + 400]
-        some_batch = batch_list[start:start + 400]
-        for kind, event_id in txn.fetchall(
-                "SELECT 0, event_id FROM events WHERE NOT outlier AND event_id IN ("
-                + _ph(len(some_prevs)) + ") UNION ALL SELECT 1, event_id"
-                " FROM event_backward_extremities WHERE room_id = ? AND event_id IN ("
-                + _ph(len(some_batch)) + ")", [*some_prevs, room_id, *some_batch]):
-            if kind == 0:
-                id_flags[ids[event_id]] |= _core_ext.ID_STORED_NON_OUTLIER
-            else:
-                backward_hits.add(event_id)
+    stored_flag = _core_ext.ID_STORED_NON_OUTLIER
+    for i in range(n_batch_known):
+        name = names[i]
+        if name not in batch_set and stored.get(name) is False:
+            id_flags[i] |= stored_flag
+    # Only batch events that are backward extremities can have a stored child.
+    backward_hits = {e for e in batch_set if (room_id, e) in backward}
     counted = sorted(r.event_id for r in non_outliers if r.counts and r.event_id in backward_hits)
     for chunk in _chunks(counted):
         for (event_id,) in txn.fetchall(
