@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import gevent
 import pytest
 
 from streamrep.db import Database
@@ -117,4 +118,28 @@ def test_writer_killed_mid_transaction_recovers(pg_url: str) -> None:
     rows, limited = reader.get_updates_since("caches", "w1", 0, token, 100)
     assert [t for t, _ in rows] == [committed[0], token] and not limited
     reader.close()
+    db.close()
+
+
+def test_writers_starting_at_the_same_moment(pg_url: str) -> None:
+    db = Database.open(pg_url)
+    names = [f"w{i}" for i in range(6)]
+    writers = {"caches": names}
+    Streams(db, "reader", writers).get("caches")  # the sequence and tables exist
+
+    def start(name: str) -> int:
+        streams = Streams(db, name, writers)
+        try:
+            return streams.add_cache_invalidation("c", [name], 0)
+        finally:
+            streams.close()
+
+    tokens: list[int] = []
+    for _ in range(3):
+        jobs = [gevent.spawn(start, name) for name in names]
+        gevent.joinall(jobs, timeout=60, raise_error=True)
+        assert all(job.ready() for job in jobs), "writers did not start"
+        tokens.extend(job.value for job in jobs)
+    assert len(set(tokens)) == len(tokens) == 3 * len(names)
+    assert db.connections_in_use == 0
     db.close()

@@ -101,10 +101,12 @@ class MultiWriterIdGenerator(IdGenerator):
                                               positions[self.instance_name]))
                 self._persisted = positions[self.instance_name]
             # Record the stream's sequence and tables for the repair command.
-            txn.execute("DELETE FROM stream_sequences WHERE stream_name = ?", (self.stream_name,))
+            # An upsert: writers of one stream may start at the same moment.
             txn.execute(
                 "INSERT INTO stream_sequences (stream_name, sequence_name, tables_json, negative)"
-                " VALUES (?, ?, ?, ?)",
+                " VALUES (?, ?, ?, ?) ON CONFLICT (stream_name) DO UPDATE SET"
+                " sequence_name = EXCLUDED.sequence_name, tables_json = EXCLUDED.tables_json,"
+                " negative = EXCLUDED.negative",
                 (self.stream_name, self.sequence_name,
                  json.dumps([[t.table, t.id_column, t.instance_column] for t in self.tables]),
                  self.negative),
