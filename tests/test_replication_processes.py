@@ -227,3 +227,42 @@ def test_serve_stops_gracefully_on_sigterm(procs: tuple[str, list[Proc]]) -> Non
         reader.close()
     assert lines[-1] == b"ERROR server stopping\n"
     assert hub.terminate() == 0
+
+
+def test_serve_write_and_tail_share_one_configuration_file(procs: tuple[str, list[Proc]]) -> None:
+    cwd, started = procs
+    port = _free_port()
+    config = os.path.join(cwd, "streamrep.yaml")
+    with open(config, "w") as fh:
+        fh.write(
+            "server_name: config.local\n"
+            f"database: sqlite:///{cwd}/streamrep.db\n"
+            f"listen: 127.0.0.1:{port}\n"
+            "instance_name: main\n"
+            "instance_map: {main: {}, writer1: {}, writer2: {}}\n"
+            "stream_writers:\n"
+            "  caches: [writer1]\n"
+        )
+    hub = _start(started, cwd, "serve", "--config", config)
+
+    def listening() -> bool:
+        assert hub.proc.poll() is None, "hub exited"
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            return False
+
+    _wait(listening, "the hub to listen")
+    worker = _start(started, cwd, "tail", "--config", config, "--stream", "caches", "--from", "0")
+    writer = _start(started, cwd, "write", "--config", config, "--instance-name", "writer1",
+                    "--stream", "caches", "--count", "30")
+    assert writer.proc.wait(TIMEOUT) == 0
+    _wait(lambda: len(worker.lines) >= 30, "the worker to print 30 facts")
+    tokens = _tokens_in_db(f"sqlite:///{cwd}/streamrep.db", "writer1")
+    _assert_exactly_once_in_order(worker.facts(), {"writer1": tokens})
+    assert len(tokens) == 30
+    # An instance the file does not make a writer of the stream is refused.
+    refused = _start(started, cwd, "write", "--config", config, "--instance-name", "writer2",
+                     "--stream", "caches", "--count", "1")
+    assert refused.proc.wait(TIMEOUT) == 2

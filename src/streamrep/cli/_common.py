@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import click
 
-from streamrep.config import parse_address
+from streamrep.config import load_config, parse_address, report_and_exit
 from streamrep.errors import ConfigError
 
 
@@ -15,3 +17,48 @@ def parse_connect(value: str) -> tuple[str, int]:
     except (ConfigError, ValueError) as exc:
         raise click.BadParameter(str(exc), param_hint="--connect") from None
     return address.host, address.port
+
+
+@dataclass(frozen=True)
+class PeerSettings:
+    """Where a worker or writer process connects, and what it knows of the deployment."""
+
+    host: str
+    port: int
+    database: str | None
+    server_name: str | None
+    #: stream -> writer instances (empty without a configuration file)
+    stream_writers: dict[str, list[str]] = field(default_factory=dict)
+    #: the instance writing every stream not named in ``stream_writers``
+    default_writer: str | None = None
+
+
+def peer_settings(config_path: str | None, connect: str | None, db: str | None,
+                  server_name: str | None) -> PeerSettings:
+    """Settings of a process that connects to the hub: flags, else the configuration file.
+
+    With ``--config`` the hub's address, the database, the server name and the stream
+    writers come from the same file ``streamrep serve`` reads; flags override them.
+    A configuration problem prints one line per problem and exits with status 2.
+    """
+    if config_path is None:
+        if connect is None:
+            raise click.UsageError("give --connect HOST:PORT (or --config FILE)")
+        host, port = parse_connect(connect)
+        return PeerSettings(host, port, db, server_name)
+    try:
+        config = load_config(config_path, {})
+    except ConfigError as exc:
+        report_and_exit(exc)
+        raise  # unreachable: report_and_exit exits
+    if connect is not None:
+        host, port = parse_connect(connect)
+    else:
+        host, port = config.listen.host, config.listen.port
+    return PeerSettings(
+        host, port,
+        database=db if db is not None else config.database,
+        server_name=server_name if server_name is not None else config.server_name,
+        stream_writers={name: list(ws) for name, ws in config.stream_writers.items()},
+        default_writer=config.instance_name,
+    )

@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from streamrep.cli._common import parse_connect
+from streamrep.cli._common import peer_settings
+from streamrep.config import config_option
 
 
 def parse_from(value: str | None) -> dict[Any, int]:
@@ -30,15 +31,17 @@ def parse_from(value: str | None) -> dict[Any, int]:
 
 
 @click.command()
-@click.option("--connect", required=True, help="HOST:PORT of the hub.")
+@config_option
+@click.option("--connect", default=None, help="HOST:PORT of the hub (default: the configuration's listen).")
 @click.option("--stream", "stream_names", multiple=True, help="Stream to follow (repeatable; default all).")
 @click.option("--from", "from_token", default=None,
               help="Start after this token (or INSTANCE=TOKEN,...); default: from now on.")
 @click.option("--name", default="tail", show_default=True, help="Name sent to the hub.")
-@click.option("--db", "db", default=None, help="Database URL, to catch up from the database directly.")
+@click.option("--db", "db", default=None,
+              help="Database URL, to catch up from the database directly (with --config: its database).")
 @click.option("--server-name", default=None, help="Expected SERVER name of the hub.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Exit after this many facts.")
-def tail(connect: str, stream_names: tuple[str, ...], from_token: str | None, name: str,
+def tail(config_path: str | None, connect: str | None, stream_names: tuple[str, ...], from_token: str | None, name: str,
          db: str | None, server_name: str | None, limit: int | None) -> None:
     """Follow streams and print each fact as one JSON object per line.
 
@@ -53,7 +56,8 @@ def tail(connect: str, stream_names: tuple[str, ...], from_token: str | None, na
     import streamrep.events.streams  # noqa: F401  (registers the events and backfill streams)
     from streamrep.replication import ReplicationClient
 
-    host, port = parse_connect(connect)
+    settings = peer_settings(config_path, connect, db, server_name)
+    host, port, db, server_name = settings.host, settings.port, settings.database, settings.server_name
     starts = parse_from(from_token)
     source = None
     database = streams_handle = None
@@ -63,7 +67,10 @@ def tail(connect: str, stream_names: tuple[str, ...], from_token: str | None, na
         from streamrep.streams import Streams
 
         database = open_database(db)
-        streams_handle = Streams(database, name)
+        # A reader: the writers come from the configuration (or are this process's
+        # own name when there is none, which only matters for writing).
+        streams_handle = Streams(database, name, settings.stream_writers,
+                                 default_writer=settings.default_writer)
         source = RegistrySource(streams_handle, list(stream_names) or None)
     names = list(stream_names) or (list(source.stream_names()) if source is not None else None)
     start_from: dict[Any, int] = {}

@@ -8,7 +8,8 @@ from typing import Any, Callable
 
 import click
 
-from streamrep.cli._common import parse_connect
+from streamrep.cli._common import peer_settings
+from streamrep.config import config_option
 
 #: Streams ``write`` can fill with synthetic facts.
 WRITABLE_STREAMS = ("caches", "account_data", "to_device", "receipts")
@@ -29,8 +30,9 @@ def _fact_writer(streams: Any, stream: str, instance: str, rows_per_fact: int) -
 
 
 @click.command()
-@click.option("--connect", required=True, help="HOST:PORT of the hub.")
-@click.option("--db", "db", required=True, help="Database URL shared with the hub.")
+@config_option
+@click.option("--connect", default=None, help="HOST:PORT of the hub (default: the configuration's listen).")
+@click.option("--db", "db", default=None, help="Database URL shared with the hub (default: the configuration's).")
 @click.option("--instance-name", required=True, help="This writer's instance name.")
 @click.option("--stream", required=True, help=f"Stream to write ({', '.join(WRITABLE_STREAMS)}).")
 @click.option("--count", type=click.IntRange(min=0), required=True, help="Facts to persist.")
@@ -41,7 +43,7 @@ def _fact_writer(streams: Any, stream: str, instance: str, rows_per_fact: int) -
 @click.option("--server-name", default=None, help="Expected SERVER name of the hub.")
 @click.option("--announce-timeout", type=float, default=600.0, show_default=True,
               help="Seconds to wait for the hub once everything is persisted.")
-def write(connect: str, db: str, instance_name: str, stream: str, count: int, rate: float,
+def write(config_path: str | None, connect: str | None, db: str | None, instance_name: str, stream: str, count: int, rate: float,
           rows_per_fact: int, server_name: str | None, announce_timeout: float) -> None:
     """Persist COUNT synthetic facts on STREAM as INSTANCE-NAME and announce them.
 
@@ -56,11 +58,18 @@ def write(connect: str, db: str, instance_name: str, stream: str, count: int, ra
     from streamrep.replication.registry_source import RegistrySource
     from streamrep.streams import Streams
 
-    host, port = parse_connect(connect)
+    settings = peer_settings(config_path, connect, db, server_name)
+    host, port, server_name = settings.host, settings.port, settings.server_name
+    if settings.database is None:
+        raise click.UsageError("give --db URL (or --config FILE)")
+    writers = settings.stream_writers.get(stream)
+    if writers is not None and instance_name not in writers:
+        raise click.UsageError(f"{instance_name} does not write {stream} in {config_path} "
+                               f"(its writers: {', '.join(writers)})")
     if stream not in WRITABLE_STREAMS:
         raise click.BadParameter(f"{stream} (writable: {', '.join(WRITABLE_STREAMS)})", param_hint="--stream")
-    database = open_database(db)
-    streams = Streams(database, instance_name, {stream: [instance_name]})
+    database = open_database(settings.database)
+    streams = Streams(database, instance_name, {stream: writers or [instance_name]})
     source = RegistrySource(streams, [stream])
     persist = _fact_writer(streams, stream, instance_name, rows_per_fact)
     announced = {"upto": source.current_token(stream, instance_name)}
