@@ -568,9 +568,25 @@ def _assign_state(txn: Transaction, room_id: str, records: list[EventRecord],
     event_groups = out.event_groups
     # Visibility setting per m.room.history_visibility event, looked up once a batch.
     vis_of: dict[str, str] = {}
+    # Visibility at each group already met in this batch (the state a group holds
+    # never changes), so the run of messages after a state event costs a lookup each.
+    vis_at_group: dict[int, str] = {}
     for record in non_outliers:
+        prev_events = record.prev_events
+        if len(prev_events) == 1 and (record.state_key is None or record.rejected):
+            g = event_groups.get(prev_events[0])
+            if g is None:
+                g = groups.get(prev_events[0])
+            if g is not None:
+                known = vis_at_group.get(g)
+                if known is not None:
+                    # Changes no state: the event shares its prev event's group.
+                    visibility[record.event_id] = known
+                    event_groups[record.event_id] = g
+                    event_group_rows.append((record.event_id, g))
+                    continue
         prev_groups: list[int] = []
-        for p in record.prev_events:
+        for p in prev_events:
             g = event_groups.get(p)
             if g is None:
                 g = groups.get(p)
@@ -601,6 +617,8 @@ def _assign_state(txn: Transaction, room_id: str, records: list[EventRecord],
             vis = known
         else:
             vis = DEFAULT_VISIBILITY
+        if base_group is not None and base_group not in vis_at_group:
+            vis_at_group[base_group] = vis
         if changes_state and key == HISTORY_VISIBILITY_KEY:
             vis = more_permissive(vis, out.visibility_values[record.event_id])
         visibility[record.event_id] = vis
