@@ -41,8 +41,11 @@ def pg_url() -> Iterator[str]:
 
 def _report(benchmark: Any, name: str, count: int, impl_kind: str) -> None:
     rate = count / benchmark.stats.stats.mean
+    median_rate = count / benchmark.stats.stats.median
     benchmark.extra_info[name] = round(rate)
-    print(f"\n{benchmark.name}: {rate:,.0f} {name.replace('_', ' ')} ({impl_kind})")
+    benchmark.extra_info[f"{name}_median"] = round(median_rate)
+    print(f"\n{benchmark.name}: {rate:,.0f} {name.replace('_', ' ')} (mean), "
+          f"{median_rate:,.0f} (median) ({impl_kind})")
 
 
 @pytest.fixture
