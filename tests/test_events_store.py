@@ -461,6 +461,33 @@ def test_large_batch_over_several_rooms_in_reverse_order(store):
         store.persist_events([ev("$dup", [], 1), ev("$dup", [], 2)])
 
 
+def test_large_batch_filling_gaps_below_stored_events(store):
+    """A batch larger than one lookup chunk: its events' stored children, stored
+    prev_events and backward extremities are all found."""
+    a, b = "!a:x", "!b:x"
+    store.persist_events([ev("$a0", [], 1, room=a, type="m.room.create", state_key="",
+                             content={"creator": ANN})])
+    # The room's newest events arrive first: $a599 becomes a backward extremity.
+    store.persist_events([ev(f"$a{n}", [f"$a{n - 1}"], n + 1, room=a) for n in range(600, 610)])
+    assert store.get_backward_extremities(a) == {"$a599"}
+    assert store.get_forward_extremities(a) == {"$a0", "$a609"}
+    batch = [ev(f"$a{n}", [f"$a{n - 1}"], n + 1, room=a) for n in range(1, 600)]
+    batch.append(ev("$b0", [], 1, room=b, type="m.room.create", state_key="",
+                    content={"creator": ANN}))
+    batch += [ev(f"$b{n}", [f"$b{n - 1}"], n + 1, room=b) for n in range(1, 500)]
+    batch.reverse()
+    result = store.persist_events(batch)
+    assert len(result.orderings) == 1099
+    # $a599 already has a stored child, so it is neither a forward nor a backward
+    # extremity; $a0 stopped being a forward extremity.
+    assert store.get_forward_extremities(a) == {"$a609"}
+    assert store.get_backward_extremities(a) == set()
+    assert store.get_room_events(a) == [f"$a{n}" for n in range(610)]
+    assert store.get_forward_extremities(b) == {"$b499"}
+    assert store.get_backward_extremities(b) == set()
+    assert store.get_room_events(b) == [f"$b{n}" for n in range(500)]
+
+
 def test_unknown_state_group_is_reported(store):
     from streamrep.errors import StateCorruptionError
 
