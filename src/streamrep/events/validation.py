@@ -143,14 +143,17 @@ def _build(event_id: Any, body: Any, raw: bytes, flags: Mapping[str, Any]) -> Ev
     relation = content.get("m.relates_to")
     if isinstance(relation, dict) and isinstance(relation.get("event_id"), str):
         relates_to = relation["event_id"]
-    return EventRecord(
-        event_id=event_id, room_id=room_id, type=etype, sender=sender, depth=depth,
-        prev_events=prev_events, state_key=state_key, json=raw, content=content,
-        outlier=_flag(flags, "outlier", event_id) if flags else False,
-        rejected=_flag(flags, "rejected", event_id) if flags else False,
-        soft_failed=_flag(flags, "soft_failed", event_id) if flags else False,
-        membership=membership, redacts=redacts, relates_to=relates_to,
-    )
+    if flags:
+        outlier = _flag(flags, "outlier", event_id)
+        rejected = _flag(flags, "rejected", event_id)
+        soft_failed = _flag(flags, "soft_failed", event_id)
+    else:
+        outlier = rejected = soft_failed = False
+    # Positional: several times cheaper than keywords for a slotted dataclass, and
+    # this runs once per persisted event. The order is EventRecord's field order.
+    return EventRecord(event_id, room_id, etype, sender, depth, prev_events, state_key, raw,
+                       content, outlier, rejected, soft_failed, membership, redacts,
+                       relates_to)
 
 
 def parse_event(item: Any) -> EventRecord:
