@@ -88,8 +88,7 @@ def page_workdir(tmp_path: pathlib.Path) -> pathlib.Path:
 def subprocess_env() -> dict[str, str]:
     env = dict(os.environ)
     env.pop("STREAMREP_CONFIG", None)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(ROOT / "src"), env.get("PYTHONPATH", "")) if p)
+    # The examples run against the installed package, as a user would run them.
     return env
 
 

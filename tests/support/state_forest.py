@@ -207,14 +207,18 @@ def load_database(url: str, forest: Forest) -> None:
 
     import psycopg2
 
-    conn = psycopg2.connect(url)
-    with conn, conn.cursor() as cur:
-        for ddl in STATE_DDL:
-            cur.execute(ddl)
-        for table, data in rows.items():
-            buf = io.StringIO()
-            for row in data:
-                buf.write("\t".join(str(v) for v in row) + "\n")
-            buf.seek(0)
-            cur.copy_expert(f"COPY {table} FROM STDIN", buf)
-    conn.close()
+    from streamrep.db.green import suspended_wait_callback
+
+    # psycopg2 refuses COPY while a wait callback (set by any open Database) is installed.
+    with suspended_wait_callback():
+        conn = psycopg2.connect(url)
+        with conn, conn.cursor() as cur:
+            for ddl in STATE_DDL:
+                cur.execute(ddl)
+            for table, data in rows.items():
+                buf = io.StringIO()
+                for row in data:
+                    buf.write("\t".join(str(v) for v in row) + "\n")
+                buf.seek(0)
+                cur.copy_expert(f"COPY {table} FROM STDIN", buf)
+        conn.close()

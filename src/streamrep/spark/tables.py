@@ -176,11 +176,15 @@ def _iter_postgres(dsn: str, table: str, schema: pa.Schema) -> Iterator[pa.Recor
     failure: list[BaseException] = []
 
     def produce() -> None:
+        from streamrep.db.green import suspended_wait_callback
+
         try:
-            with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
-                with os.fdopen(write_fd, "wb") as sink:
-                    cur.copy_expert(f"COPY ({_SELECTS[table]}) TO STDOUT WITH CSV HEADER", sink)
-            conn.close()
+            # psycopg2 refuses COPY while the process's gevent wait callback is set.
+            with suspended_wait_callback():
+                with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+                    with os.fdopen(write_fd, "wb") as sink:
+                        cur.copy_expert(f"COPY ({_SELECTS[table]}) TO STDOUT WITH CSV HEADER", sink)
+                conn.close()
         except BaseException as exc:  # handed to the reading side
             failure.append(exc)
             try:
