@@ -7,8 +7,20 @@ from typing import Iterator
 
 import pytest
 
+from streamrep import _impl
 from support.impls import IMPLEMENTATIONS
 from support.postgres import fresh_schema_dsn, postgres_server_dsn
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With STREAMREP_NO_EXTENSIONS=1 the run is about the twins: tests comparing the
+    compiled core with its twin belong to the other run, so they are deselected."""
+    if not _impl.NO_EXTENSIONS:
+        return
+    kept = [item for item in items if item.get_closest_marker("compiled_vs_pure") is None]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+        items[:] = kept
 
 
 @pytest.fixture(params=IMPLEMENTATIONS, scope="session")

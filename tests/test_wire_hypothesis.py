@@ -16,9 +16,8 @@ from support.wire import describe, flatten, run_chunks
 
 PURE = _impl.load_pure("wire")
 BOTH = [core_module("wire", kind) for kind in IMPLEMENTATIONS]
-needs_compiled = pytest.mark.skipif(
-    _impl.NO_EXTENSIONS, reason="compares the compiled core with its twin; STREAMREP_NO_EXTENSIONS=1"
-)
+# Compares the compiled core with its twin: not collected with STREAMREP_NO_EXTENSIONS=1.
+needs_compiled = pytest.mark.compiled_vs_pure
 
 SETTINGS = settings(
     max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow]
