@@ -47,6 +47,13 @@ def _reap(proc: subprocess.Popen[bytes], timeout: float = 300) -> tuple[int, flo
         time.sleep(0.01)
 
 
+def _cpu_seconds(pid: int) -> float:
+    """CPU (user + system) a live process has used so far."""
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        fields = fh.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _run(tmp: str, impl_kind: str, facts: int, rows_per_fact: int, rate: float) -> dict[str, Any]:
     env = dict(os.environ)
     if impl_kind == "pure":
@@ -88,15 +95,20 @@ def _run(tmp: str, impl_kind: str, facts: int, rows_per_fact: int, rate: float) 
             assert w.stdout is not None
             assert w.stdout.readline().strip() == b"ready"
             w.stdout.close()
+        # CPU before the run, to count what the run cost without process start-up.
+        hub_cpu_before = _cpu_seconds(procs[0].pid)
+        workers_cpu_before = sum(_cpu_seconds(w.pid) for w in workers)
         writer = start([sys.executable, ROLES, "writer", f"127.0.0.1:{port}", db, str(facts),
                         str(rows_per_fact), str(rate), os.path.join(tmp, "writer.json")])
-        assert _reap(writer)[0] == 0
+        writer_code, writer_cpu = _reap(writer)
+        assert writer_code == 0
         worker_cpu = 0.0
         for w in workers:
             code, cpu = _reap(w)
             assert code == 0
             worker_cpu += cpu
         hub = procs[0]
+        hub_run_cpu = _cpu_seconds(hub.pid) - hub_cpu_before
         hub.send_signal(signal.SIGTERM)
         hub_cpu = _reap(hub)[1]
         with open(os.path.join(tmp, "writer.json"), "rb") as fh:
@@ -127,6 +139,11 @@ def _run(tmp: str, impl_kind: str, facts: int, rows_per_fact: int, rate: float) 
         # CPU cost per delivered line, whatever else the machine was doing.
         "hub_cpu_us_per_line": hub_cpu / total * 1e6,
         "worker_cpu_us_per_line": worker_cpu / total * 1e6,
+        # The same over the run only (from every worker being ready to the end),
+        # without interpreter start-up and imports.
+        "hub_run_cpu_us_per_line": hub_run_cpu / total * 1e6,
+        "worker_run_cpu_us_per_line": (worker_cpu - workers_cpu_before) / total * 1e6,
+        "writer_cpu_us_per_row": writer_cpu / total_rows * 1e6,
         "p50_ms": latencies[len(latencies) // 2],
         "p99_ms": latencies[int(len(latencies) * 0.99)],
         "max_ms": latencies[-1],

@@ -1345,6 +1345,73 @@ def parse_line(line):
     return command
 
 
+# --- grouping RDATA per fact -------------------------------------------------------
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def group_rdata(list commands):
+    """Group decoded *commands* for a reader that acts once per fact.
+
+    Returns the commands in order, except that consecutive ``RDATA`` commands of
+    one writer are replaced by a tuple ``(stream_name, instance_name, token,
+    rdata_commands)``: every command of the run is ``batch`` but the last, whose
+    token is *token*. A run that ends in ``batch`` (the fact goes on in a later
+    chunk, or another writer's row or another command interrupts it) has the
+    token None. Runs are never merged across facts, so each tuple with a token
+    is one fact, or the end of one.
+    """
+    cdef list out = []
+    cdef list run = None
+    cdef str run_stream = None
+    cdef str run_instance = None
+    cdef RdataCommand rd
+    cdef object command
+    for command in commands:
+        if type(command) is RdataCommand:
+            rd = <RdataCommand>command
+            if run is not None and (
+                (rd.stream_name is not run_stream and rd.stream_name != run_stream)
+                or (rd.instance_name is not run_instance and rd.instance_name != run_instance)
+            ):
+                PyList_Append(out, (run_stream, run_instance, None, run))
+                run = None
+            if run is None:
+                run = []
+                run_stream = rd.stream_name
+                run_instance = rd.instance_name
+            PyList_Append(run, rd)
+            if not rd._batch:
+                PyList_Append(out, (run_stream, run_instance, rd._token, run))
+                run = None
+        else:
+            if run is not None:
+                PyList_Append(out, (run_stream, run_instance, None, run))
+                run = None
+            PyList_Append(out, command)
+    if run is not None:
+        PyList_Append(out, (run_stream, run_instance, None, run))
+    return out
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def rdata_rows(list commands):
+    """The decoded ``row`` of each ``RDATA`` command, in order
+    (MalformedCommandError on the first row that is not valid JSON)."""
+    cdef list out = []
+    cdef RdataCommand rd
+    cdef object command
+    for command in commands:
+        if type(command) is not RdataCommand:
+            raise TypeError("rdata_rows takes RDATA commands only")
+        rd = <RdataCommand>command
+        if rd._row is _MISSING:
+            rd._row = rd._decode_row()
+        PyList_Append(out, rd._row)
+    return out
+
+
 # --- the incremental decoder ------------------------------------------------------
 
 

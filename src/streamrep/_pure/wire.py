@@ -49,6 +49,8 @@ __all__ = [
     "Decoder",
     "Encoder",
     "encode_row",
+    "group_rdata",
+    "rdata_rows",
 ]
 
 #: The decoder's default limit on one line, in bytes, without its newline.
@@ -856,6 +858,63 @@ def parse_line(line: str | BytesLike) -> Command:
     if b"\n" in raw:
         raise MalformedCommandError("a line cannot contain a newline")
     return _parse(raw)
+
+
+def group_rdata(commands: list[Command]) -> list[Any]:
+    """Group decoded *commands* for a reader that acts once per fact.
+
+    Returns the commands in order, except that consecutive ``RDATA`` commands of
+    one writer are replaced by a tuple ``(stream_name, instance_name, token,
+    rdata_commands)``: every command of the run is ``batch`` but the last, whose
+    token is *token*. A run that ends in ``batch`` (the fact goes on in a later
+    chunk, or another writer's row or another command interrupts it) has the
+    token None. Runs are never merged across facts, so each tuple with a token
+    is one fact, or the end of one.
+    """
+    out: list[Any] = []
+    run: list[Command] | None = None
+    run_stream = run_instance = ""
+    for command in commands:
+        if type(command) is RdataCommand:
+            stream = command._stream_name
+            instance = command._instance_name
+            if run is not None and (stream != run_stream or instance != run_instance):
+                out.append((run_stream, run_instance, None, run))
+                run = None
+            if run is None:
+                run = []
+                run_stream, run_instance = stream, instance
+            run.append(command)
+            if command._token is not None:
+                out.append((stream, instance, command._token, run))
+                run = None
+        else:
+            if run is not None:
+                out.append((run_stream, run_instance, None, run))
+                run = None
+            out.append(command)
+    if run is not None:
+        out.append((run_stream, run_instance, None, run))
+    return out
+
+
+def rdata_rows(commands: list[RdataCommand]) -> list[Any]:
+    """The decoded ``row`` of each ``RDATA`` command, in order
+    (MalformedCommandError on the first row that is not valid JSON)."""
+    out = []
+    loads = orjson.loads
+    for command in commands:
+        if type(command) is not RdataCommand:
+            raise TypeError("rdata_rows takes RDATA commands only")
+        row = command._row
+        if row is _MISSING:
+            try:
+                row = loads(command._line[command._row_start :])
+            except orjson.JSONDecodeError:
+                row = command.row  # raises the MalformedCommandError that explains it
+            command._row = row
+        out.append(row)
+    return out
 
 
 def _raise_collected(errors: list[ProtocolError], commands: list[Command]) -> None:

@@ -34,12 +34,18 @@ __all__ = [
     "rdata_line_list",
     "clear_user_sync",
     "error_message",
+    "group_rdata",
+    "rdata_rows",
 ]
 
 DEFAULT_MAX_LINE_LENGTH: int = wire.DEFAULT_MAX_LINE_LENGTH
 #: The class of RDATA commands, for type checks on the hot path.
 RdataCommand = wire.RdataCommand
 BATCH = "batch"
+#: Consecutive RDATA commands of one writer as ``(stream, instance, token, commands)``.
+group_rdata = wire.group_rdata
+#: The decoded rows of RDATA commands.
+rdata_rows = wire.rdata_rows
 COMMAND_NAMES: tuple[str, ...] = tuple(wire.COMMANDS)
 
 

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import orjson
 
+from streamrep.replication.commands import rdata_rows
 from streamrep.replication.source import StreamSource
 
 __all__ = ["StreamFollower", "Handler", "group_facts"]
@@ -109,6 +110,40 @@ class StreamFollower:
         rows = pending + [row] if pending else [row]
         # The position moves only once the handler has taken the fact: if it
         # raises, the connection drops and the fact comes again on resume.
+        self.handler(stream, instance, token, rows)
+        self.positions[key] = token
+        self.delivered += 1
+
+    def on_rdata_run(self, stream: str, instance: str, token: int | None, commands: list[Any]) -> None:
+        """Consecutive ``RDATA`` commands of one writer, all ``batch`` but the last,
+        whose token is *token* (None: every one is ``batch``, the fact goes on in
+        a later read).
+
+        The same as :meth:`on_rdata` for each, with the bookkeeping done once per
+        fact; rows of a fact that is dropped (already delivered, or of a stream not
+        followed) are never decoded.
+        """
+        if self.streams is not None and stream not in self.streams:
+            return
+        key = (stream, instance)
+        if token is None:
+            waiting = self._pending.get(key)
+            rows = rdata_rows(commands)
+            if waiting is None:
+                self._pending[key] = rows
+            else:
+                waiting.extend(rows)
+            return
+        pending = self._pending.pop(key, None)
+        pos = self.positions.get(key)
+        base = pos if pos is not None else self._base(key)
+        if base is not None and token <= base:
+            return
+        if pending:
+            pending.extend(rdata_rows(commands))
+            rows = pending
+        else:
+            rows = rdata_rows(commands)
         self.handler(stream, instance, token, rows)
         self.positions[key] = token
         self.delivered += 1

@@ -31,7 +31,6 @@ from gevent import socket as gsocket
 from typing import Any, Callable, Iterable
 
 import gevent
-import orjson
 import gevent.event
 from gevent.server import StreamServer
 
@@ -52,7 +51,6 @@ DEFAULT_PORT = 9092
 CATCH_UP_BATCH = 2000
 
 _ALL = "ALL"
-_loads = orjson.loads
 
 
 class HubConnection(ReplicationConnection):
@@ -71,9 +69,8 @@ class HubConnection(ReplicationConnection):
         self.catching_up: set[str] = set()
         #: instance IDs this connection reported syncing users for
         self.sync_instances: set[str] = set()
-        self._batches: dict[tuple[str, str], list[bytes]] = {}
-        self._relay: dict[str, list[bytes]] = {}
-        self._relay_count: dict[str, int] = {}
+        self._batches: dict[tuple[str, str], list[Any]] = {}
+        self._relay: dict[str, list[Any]] = {}
         self._catch_up_queue: list[tuple[str, int]] = []
         self._catch_up_worker: gevent.Greenlet | None = None
 
@@ -93,29 +90,64 @@ class HubConnection(ReplicationConnection):
     # --- batching relayed rows -----------------------------------------------------------
 
     def handle_commands(self, commands: Iterable[Any], dispatch: dict[str, Callable[[Any], None]]) -> None:
-        # RDATA from a writer is gathered per stream and broadcast once per read;
-        # anything else first flushes what was gathered, keeping the order.
-        on_rdata = self.on_RDATA
-        for command in commands:
+        # RDATA from a writer comes grouped per fact by the core, is gathered per
+        # stream and broadcast once per read as the writer's exact lines; anything
+        # else first flushes what was gathered, keeping the order.
+        if "RDATA" not in dispatch:
+            super().handle_commands(commands, dispatch)
+            return
+        on_run = self._on_rdata_run
+        run_type = tuple
+        for item in C.group_rdata(commands if type(commands) is list else list(commands)):
             if self.closed:
                 break
-            handler = dispatch.get(command.NAME)
+            if type(item) is run_type:
+                on_run(*item)
+                continue
+            self._flush_relay()
+            handler = dispatch.get(item.NAME)
             if handler is None:
-                self._flush_relay()
-                self.refuse(command)
+                self.refuse(item)
                 break
-            if handler != on_rdata:
-                self._flush_relay()
-            handler(command)
+            handler(item)
         self._flush_relay()
 
     def _flush_relay(self) -> None:
         if not self._relay:
             return
-        relay, counts = self._relay, self._relay_count
-        self._relay, self._relay_count = {}, {}
-        for stream, lines in relay.items():
-            self.hub.broadcast(stream, b"".join(lines), counts[stream], "RDATA", exclude=self)
+        relay = self._relay
+        self._relay = {}
+        for stream, rdata in relay.items():
+            self.hub.broadcast(stream, C.encode_many(rdata), len(rdata), "RDATA", exclude=self)
+
+    def _on_rdata_run(self, stream: str, instance: str, token: int | None, commands: list[Any]) -> None:
+        """RDATA commands of one writer, all ``batch`` but the last (token None:
+        the fact goes on later). Relayed once the fact is complete."""
+        try:
+            C.rdata_rows(commands)
+        except MalformedCommandError:
+            raise MalformedCommandError(f"RDATA {stream} {instance}: row is not valid JSON") from None
+        key = (stream, instance)
+        if token is None:
+            waiting = self._batches.get(key)
+            if waiting is None:
+                self._batches[key] = commands
+            else:
+                waiting.extend(commands)
+            return
+        waiting = self._batches.pop(key, None)
+        hub = self.hub
+        pos = hub.positions.get(key)
+        if pos is not None and token <= pos:
+            return  # already published (the hub filled it from the database)
+        hub.positions[key] = token
+        hub._known_streams.setdefault(stream, None)
+        buf = self._relay.get(stream)
+        if buf is None:
+            buf = self._relay[stream] = []
+        if waiting:
+            buf.extend(waiting)
+        buf.extend(commands)
 
     # --- commands ----------------------------------------------------------------------
 
@@ -172,32 +204,7 @@ class HubConnection(ReplicationConnection):
                 return
 
     def on_RDATA(self, command: Any) -> None:
-        stream, instance, token = command.stream_name, command.instance_name, command.token
-        key = (stream, instance)
-        try:
-            _loads(command.row_json)
-        except orjson.JSONDecodeError:
-            raise MalformedCommandError(f"RDATA {stream} {instance}: row is not valid JSON") from None
-        line = C.encode_one(command)
-        if token is None:
-            self._batches.setdefault(key, []).append(line)
-            return
-        lines = self._batches.pop(key, None)
-        hub = self.hub
-        pos = hub.positions.get(key)
-        if pos is not None and token <= pos:
-            return  # already published (the hub filled it from the database)
-        hub.positions[key] = token
-        hub._known_streams.setdefault(stream, None)
-        buf = self._relay.get(stream)
-        if buf is None:
-            buf = self._relay[stream] = []
-            self._relay_count[stream] = 0
-        if lines:
-            buf.extend(lines)
-            self._relay_count[stream] += len(lines)
-        buf.append(line)
-        self._relay_count[stream] += 1
+        self._on_rdata_run(command.stream_name, command.instance_name, command.token, [command])
 
     def on_POSITION(self, command: Any) -> None:
         self._batches.pop((command.stream_name, command.instance_name), None)

@@ -9,11 +9,14 @@ several hubs (or tests) in one process do not collide.
 from __future__ import annotations
 
 from collections import Counter
+from operator import attrgetter
 from typing import Any, Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+_command_name = attrgetter("NAME")
 
 __all__ = ["ReplicationMetrics", "serve_metrics"]
 
@@ -45,9 +48,8 @@ class ReplicationMetrics(Collector):
     # --- hot-path counting ------------------------------------------------------------
 
     def received_commands(self, commands: Iterable[Any]) -> None:
-        counts = self.commands_in
-        for command in commands:
-            counts[command.NAME] += 1
+        # Counter.update counts an iterable in C: no Python step per command.
+        self.commands_in.update(map(_command_name, commands))
 
     def sent(self, name: str, count: int) -> None:
         self.commands_out[name] += count

@@ -1,0 +1,120 @@
+"""Grouping decoded RDATA per fact (``group_rdata``) and decoding rows in bulk
+(``rdata_rows``), over the compiled core and its pure twin."""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from streamrep import _impl
+from streamrep.errors import MalformedCommandError
+from support.impls import core_module
+
+
+@pytest.fixture
+def wire(impl_kind: str) -> ModuleType:
+    return core_module("wire", impl_kind)
+
+
+def _decode(wire: ModuleType, data: bytes) -> list[Any]:
+    return list(wire.Decoder().feed(data))
+
+
+def _shape(items: list[Any]) -> list[Any]:
+    """Items as comparable plain values (runs as tuples of lines)."""
+    out: list[Any] = []
+    for item in items:
+        if type(item) is tuple:
+            stream, instance, token, commands = item
+            out.append((stream, instance, token, [c.to_bytes() for c in commands]))
+        else:
+            out.append(item.to_bytes())
+    return out
+
+
+def test_runs_end_at_each_fact(wire: ModuleType) -> None:
+    data = (
+        b"PING 1\n"
+        b'RDATA events w1 batch ["a"]\n'
+        b'RDATA events w1 batch ["b"]\n'
+        b'RDATA events w1 5 ["c"]\n'
+        b'RDATA events w1 6 ["d"]\n'
+        b"POSITION events w1 6 7\n"
+    )
+    assert _shape(wire.group_rdata(_decode(wire, data))) == [
+        b"PING 1",
+        ("events", "w1", 5, [b'RDATA events w1 batch ["a"]', b'RDATA events w1 batch ["b"]',
+                             b'RDATA events w1 5 ["c"]']),
+        ("events", "w1", 6, [b'RDATA events w1 6 ["d"]']),
+        b"POSITION events w1 6 7",
+    ]
+
+
+def test_interrupted_and_unfinished_runs_have_no_token(wire: ModuleType) -> None:
+    data = (
+        b'RDATA events w1 batch ["a"]\n'
+        b'RDATA events w2 3 ["x"]\n'  # another writer interrupts w1's fact
+        b'RDATA events w1 batch ["b"]\n'
+        b"PING 1\n"  # so does another command
+        b'RDATA caches w1 batch ["c"]\n'  # same writer name, another stream
+        b'RDATA events w1 batch ["d"]\n'  # the chunk ends mid-fact
+    )
+    assert _shape(wire.group_rdata(_decode(wire, data))) == [
+        ("events", "w1", None, [b'RDATA events w1 batch ["a"]']),
+        ("events", "w2", 3, [b'RDATA events w2 3 ["x"]']),
+        ("events", "w1", None, [b'RDATA events w1 batch ["b"]']),
+        b"PING 1",
+        ("caches", "w1", None, [b'RDATA caches w1 batch ["c"]']),
+        ("events", "w1", None, [b'RDATA events w1 batch ["d"]']),
+    ]
+
+
+def test_group_of_nothing(wire: ModuleType) -> None:
+    assert wire.group_rdata([]) == []
+
+
+def test_rdata_rows_decodes_in_order(wire: ModuleType) -> None:
+    commands = _decode(wire, b'RDATA s w batch ["a",1]\nRDATA s w 2 {"k":[null,true,2.5]}\n')
+    assert wire.rdata_rows(commands) == [["a", 1], {"k": [None, True, 2.5]}]
+    # Rows built from values come back as those values.
+    built = wire.RdataCommand("s", "w", 3, ["x"])
+    assert wire.rdata_rows([built]) == [["x"]]
+
+
+def test_rdata_rows_rejects_bad_json_and_other_commands(wire: ModuleType) -> None:
+    commands = _decode(wire, b'RDATA s w batch ["a"]\nRDATA s w 2 [1, oops]\n')
+    with pytest.raises(MalformedCommandError, match="not valid JSON"):
+        wire.rdata_rows(commands)
+    with pytest.raises(TypeError):
+        wire.rdata_rows([wire.PingCommand("1")])
+
+
+PURE = _impl.load_pure("wire")
+WORDS = st.sampled_from(["events", "caches", "w1", "w2"])
+LINES = st.one_of(
+    st.tuples(WORDS, WORDS, st.one_of(st.none(), st.integers(0, 9)), st.integers(0, 99)).map(
+        lambda t: b"RDATA %s %s %s [%d]" % (t[0].encode(), t[1].encode(),
+                                           b"batch" if t[2] is None else b"%d" % t[2], t[3])
+    ),
+    st.integers(0, 9).map(lambda n: b"PING %d" % n),
+    st.integers(0, 9).map(lambda n: b"POSITION events w1 %d %d" % (n, n + 1)),
+)
+
+
+@pytest.mark.compiled_vs_pure
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lines=st.lists(LINES, max_size=30))
+def test_compiled_groups_as_pure_does(lines: list[bytes]) -> None:
+    compiled = core_module("wire", "compiled")
+    data = b"".join(line + b"\n" for line in lines)
+    expected = _shape(PURE.group_rdata(_decode(PURE, data)))
+    assert _shape(compiled.group_rdata(_decode(compiled, data))) == expected
+    # Concatenating the runs gives back every command, in order.
+    flat: list[bytes] = []
+    for item in expected:
+        flat.extend(item[3] if type(item) is tuple else [item])
+    assert flat == lines
