@@ -158,7 +158,11 @@ class DemoWorker:
         membership_cached = self.store.membership_changes.has_entity_changed(user, since)
         # The event store's own sync answer, from the same change caches.
         synced = self.store.get_new_events_for_user(user, f"s{since}", limit=10_000)
-        in_rooms = set(rooms)
+        # Rooms read again after the answer: the worker may have applied a join or an
+        # invite that the first read (taken before) did not see yet. Membership rows
+        # are never removed, so this set holds every room of the answer's range.
+        in_rooms = {r[0] for r in db.fetchall(
+            "SELECT room_id FROM room_memberships WHERE user_id = ?", (user,))}
         strays = [e.event_id for e in synced.events
                   if e.room_id not in in_rooms or not since < e.stream_ordering
                   <= synced.next_token.stream]
