@@ -118,3 +118,47 @@ def test_compiled_groups_as_pure_does(lines: list[bytes]) -> None:
     for item in expected:
         flat.extend(item[3] if type(item) is tuple else [item])
     assert flat == lines
+
+
+def test_encode_rdata_rows_marks_batches_and_decodes_back(wire: ModuleType) -> None:
+    rows = [(5, b'["a"]'), (5, b'["b"]'), (6, b"{}"), (9, b"[1,2]"), (9, b"null")]
+    data = wire.encode_rdata_rows("events", "w1", rows)
+    assert data == (
+        b'RDATA events w1 batch ["a"]\n'
+        b'RDATA events w1 5 ["b"]\n'
+        b"RDATA events w1 6 {}\n"
+        b"RDATA events w1 batch [1,2]\n"
+        b"RDATA events w1 9 null\n"
+    )
+    runs = wire.group_rdata(_decode(wire, data))
+    assert [(t, wire.rdata_rows(c)) for _s, _i, t, c in runs] == [
+        (5, [["a"], ["b"]]), (6, [{}]), (9, [[1, 2], None])]
+    assert wire.encode_rdata_rows("events", "w1", []) == b""
+
+
+@pytest.mark.parametrize(
+    "stream, rows, error",
+    [
+        ("events", [(1, b"")], ValueError),
+        ("events", [(1, b"[1]\n[2]")], ValueError),
+        ("events", [("1", b"[1]")], TypeError),
+        ("events", [(2**63, b"[1]")], ValueError),
+        ("events", [(1, "[1]")], TypeError),
+        ("two words", [(1, b"[1]")], ValueError),
+    ],
+)
+def test_encode_rdata_rows_refuses_what_cannot_be_a_line(
+    wire: ModuleType, stream: str, rows: list[Any], error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        wire.encode_rdata_rows(stream, "w1", rows)
+
+
+@pytest.mark.compiled_vs_pure
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.lists(st.tuples(st.integers(-(2**63), 2**63 - 1),
+                               st.binary(min_size=1, max_size=8).filter(lambda b: b"\n" not in b)),
+                     max_size=20).map(lambda rows: sorted(rows, key=lambda r: r[0])))
+def test_compiled_encodes_rdata_rows_as_pure_does(rows: list[tuple[int, bytes]]) -> None:
+    compiled = core_module("wire", "compiled")
+    assert compiled.encode_rdata_rows("s", "w", rows) == PURE.encode_rdata_rows("s", "w", rows)

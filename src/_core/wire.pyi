@@ -1,6 +1,6 @@
 """Typed API of streamrep._core.wire (same as streamrep._pure.wire)."""
 
-from typing import Any, ClassVar, Iterable, Union
+from typing import Any, ClassVar, Iterable, Sequence, Union
 
 __all__ = [
     "Command",
@@ -27,6 +27,7 @@ __all__ = [
     "encode_row",
     "group_rdata",
     "rdata_rows",
+    "encode_rdata_rows",
 ]
 
 BytesLike = Union[bytes, bytearray, memoryview]
@@ -183,3 +184,4 @@ class Encoder:
 
 def group_rdata(commands: list[Command]) -> list[Any]: ...
 def rdata_rows(commands: list[RdataCommand]) -> list[Any]: ...
+def encode_rdata_rows(stream_name: str, instance_name: str, rows: Sequence[tuple[int, bytes]]) -> bytes: ...

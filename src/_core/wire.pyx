@@ -1350,6 +1350,56 @@ def parse_line(line):
 
 @cython.boundscheck(False)
 @cython.wraparound(False)
+def encode_rdata_rows(str stream_name, str instance_name, rows):
+    """Encode rows ``(token, row_json)`` of one writer, in token order, as ``RDATA``
+    lines: ``batch`` for every row but the last of each token.
+
+    The row JSON is taken as it is (the writer's own encoding); it must be
+    non-empty and without newlines (ValueError). Tokens are 64-bit ints.
+    """
+    global _scratch_len
+    cdef Py_ssize_t stream_len, instance_len, i, n, size
+    cdef const char* stream_utf8 = _checked_word(stream_name, "stream_name", &stream_len)
+    cdef const char* instance_utf8 = _checked_word(instance_name, "instance_name", &instance_len)
+    cdef int64_t token
+    cdef object row, row_json, next_token
+    cdef bytes data
+    if type(rows) is not list and type(rows) is not tuple:
+        rows = list(rows)
+    n = len(rows)
+    _scratch_len = 0
+    try:
+        for i in range(n):
+            row = rows[i]
+            token = _checked_int64(row[0], "token")
+            row_json = row[1]
+            if type(row_json) is not bytes:
+                raise TypeError(f"row_json must be bytes, not {type(row_json).__name__}")
+            size = PyBytes_GET_SIZE(row_json)
+            if size == 0 or memchr(PyBytes_AS_STRING(row_json), b'\n', size) is not NULL:
+                raise ValueError("row_json must be non-empty without newlines")
+            _put(b"RDATA ", 6)
+            _put(stream_utf8, stream_len)
+            _put_char(c' ')
+            _put(instance_utf8, instance_len)
+            _put_char(c' ')
+            if i + 1 < n:
+                next_token = rows[i + 1][0]
+            if i + 1 == n or next_token != row[0]:
+                _put_int(token)
+            else:
+                _put(b"batch", 5)
+            _put_char(c' ')
+            _put(PyBytes_AS_STRING(row_json), size)
+            _put_char(c'\n')
+        data = PyBytes_FromStringAndSize(_scratch, _scratch_len)
+    finally:
+        _release_scratch()
+    return data
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
 def group_rdata(list commands):
     """Group decoded *commands* for a reader that acts once per fact.
 

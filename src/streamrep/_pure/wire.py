@@ -15,7 +15,7 @@ from __future__ import annotations
 import codecs
 import math
 import re
-from typing import Any, ClassVar, Iterable, Union
+from typing import Any, ClassVar, Iterable, Sequence, Union
 
 import orjson
 
@@ -51,6 +51,7 @@ __all__ = [
     "encode_row",
     "group_rdata",
     "rdata_rows",
+    "encode_rdata_rows",
 ]
 
 #: The decoder's default limit on one line, in bytes, without its newline.
@@ -858,6 +859,32 @@ def parse_line(line: str | BytesLike) -> Command:
     if b"\n" in raw:
         raise MalformedCommandError("a line cannot contain a newline")
     return _parse(raw)
+
+
+def encode_rdata_rows(stream_name: str, instance_name: str, rows: Sequence[tuple[int, bytes]]) -> bytes:
+    """Encode rows ``(token, row_json)`` of one writer, in token order, as ``RDATA``
+    lines: ``batch`` for every row but the last of each token.
+
+    The row JSON is taken as it is (the writer's own encoding); it must be
+    non-empty and without newlines (ValueError). Tokens are 64-bit ints.
+    """
+    _word(stream_name, "stream_name")
+    _word(instance_name, "instance_name")
+    head = b"RDATA %b %b " % (stream_name.encode("utf-8"), instance_name.encode("utf-8"))
+    out = []
+    n = len(rows)
+    for i in range(n):
+        token, row_json = rows[i]
+        token = _int64(token, "token")
+        if not isinstance(row_json, bytes):
+            raise TypeError(f"row_json must be bytes, not {type(row_json).__name__}")
+        if not row_json or b"\n" in row_json:
+            raise ValueError("row_json must be non-empty without newlines")
+        if i + 1 == n or rows[i + 1][0] != token:
+            out.append(b"%b%d %b\n" % (head, token, row_json))
+        else:
+            out.append(b"%bbatch %b\n" % (head, row_json))
+    return b"".join(out)
 
 
 def group_rdata(commands: list[Command]) -> list[Any]:

@@ -107,7 +107,7 @@ def error_message(command: Any) -> str:
 def rdata_lines(stream: str, instance: str, rows: Sequence[tuple[int, bytes]]) -> bytes:
     """Encode rows ``(token, row_json)`` in token order as RDATA lines, with
     ``batch`` for every row but the last of each token."""
-    return b"".join(rdata_line_list(stream, instance, rows))
+    return wire.encode_rdata_rows(stream, instance, rows)
 
 
 def rdata_line_list(stream: str, instance: str, rows: Sequence[tuple[int, bytes]]) -> list[bytes]:
