@@ -39,6 +39,7 @@ __all__ = [
     "TREES_SCHEMA",
     "TREE_ROWS_SCHEMA",
     "STATE_SCHEMA",
+    "STATE_OUTPUT_SCHEMA",
     "DIGEST_SCHEMA",
     "assign_trees",
     "expand_partition",
@@ -78,6 +79,19 @@ STATE_SCHEMA = pa.schema(
         ("type", pa.string()),
         ("state_key", pa.string()),
         ("event_id", pa.string()),
+    ]
+)
+
+#: What :func:`expand_table` yields for full states: :data:`STATE_SCHEMA` with
+#: the strings dictionary-encoded. Parquet files written from it without the
+#: Arrow schema (``store_schema=False``) read back as :data:`STATE_SCHEMA`.
+_STRING_DICTIONARY = pa.dictionary(pa.int32(), pa.string())
+STATE_OUTPUT_SCHEMA = pa.schema(
+    [
+        ("state_group", pa.int64()),
+        ("type", _STRING_DICTIONARY),
+        ("state_key", _STRING_DICTIONARY),
+        ("event_id", _STRING_DICTIONARY),
     ]
 )
 
@@ -314,9 +328,13 @@ def _expand_segment(segment: pa.Table, digest: bool) -> Iterator[pa.RecordBatch]
         yield _digest_batch(group_ids, wanted, out_groups, out_keys, out_events, interned)
         return
     total = len(out_groups)
-    og, oe = _as_arrow(out_groups), _as_arrow(out_events)
+    og = _as_arrow(out_groups)
     keys = np.frombuffer(out_keys, dtype=np.int64) if total else np.zeros(0, np.int64)
+    events = np.frombuffer(out_events, dtype=np.int64) if total else np.zeros(0, np.int64)
     stride = interned.stride
+    # Output strings stay dictionary-encoded over the batch's own string
+    # tables: no string is copied per output row, and Parquet writes the
+    # dictionaries as they are.
     for lo in range(0, total, OUTPUT_BATCH_ROWS):
         hi = min(total, lo + OUTPUT_BATCH_ROWS)
         type_ids = keys[lo:hi] // stride
@@ -324,12 +342,27 @@ def _expand_segment(segment: pa.Table, digest: bool) -> Iterator[pa.RecordBatch]
         yield pa.RecordBatch.from_arrays(
             [
                 og.slice(lo, hi - lo),
-                interned.types.take(pa.array(type_ids)),
-                interned.state_keys.take(pa.array(key_ids)),
-                interned.events.take(oe.slice(lo, hi - lo)),
+                _dictionary_column(type_ids, interned.types),
+                _dictionary_column(key_ids, interned.state_keys),
+                _dictionary_column(events[lo:hi], interned.events),
             ],
-            schema=STATE_SCHEMA,
+            schema=STATE_OUTPUT_SCHEMA,
         )
+
+
+def _dictionary_column(ids: np.ndarray, strings: pa.Array) -> pa.DictionaryArray:
+    """*ids* into *strings* as a dictionary array holding only the strings used.
+
+    Each output batch becomes its own Parquet row group, which carries its
+    dictionary: trimming it keeps the file from repeating a whole batch's
+    string table in every row group.
+    """
+    used = np.zeros(len(strings), dtype=np.bool_)
+    used[ids] = True
+    if used.all():
+        return pa.DictionaryArray.from_arrays(ids.astype(np.int32), strings)
+    renumber = np.cumsum(used, dtype=np.int32) - 1
+    return pa.DictionaryArray.from_arrays(renumber[ids], strings.filter(pa.array(used)))
 
 
 def _digest_batch(
@@ -447,7 +480,7 @@ def write_partition(
     fs, root = pafs.FileSystem.from_uri(output)
     final = f"{root}/part-{partition:05d}.parquet"
     partial = f"{root}/_temporary/part-{partition:05d}-{attempt}.parquet"
-    schema = DIGEST_SCHEMA if digest else STATE_SCHEMA
+    schema = DIGEST_SCHEMA if digest else STATE_OUTPUT_SCHEMA
     rows = 0
     expand_seconds = write_seconds = 0.0
     writer = None
@@ -462,7 +495,9 @@ def write_partition(
             clock = time.perf_counter()
             if writer is None:
                 fs.create_dir(f"{root}/_temporary", recursive=True)
-                writer = pq.ParquetWriter(partial, schema, filesystem=fs, compression="snappy")
+                writer = pq.ParquetWriter(
+                    partial, schema, filesystem=fs, compression="snappy", store_schema=False
+                )
             writer.write_batch(batch)
             write_seconds += time.perf_counter() - clock
             rows += batch.num_rows

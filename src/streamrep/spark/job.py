@@ -197,10 +197,13 @@ def _jdbc_bounds(url: str, table: str, column: str) -> tuple[int, int, int]:
 
 
 def read_spark_tables(
-    spark: "SparkSession", source: Source, need_events: bool, jdbc_partitions: int | None = None
+    spark: "SparkSession", source: Source, need_events: bool, jdbc_partitions: int | None = None,
+    only: tuple[str, ...] | None = None,
 ) -> dict[str, "DataFrame"]:
-    """The state tables as DataFrames, from files or over JDBC."""
+    """The state tables (or *only* those named) as DataFrames, from files or over JDBC."""
     names = list(REQUIRED_TABLES) + (["event_to_state_groups"] if need_events else [])
+    if only is not None:
+        names = [name for name in names if name in only]
     frames: dict[str, DataFrame] = {}
     if source.input_dir is not None:
         for name in names:
@@ -309,6 +312,36 @@ def _wanted_column(frames: dict[str, "DataFrame"], groups: "DataFrame", options:
     return groups.withColumn("wanted", wanted)
 
 
+#: Up to this many groups in file input, the driver finds the trees itself.
+DRIVER_TREES_MAX_GROUPS = 20_000_000
+
+
+def _driver_trees(source: Source, options: ReconstructOptions) -> "pa.Table | None":
+    """The trees of a file input found in this process, or None to use Spark.
+
+    The topology is a few fields per group: reading it with pyarrow and
+    pointer jumping with numpy here avoids a join, two shuffles, a Python
+    worker and two Spark actions. JDBC input, a restriction by
+    ``event_to_state_groups`` (one row per event) and very large forests go
+    through Spark instead.
+    """
+    if source.input_dir is None or options.referenced_by_events:
+        return None
+    from streamrep.spark.batches import assign_trees
+    from streamrep.spark.local import build_topology
+    from streamrep.spark.tables import read_table, require_table, table_dataset
+
+    if table_dataset(require_table(source.input_dir, "state_groups")).count_rows() > DRIVER_TREES_MAX_GROUPS:
+        return None
+    tables = {
+        "state_groups": read_table(
+            source.input_dir, "state_groups", ["id", "room_id"] if options.rooms else ["id"]
+        ),
+        "state_group_edges": read_table(source.input_dir, "state_group_edges", ["state_group", "prev_state_group"]),
+    }
+    return assign_trees(build_topology(tables, options), options.split_threshold)
+
+
 def reconstruct_spark(
     spark: "SparkSession", source: Source, options: ReconstructOptions,
     jdbc_partitions: int | None = None,
@@ -323,29 +356,40 @@ def reconstruct_spark(
     prepare_output(options.output, options.overwrite)
     result = ReconstructResult(options.output, digest=options.digest)
     clock = time.perf_counter()
-    frames = read_spark_tables(spark, source, options.referenced_by_events, jdbc_partitions)
-    groups = frames["state_groups"].select(F.col("id").cast("long"), F.col("room_id"))
-    edges = frames["state_group_edges"].select(
-        F.col("state_group").cast("long").alias("edge_group"),
-        F.col("prev_state_group").cast("long").alias("prev_state_group"),
+    driver_trees = _driver_trees(source, options)
+    frames = read_spark_tables(
+        spark, source, options.referenced_by_events, jdbc_partitions,
+        only=("state_groups_state",) if driver_trees is not None else None,
     )
-    topology = _wanted_column(frames, groups, options).join(
-        edges, F.col("id") == F.col("edge_group"), "left"
-    ).select(F.col("id").alias("state_group"), "prev_state_group", "wanted")
+    if driver_trees is not None:
+        # The topology was read and the trees found right here: no Spark job
+        # (and no Python worker) for a table of a few fields per group.
+        tree_rows = driver_trees.num_rows
+        result.wanted_groups = int(pc.sum(driver_trees.column("wanted")).as_py() or 0)
+        trees = spark.createDataFrame(driver_trees)
+    else:
+        groups = frames["state_groups"].select(F.col("id").cast("long"), F.col("room_id"))
+        edges = frames["state_group_edges"].select(
+            F.col("state_group").cast("long").alias("edge_group"),
+            F.col("prev_state_group").cast("long").alias("prev_state_group"),
+        )
+        topology = _wanted_column(frames, groups, options).join(
+            edges, F.col("id") == F.col("edge_group"), "left"
+        ).select(F.col("id").alias("state_group"), "prev_state_group", "wanted")
 
-    # One task finds every tree: the topology is small (a few fields per group).
-    trees = topology.repartition(1).mapInArrow(
-        _trees_udf(options.split_threshold), _arrow_to_spark_schema(TREES_SCHEMA)
-    )
-    try:
-        trees = trees.localCheckpoint(eager=True)
-        counts = trees.agg(
-            F.count(F.lit(1)).alias("tree_rows"), F.sum(F.col("wanted").cast("long")).alias("wanted")
-        ).first()
-        tree_rows = int(counts["tree_rows"]) if counts else 0
-        result.wanted_groups = int(counts["wanted"] or 0) if counts else 0
-    except Exception as exc:  # Py4JJavaError / PythonException from the task
-        _reraise_executor_error(exc)
+        # One task finds every tree: the topology is small (a few fields per group).
+        trees = topology.repartition(1).mapInArrow(
+            _trees_udf(options.split_threshold), _arrow_to_spark_schema(TREES_SCHEMA)
+        )
+        try:
+            trees = trees.localCheckpoint(eager=True)
+            counts = trees.agg(
+                F.count(F.lit(1)).alias("tree_rows"), F.sum(F.col("wanted").cast("long")).alias("wanted")
+            ).first()
+            tree_rows = int(counts["tree_rows"]) if counts else 0
+            result.wanted_groups = int(counts["wanted"] or 0) if counts else 0
+        except Exception as exc:  # Py4JJavaError / PythonException from the task
+            _reraise_executor_error(exc)
     result.timings["trees"] = time.perf_counter() - clock
 
     clock = time.perf_counter()

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from streamrep.spark.batches import (
     DIGEST_SCHEMA,
-    STATE_SCHEMA,
+    STATE_OUTPUT_SCHEMA,
     TOPOLOGY_SCHEMA,
     assign_trees,
     expand_table,
@@ -187,10 +187,10 @@ def reconstruct_local(source: Source, options: ReconstructOptions) -> Reconstruc
     result.timings["trees"] = time.perf_counter() - clock
 
     os.makedirs(options.output, exist_ok=True)
-    schema = DIGEST_SCHEMA if options.digest else STATE_SCHEMA
+    schema = DIGEST_SCHEMA if options.digest else STATE_OUTPUT_SCHEMA
     expand_time = write_time = 0.0
     path = os.path.join(options.output, "part-00000.parquet")
-    with pq.ParquetWriter(path, schema, compression="snappy") as writer:
+    with pq.ParquetWriter(path, schema, compression="snappy", store_schema=False) as writer:
         for chunk in tree_rows.chunks():
             batches = expand_table(chunk, options.digest)
             while True:
