@@ -312,6 +312,9 @@ def _wanted_column(frames: dict[str, "DataFrame"], groups: "DataFrame", options:
     return groups.withColumn("wanted", wanted)
 
 
+#: Column of driver-built trees giving each group's rank in (root, piece, state_group) order.
+_TREE_ORDER = "tree_order"
+
 #: Up to this many groups in file input, the driver finds the trees itself.
 DRIVER_TREES_MAX_GROUPS = 20_000_000
 
@@ -349,6 +352,8 @@ def reconstruct_spark(
     """Run the job on *spark*; returns counts and phase timings."""
     from pyspark.sql import functions as F
 
+    import numpy as np
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     from streamrep.spark.batches import TREES_SCHEMA, WRITTEN_SCHEMA
@@ -366,7 +371,13 @@ def reconstruct_spark(
         # (and no Python worker) for a table of a few fields per group.
         tree_rows = driver_trees.num_rows
         result.wanted_groups = int(pc.sum(driver_trees.column("wanted")).as_py() or 0)
-        trees = spark.createDataFrame(driver_trees)
+        # One long per group that sorts like (root, piece, state_group): the
+        # partition sort then compares a single key prefix, never whole rows.
+        order = np.empty(tree_rows, dtype=np.int64)
+        order[np.lexsort([
+            driver_trees.column(name).to_numpy() for name in ("state_group", "piece", "root")
+        ])] = np.arange(tree_rows, dtype=np.int64)
+        trees = spark.createDataFrame(driver_trees.append_column(_TREE_ORDER, pa.array(order)))
     else:
         groups = frames["state_groups"].select(F.col("id").cast("long"), F.col("room_id"))
         edges = frames["state_group_edges"].select(
@@ -401,7 +412,8 @@ def reconstruct_spark(
     # fields per group) usually fit in a broadcast: then the delta rows are
     # shuffled once, by tree, instead of twice.
     tree_side = F.broadcast(trees) if tree_rows <= BROADCAST_TREE_ROWS else trees
-    tree_columns = list(TREES_SCHEMA.names)
+    tree_columns = list(TREES_SCHEMA.names) + ([_TREE_ORDER] if driver_trees is not None else [])
+    sort_columns = [_TREE_ORDER] if driver_trees is not None else ["root", "piece", "state_group"]
     with_deltas = state.join(tree_side, F.col("state_group") == F.col("delta_group"), "inner").select(
         *tree_columns, "type", "state_key", "event_id"
     )
@@ -418,7 +430,8 @@ def reconstruct_spark(
     output_uri = _absolute_uri(options.output)
     reports = (
         rows.repartition("root", "piece")
-        .sortWithinPartitions("root", "piece", "state_group")
+        .sortWithinPartitions(*sort_columns)
+        .select(*TREES_SCHEMA.names, "type", "state_key", "event_id")
         .mapInArrow(_write_udf(output_uri, options.digest), _arrow_to_spark_schema(WRITTEN_SCHEMA))
     )
     try:
