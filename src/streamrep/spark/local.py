@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from streamrep.spark.batches import (
     DIGEST_SCHEMA,
+    OUTPUT_PARQUET_OPTIONS,
     STATE_OUTPUT_SCHEMA,
     TOPOLOGY_SCHEMA,
     assign_trees,
@@ -190,7 +191,7 @@ def reconstruct_local(source: Source, options: ReconstructOptions) -> Reconstruc
     schema = DIGEST_SCHEMA if options.digest else STATE_OUTPUT_SCHEMA
     expand_time = write_time = 0.0
     path = os.path.join(options.output, "part-00000.parquet")
-    with pq.ParquetWriter(path, schema, compression="snappy", store_schema=False) as writer:
+    with pq.ParquetWriter(path, schema, **OUTPUT_PARQUET_OPTIONS) as writer:
         for chunk in tree_rows.chunks():
             batches = expand_table(chunk, options.digest)
             while True:
