@@ -224,7 +224,12 @@ def read_spark_tables(
                     .csv(found.path)
                 )
             else:
-                frames[name] = spark.read.parquet(found.path)
+                reader = spark.read
+                known = _parquet_spark_schema(found.path)
+                if known is not None:
+                    # Given the schema, Spark skips a job that reads the footers.
+                    reader = reader.schema(known)
+                frames[name] = reader.parquet(found.path)
         return frames
     assert source.db_url is not None
     jdbc_url, props = jdbc_connection(source.db_url)
@@ -241,6 +246,21 @@ def read_spark_tables(
         else:
             frames[name] = spark.read.jdbc(jdbc_url, name, properties={**props, "fetchsize": "50000"})
     return frames
+
+
+def _parquet_spark_schema(path: str) -> str | None:
+    """The Spark schema of the Parquet file or folder at *path* as pyarrow reads
+    it from one footer, or None when Spark should work it out itself."""
+    import pyarrow.dataset as ds
+
+    try:
+        schema = ds.dataset(path, format="parquet").schema
+    except Exception:  # left for Spark to report
+        return None
+    kinds = {"int64": "long", "int32": "int", "string": "string", "large_string": "string"}
+    if any(str(f.type) not in kinds for f in schema):
+        return None
+    return ", ".join(f"`{f.name}` {kinds[str(f.type)]}" for f in schema)
 
 
 def _arrow_to_spark_schema(schema: "pa.Schema") -> str:
