@@ -246,3 +246,24 @@ def test_check_config_notes_a_listen_address_reachable_from_other_machines(
     assert any("accepts replication connections from other machines" in line for line in lines)
     code, lines = check(write(tmp_path, "server_name: example.com\n"), "--no-port-check")
     assert code == 0 and not any("note:" in line for line in lines)
+
+
+def test_processes_connecting_to_the_hub_take_its_settings_from_the_file(tmp_path: pathlib.Path) -> None:
+    from streamrep.cli._common import peer_settings
+
+    path = write(tmp_path, """
+        server_name: example.org
+        database: sqlite:///hub.db
+        listen: 127.0.0.1:19093
+        keepalive: {ping_interval: 2, timeout: 7}
+        backpressure: {max_queue: 500, max_line_length: 4096}
+        """)
+    settings = peer_settings(path, None, None, None)
+    assert (settings.host, settings.port, settings.server_name) == ("127.0.0.1", 19093, "example.org")
+    assert settings.database == "sqlite:///hub.db"
+    conn = settings.connection
+    assert (conn.ping_interval, conn.ping_timeout, conn.max_queued_commands, conn.max_line_length) == (
+        2, 7, 500, 4096)
+    # Flags win over the file.
+    flagged = peer_settings(path, "127.0.0.1:19094", "sqlite:///other.db", "other.org")
+    assert (flagged.port, flagged.database, flagged.server_name) == (19094, "sqlite:///other.db", "other.org")

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import click
 
+from streamrep.replication.connection import ConnectionSettings
+
 from streamrep.config import load_config, parse_address, report_and_exit
 from streamrep.errors import ConfigError
 
@@ -31,6 +33,8 @@ class PeerSettings:
     stream_writers: dict[str, list[str]] = field(default_factory=dict)
     #: the instance writing every stream not named in ``stream_writers``
     default_writer: str | None = None
+    #: keepalive and backpressure (the configuration's, or the defaults)
+    connection: ConnectionSettings = field(default_factory=ConnectionSettings)
 
 
 def peer_settings(config_path: str | None, connect: str | None, db: str | None,
@@ -61,4 +65,5 @@ def peer_settings(config_path: str | None, connect: str | None, db: str | None,
         server_name=server_name if server_name is not None else config.server_name,
         stream_writers={name: list(ws) for name, ws in config.stream_writers.items()},
         default_writer=config.instance_name,
+        connection=ConnectionSettings.from_config(config),
     )

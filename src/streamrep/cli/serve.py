@@ -57,12 +57,7 @@ def serve(ctx: click.Context, config_path: str | None, db: str, listen: str, ser
     streams = Streams(database, config.instance_name,
                       {name: list(ws) for name, ws in config.stream_writers.items()})
     source = RegistrySource(streams)
-    settings = ConnectionSettings(
-        ping_interval=config.keepalive.ping_interval,
-        ping_timeout=config.keepalive.timeout,
-        max_queued_commands=config.backpressure.max_queue,
-        max_line_length=config.backpressure.max_line_length,
-    )
+    settings = ConnectionSettings.from_config(config)
     metrics_address = config.metrics_listen
     hub = ReplicationHub(
         config.server_name, source,

@@ -99,6 +99,7 @@ def tail(config_path: str | None, connect: str | None, stream_names: tuple[str, 
 
     client = ReplicationClient(
         host, port, client_name=name, server_name=server_name, handler=handler, source=source,
+        settings=settings.connection,
         streams=stream_names or None, start_from=start_from,
     )
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -76,6 +76,7 @@ def write(config_path: str | None, connect: str | None, db: str | None, instance
 
     client = ReplicationClient(
         host, port, client_name=instance_name, server_name=server_name,
+        settings=settings.connection,
         writer_positions=lambda: [(stream, instance_name, streams.current_token(stream, instance_name))],
     )
 

@@ -86,11 +86,7 @@ class DemoWorker:
             config.listen.host, config.listen.port, client_name=name,
             server_name=config.server_name, handler=self.handle, source=self.source,
             start_from={stream: 0 for stream in stream_names()},
-            settings=ConnectionSettings(
-                ping_interval=config.keepalive.ping_interval,
-                ping_timeout=config.keepalive.timeout,
-                max_queued_commands=config.backpressure.max_queue,
-                max_line_length=config.backpressure.max_line_length))
+            settings=ConnectionSettings.from_config(config))
 
     # --- facts ---------------------------------------------------------------------
 

@@ -82,11 +82,7 @@ class DemoWriter:
         self.client = ReplicationClient(
             config.listen.host, config.listen.port, client_name=instance,
             server_name=config.server_name, writer_positions=self._writer_positions,
-            settings=ConnectionSettings(
-                ping_interval=config.keepalive.ping_interval,
-                ping_timeout=config.keepalive.timeout,
-                max_queued_commands=config.backpressure.max_queue,
-                max_line_length=config.backpressure.max_line_length))
+            settings=ConnectionSettings.from_config(config))
 
     # --- positions and announcing ------------------------------------------------------
 

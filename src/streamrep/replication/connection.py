@@ -23,6 +23,7 @@ from streamrep.replication.keepalive import Keepalive
 from streamrep.replication.outbound import DEFAULT_MAX_QUEUED_COMMANDS, OutboundQueue
 
 if TYPE_CHECKING:
+    from streamrep.config import Config
     from streamrep.replication.metrics import ReplicationMetrics
 
 __all__ = ["ReplicationConnection", "ConnectionSettings", "DisconnectReason"]
@@ -65,6 +66,17 @@ class ConnectionSettings:
         self.ping_timeout = ping_timeout
         self.max_queued_commands = max_queued_commands
         self.max_line_length = max_line_length
+
+    @classmethod
+    def from_config(cls, config: Config) -> ConnectionSettings:
+        """The settings a deployment's configuration file gives (``keepalive`` and
+        ``backpressure``), the same for the hub and every process connecting to it."""
+        return cls(
+            ping_interval=config.keepalive.ping_interval,
+            ping_timeout=config.keepalive.timeout,
+            max_queued_commands=config.backpressure.max_queue,
+            max_line_length=config.backpressure.max_line_length,
+        )
 
 
 class ReplicationConnection:
