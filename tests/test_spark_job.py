@@ -20,7 +20,7 @@ from streamrep import _impl
 from streamrep.errors import StateCorruptionError
 from streamrep.spark import ReconstructOptions, Source
 from streamrep.spark.verify import read_output_states
-from support.state_forest import Forest, load_database, make_forest
+from support.state_forest import Forest, corrupt_forest, load_database, make_forest
 
 pytestmark = [
     pytest.mark.spark,
@@ -142,16 +142,11 @@ def test_restricted_to_rooms_and_groups(spark: Any, forest: Forest, inputs: dict
     assert output(out, forest, False) == expected(forest, False, list(picked))
 
 
+CORRUPT_AT = 20
+
+
 def corrupt(forest: Forest, kind: str) -> Forest:
-    groups, edges, state = list(forest.groups), list(forest.edges), list(forest.state)
-    if kind == "cycle":
-        a, b = edges[20][0], edges[21][0]
-        edges = [e for e in edges if e[0] not in (a, b)] + [(a, b), (b, a)]
-    elif kind == "missing":
-        edges[8] = (edges[8][0], 888_888_888)
-    else:
-        state.append(state[33])
-    return Forest(groups, edges, state, forest.event_to_state_groups)
+    return corrupt_forest(forest, kind, at=CORRUPT_AT, missing_group=888_888_888)
 
 
 @pytest.mark.parametrize("kind, named", [("cycle", "cycle"), ("missing", "888888888"),
@@ -164,9 +159,9 @@ def test_corrupt_input_fails_naming_groups(spark: Any, forest: Forest, tmp_path:
     with pytest.raises(StateCorruptionError, match=named) as info:
         run(spark, Source(input_dir=str(tmp_path / "in")), ReconstructOptions(out))
     if kind == "dupkey":
-        assert str(forest.state[33][0]) in str(info.value)
+        assert str(forest.state[CORRUPT_AT][0]) in str(info.value)
     if kind == "cycle":
-        a, b = forest.edges[20][0], forest.edges[21][0]
+        a, b = forest.edges[CORRUPT_AT][0], forest.edges[CORRUPT_AT + 1][0]
         assert str(a) in str(info.value) and str(b) in str(info.value)
 
 

@@ -23,7 +23,7 @@ from streamrep.spark.export import export_tables
 from streamrep.spark.local import reconstruct_local
 from streamrep.spark.tables import SCHEMAS, read_table
 from streamrep.spark.verify import read_output_states, walk_states_db
-from support.state_forest import Forest, load_database, make_forest
+from support.state_forest import Forest, corrupt_forest, load_database, make_forest
 
 digest_state = _impl.load("state").digest_state
 
@@ -115,16 +115,11 @@ def test_restrictions(forest: Forest, parquet_dir: str, tmp_path: Path) -> None:
     assert output(out, forest, False) == expected(forest, False, referenced)
 
 
+CORRUPT_AT = 10
+
+
 def corrupt(forest: Forest, kind: str) -> Forest:
-    groups, edges, state = list(forest.groups), list(forest.edges), list(forest.state)
-    if kind == "cycle":
-        a, b = edges[10][0], edges[11][0]
-        edges = [e for e in edges if e[0] not in (a, b)] + [(a, b), (b, a)]
-    elif kind == "missing":
-        edges[5] = (edges[5][0], 999_999_999)
-    else:
-        state.append(state[40])
-    return Forest(groups, edges, state, forest.event_to_state_groups)
+    return corrupt_forest(forest, kind, at=CORRUPT_AT, missing_group=999_999_999)
 
 
 @pytest.mark.parametrize("kind, named", [("cycle", "cycle"), ("missing", "999999999"),
@@ -136,7 +131,7 @@ def test_corrupt_input_is_an_error(forest: Forest, tmp_path: Path, kind: str, na
         reconstruct_local(Source(input_dir=str(tmp_path / "in")), ReconstructOptions(str(tmp_path / "out")))
     assert info.value.groups  # type: ignore[attr-defined]
     if kind == "dupkey":
-        assert info.value.groups == (forest.state[40][0],)  # type: ignore[attr-defined]
+        assert info.value.groups == (forest.state[CORRUPT_AT][0],)  # type: ignore[attr-defined]
 
 
 def test_verify_catches_a_wrong_output(forest: Forest, parquet_dir: str, tmp_path: Path) -> None:

@@ -187,6 +187,23 @@ STATE_DDL = [
 ]
 
 
+def corrupt_forest(forest: Forest, kind: str, *, at: int, missing_group: int) -> Forest:
+    """A copy of *forest* broken one way: ``cycle`` (groups ``at`` and ``at + 1`` of the
+    edges point at each other), ``missing`` (edge ``at`` points at *missing_group*) or
+    ``dupkey`` (delta row ``at`` appears twice)."""
+    groups, edges, state = list(forest.groups), list(forest.edges), list(forest.state)
+    if kind == "cycle":
+        a, b = edges[at][0], edges[at + 1][0]
+        edges = [e for e in edges if e[0] not in (a, b)] + [(a, b), (b, a)]
+    elif kind == "missing":
+        edges[at] = (edges[at][0], missing_group)
+    elif kind == "dupkey":
+        state.append(state[at])
+    else:
+        raise ValueError(kind)
+    return Forest(groups, edges, state, forest.event_to_state_groups)
+
+
 def load_database(url: str, forest: Forest) -> None:
     """Create the four state tables at *url* and fill them with *forest*."""
     rows = {
