@@ -505,3 +505,19 @@ def test_unknown_state_group_is_reported(store):
     store.db.execute("INSERT INTO state_group_edges VALUES (?, ?)", (501, 500))
     with pytest.raises(StateCorruptionError):
         store.get_state_group(500)
+
+
+def test_awkward_text_survives_both_engines(store):
+    """IDs and JSON with quotes, backslashes, non-ASCII, an escaped NUL and a large
+    depth are stored and read back exactly (PostgreSQL takes rows as one JSON value)."""
+    create_room(store)
+    odd_id = '$we\'ird"\\id\u00e9\U0001f600'
+    raw = ('{"room_id":"!room:x","type":"m.room.message","sender":"@ann:x",'
+           '"depth":4611686018427387000,"prev_events":["$ann_join"],'
+           '"content":{"body":"tab\\t quote\\" back\\\\ nul\\u0000 \u00e9 \U0001f600"}}').encode()
+    sender_event = ev("$snowman\u2603", [odd_id], 4611686018427387001, sender="@\u00fcber:x")
+    store.persist_events([(odd_id, raw), sender_event])
+    assert store.get_event_json(odd_id) == raw
+    assert store.get_forward_extremities(ROOM) == {"$snowman\u2603"}
+    assert store.get_room_events(ROOM)[-2:] == [odd_id, "$snowman\u2603"]
+    assert orjson.loads(store.get_event_json("$snowman\u2603"))["sender"] == "@\u00fcber:x"

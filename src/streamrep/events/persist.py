@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import heapq
 import time
+from functools import lru_cache
 from array import array
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+import orjson
 
 from streamrep import _impl
 from streamrep.db import Transaction
@@ -37,6 +40,54 @@ def _ph(n: int) -> str:
     return ",".join("?" * n) if n else "NULL"
 
 
+def _in_list(txn: Transaction, column: str, values: Sequence[Any], params: list[Any]) -> str:
+    """SQL that tests *column* against *values*, whose parameters go on *params*.
+
+    On PostgreSQL the values travel as one JSON array: psycopg2 quotes one string
+    instead of adapting each value, and the server plans one parameter however
+    many values there are (a long ``IN`` list costs it more to plan than to run).
+    """
+    if txn.is_postgres:
+        params.append(orjson.dumps(list(values)).decode())
+        return f"{column} = ANY(ARRAY(SELECT json_array_elements_text(?::json)))"
+    params.extend(values)
+    return f"{column} IN ({_ph(len(values))})"
+
+
+# Columns of the tables written here whose PostgreSQL type is not TEXT.
+_PG_COLUMN_TYPES = {
+    "stream_ordering": "bigint", "topological_ordering": "bigint", "received_ts": "bigint",
+    "stream_id": "bigint", "id": "bigint", "state_group": "bigint",
+    "prev_state_group": "bigint", "outlier": "boolean", "rejected": "boolean",
+    "soft_failed": "boolean", "redacted": "boolean", "json": "bytea",
+}
+
+
+@lru_cache(maxsize=64)
+def _pg_json_insert(table: str, columns: str, suffix: str) -> str:
+    """An INSERT taking its rows as one JSON array of arrays (BYTEA columns as hex).
+
+    ``jsonb``, not ``json``: the text is parsed once, where ``->>`` on ``json``
+    would parse each row again for every column it extracts."""
+    exprs = []
+    for i, column in enumerate(c.strip() for c in columns.split(",")):
+        pg_type = _PG_COLUMN_TYPES.get(column)
+        if pg_type is None:
+            exprs.append(f"r->>{i}")
+        elif pg_type == "bytea":
+            exprs.append(f"decode(r->>{i}, 'hex')")
+        else:
+            exprs.append(f"(r->>{i})::{pg_type}")
+    return (f"INSERT INTO {table} ({columns}) SELECT {', '.join(exprs)}"
+            f" FROM jsonb_array_elements(?::jsonb) AS r{suffix}")
+
+
+def _hex_bytes(value: Any) -> str:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    raise TypeError(f"cannot store {type(value).__name__} in a JSON row")
+
+
 def _chunks(items: Sequence[Any], size: int = 500) -> Iterable[Sequence[Any]]:
     for start in range(0, len(items), size):
         yield items[start:start + size]
@@ -46,7 +97,7 @@ class Writes:
     """Write statements queued for one round trip.
 
     On PostgreSQL the queued statements go to the server as one multi-statement
-    ``execute`` (inserts as multi-row ``VALUES``); on SQLite, where a statement
+    ``execute`` (each insert's rows as one JSON parameter); on SQLite, where a statement
     costs no round trip, they run one by one at :meth:`flush`.
     """
 
@@ -67,18 +118,14 @@ class Writes:
                suffix: str = "") -> None:
         if not rows:
             return
-        width = len(rows[0])
-        one = "(" + ",".join("?" * width) + ")"
         if not self.txn.is_postgres:
+            one = "(" + ",".join("?" * len(rows[0])) + ")"
             self._sqlite.append((f"INSERT INTO {table} ({columns}) VALUES {one}{suffix}", rows))
             return
-        per_statement = max(1, 2000 // width)
-        for start in range(0, len(rows), per_statement):
-            chunk = rows[start:start + per_statement]
-            self._sql.append(f"INSERT INTO {table} ({columns}) VALUES "
-                             + ",".join([one] * len(chunk)) + suffix)
-            for row in chunk:
-                self._params.extend(row)
+        # One JSON parameter for all the rows: adapting thousands of parameters one
+        # by one costs psycopg2 more than the server spends inserting them.
+        self._sql.append(_pg_json_insert(table, columns, suffix))
+        self._params.append(orjson.dumps(rows, default=_hex_bytes).decode())
 
     def flush(self) -> None:
         if self._sql:
@@ -179,6 +226,9 @@ class PersistOutcome:
     event_orderings: dict[str, int] = field(default_factory=dict)
     event_groups: dict[str, int] = field(default_factory=dict)
     new_groups: dict[int, tuple[GroupState, int]] = field(default_factory=dict)
+    # new group -> (the group its delta is over, or None for a snapshot; the delta's keys)
+    group_parents: dict[int, tuple[int | None, tuple[StateKey, ...]]] = \
+        field(default_factory=dict)
     forward: dict[str, frozenset[str]] = field(default_factory=dict)
     current_state: dict[str, GroupState] = field(default_factory=dict)
     # room -> users whose current membership changed
@@ -287,24 +337,22 @@ def persist_batch(
                           if p not in record_ids})
     for chunk in _chunks([*record_ids, *extra_prevs]):
         batch_chunk = [e for e in chunk if e in record_ids]
+        params: list[Any] = []
         sql = ["SELECT 0, event_id, outlier, NULL, CASE WHEN outlier THEN json END"
-               " FROM events WHERE event_id IN (" + _ph(len(chunk)) + ")"]
-        params = [*chunk]
+               " FROM events WHERE " + _in_list(txn, "event_id", chunk, params)]
         if batch_chunk:
             sql.append("SELECT 1, redacts, NULL, room_id, NULL FROM events WHERE redacts"
-                       " IS NOT NULL AND NOT rejected AND redacts IN ("
-                       + _ph(len(batch_chunk)) + ")")
-            params.extend(batch_chunk)
+                       " IS NOT NULL AND NOT rejected AND "
+                       + _in_list(txn, "redacts", batch_chunk, params))
         by_room: dict[str, list[str]] = {}
         for event_id in batch_chunk:
             record = record_ids[event_id]
             if not record.outlier:
                 by_room.setdefault(record.room_id, []).append(event_id)
         for room_id, room_ids in by_room.items():
-            sql.append("SELECT 2, event_id, NULL, room_id, NULL FROM event_backward_extremities"
-                       " WHERE room_id = ? AND event_id IN (" + _ph(len(room_ids)) + ")")
             params.append(room_id)
-            params.extend(room_ids)
+            sql.append("SELECT 2, event_id, NULL, room_id, NULL FROM event_backward_extremities"
+                       " WHERE room_id = ? AND " + _in_list(txn, "event_id", room_ids, params))
         for kind, event_id, outlier, room_id, raw in txn.fetchall(" UNION ALL ".join(sql),
                                                                    params):
             if kind == 0:
@@ -342,10 +390,10 @@ def persist_batch(
     if deoutliered:
         ids = sorted(deoutliered)
         for chunk in _chunks(ids):
-            writes.execute("DELETE FROM events WHERE event_id IN (" + _ph(len(chunk)) + ")",
-                           chunk)
-            writes.execute("DELETE FROM room_memberships WHERE event_id IN ("
-                           + _ph(len(chunk)) + ")", chunk)
+            for table in ("events", "room_memberships"):
+                params = []
+                writes.execute(f"DELETE FROM {table} WHERE "
+                               + _in_list(txn, "event_id", chunk, params), params)
 
     rooms: dict[str, list[EventRecord]] = {}
     for record in todo:
@@ -503,12 +551,13 @@ def _extremities(txn: Transaction, writes: Writes, room_id: str, records: list[E
     backward_hits = {e for e in batch_set if (room_id, e) in backward}
     counted = sorted(r.event_id for r in non_outliers if r.counts and r.event_id in backward_hits)
     for chunk in _chunks(counted):
+        params: list[Any] = [room_id]
         for (event_id,) in txn.fetchall(
                 "SELECT DISTINCT ee.prev_event_id FROM event_edges ee"
                 " JOIN events e ON e.event_id = ee.event_id"
                 " WHERE NOT e.outlier AND NOT e.rejected AND NOT e.soft_failed"
-                " AND ee.room_id = ? AND ee.prev_event_id IN (" + _ph(len(chunk)) + ")",
-                [room_id, *chunk]):
+                " AND ee.room_id = ? AND " + _in_list(txn, "ee.prev_event_id", chunk, params),
+                params):
             id_flags[ids[event_id]] |= _core_ext.ID_HAS_COUNTED_CHILD
 
     f_add, f_rem, b_add, b_rem = _core_ext.update_extremities(
@@ -516,16 +565,18 @@ def _extremities(txn: Transaction, writes: Writes, room_id: str, records: list[E
     if f_rem:
         removed = [names[i] for i in f_rem]
         for chunk in _chunks(removed):
-            writes.execute("DELETE FROM event_forward_extremities WHERE room_id = ?"
-                           " AND event_id IN (" + _ph(len(chunk)) + ")", [room_id, *chunk])
+            params = [room_id]
+            writes.execute("DELETE FROM event_forward_extremities WHERE room_id = ? AND "
+                           + _in_list(txn, "event_id", chunk, params), params)
     if f_add:
         writes.insert("event_forward_extremities", "event_id, room_id",
                     [(names[i], room_id) for i in f_add])
     gone = [names[i] for i in b_rem if names[i] in backward_hits]
     if gone:
         for chunk in _chunks(gone):
-            writes.execute("DELETE FROM event_backward_extremities WHERE room_id = ?"
-                           " AND event_id IN (" + _ph(len(chunk)) + ")", [room_id, *chunk])
+            params = [room_id]
+            writes.execute("DELETE FROM event_backward_extremities WHERE room_id = ? AND "
+                           + _in_list(txn, "event_id", chunk, params), params)
     if b_add:
         writes.insert("event_backward_extremities", "event_id, room_id",
                     [(names[i], room_id) for i in b_add], " ON CONFLICT DO NOTHING")
@@ -652,15 +703,41 @@ def _assign_state(txn: Transaction, room_id: str, records: list[EventRecord],
                 best = (g, g_hops + 1, delta)
         if best is None:
             delta, hops = after, 0
+            out.group_parents[group] = (None, ())
         else:
             group_edge_rows.append((group, best[0]))
             delta, hops = best[2], best[1]
+            out.group_parents[group] = (best[0], tuple(delta))
         group_rows.append((group, room_id, record.event_id))
         group_state_rows.extend((group, room_id, t, sk, e) for (t, sk), e in delta.items())
         out.new_groups[group] = (MappingProxyType(after), hops)
         event_groups[record.event_id] = group
         event_group_rows.append((record.event_id, group))
     return visibility
+
+
+def _keys_changed_since(old_state: GroupState, room_id: str, states: StateGroupStore,
+                        out: PersistOutcome) -> set[StateKey] | None:
+    """The keys that may differ between *old_state* and the room's new current state,
+    from the deltas of the groups this batch made, or None when the new state does
+    not descend from the old one through them.
+
+    Saves comparing two whole room states (thousands of members) per batch."""
+    forward = out.forward[room_id]
+    if len(forward) != 1:
+        return None
+    group = out.event_groups.get(next(iter(forward)))
+    keys: set[StateKey] = set()
+    while group is not None and group in out.group_parents:
+        parent, delta_keys = out.group_parents[group]
+        keys.update(delta_keys)
+        group = parent
+    if group is None:
+        return None
+    cached = out.new_groups.get(group) or states.group_cache.get(group)
+    if cached is None or cached[0] is not old_state:
+        return None
+    return keys
 
 
 def _update_current_state(txn: Transaction, writes: Writes, room_id: str,
@@ -679,10 +756,14 @@ def _update_current_state(txn: Transaction, writes: Writes, room_id: str,
                 "SELECT type, state_key, event_id FROM current_state_events WHERE room_id = ?",
                 (room_id,))})
     out.current_state[room_id] = new_state
-    if old_state == new_state:
+    if new_state is old_state:
         return
-    changed = [k for k in set(old_state) | set(new_state) if old_state.get(k) != new_state.get(k)]
-    changed.sort()
+    candidates = _keys_changed_since(old_state, room_id, states, out)
+    if candidates is None:  # not a descendant of the old state: compare them whole
+        candidates = set(old_state) | set(new_state)
+    changed = sorted(k for k in candidates if old_state.get(k) != new_state.get(k))
+    if not changed:
+        return
     memberships: dict[str, str] = {}
     member_ids = []
     for k in changed:
