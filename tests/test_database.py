@@ -180,3 +180,50 @@ def test_sqlite_raw_connection(sqlite_url: str) -> None:
         conn.execute("CREATE TABLE r (a INTEGER)")
     assert db.fetchval("SELECT COUNT(*) FROM r") == 0
     db.close()
+
+
+def test_background_checkpoint_parameter() -> None:
+    assert parse_database_url("sqlite:///a.db").background_checkpoint is True
+    assert parse_database_url("sqlite:///a.db?background_checkpoint=0").background_checkpoint is False
+    with pytest.raises(DatabaseConfigError, match="0 or 1"):
+        parse_database_url("sqlite:///a.db?background_checkpoint=2")
+    with pytest.raises(DatabaseConfigError, match="SQLite setting"):
+        parse_database_url("postgresql://u@h/db?background_checkpoint=1")
+
+
+def _checkpointed(path: str) -> bool:
+    """Whether the 50 rows of 2,000 bytes reached the database file itself: until a
+    checkpoint copies them there they live in the WAL only."""
+    import os
+
+    return os.path.getsize(path) >= 100_000
+
+
+@pytest.mark.parametrize("background", [1, 0])
+def test_sqlite_checkpoints_off_the_commit_path(tmp_path: Any, background: int) -> None:
+    """With the background checkpointer, commits leave their frames in the WAL and a
+    thread copies them into the database file soon after; without it, frames pile
+    up until SQLite's own threshold (1,000 pages) is crossed."""
+    import time
+
+    path = str(tmp_path / "ck.db")
+    db = Database.open(f"sqlite:///{path}?background_checkpoint={background}")
+    try:
+        db.execute("CREATE TABLE t (n INTEGER PRIMARY KEY, pad TEXT)")
+        for n in range(50):
+            db.execute("INSERT INTO t VALUES (?, ?)", (n, "x" * 2000))
+        deadline = time.monotonic() + 10
+        while background and not _checkpointed(path) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if background:
+            assert _checkpointed(path)
+            assert db._checkpointer is not None and db._checkpointer.checkpoints >= 1
+        else:
+            assert not _checkpointed(path)  # below SQLite's threshold: still in the WAL
+            assert db._checkpointer is None
+        assert db.fetchall("SELECT COUNT(*) FROM t") == [(50,)]
+    finally:
+        db.close()
+    # Closing runs a last checkpoint and stops the thread; the data is all there.
+    with Database.open(f"sqlite:///{path}") as again:
+        assert again.fetchall("SELECT COUNT(*), SUM(LENGTH(pad)) FROM t") == [(50, 100_000)]

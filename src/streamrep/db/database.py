@@ -22,6 +22,7 @@ import psycopg2.errors
 import psycopg2.extensions
 import psycopg2.extras
 
+from streamrep.db.checkpoint import WalCheckpointer
 from streamrep.db.green import make_psycopg_green, suspended_wait_callback
 from streamrep.db.migrations import SchemaComponent, get_component, registered_components
 from streamrep.db.sql import to_pyformat
@@ -35,6 +36,10 @@ Row = tuple[Any, ...]
 Params = Sequence[Any]
 
 #: Errors after which a PostgreSQL transaction is simply retried by :meth:`Database.run`.
+#: WAL size (in pages) at which a commit checkpoints inline although a background
+#: checkpointer runs: only reached when that thread falls behind.
+SAFETY_CHECKPOINT_PAGES = 16384
+
 _PG_RETRYABLE = (psycopg2.errors.SerializationFailure, psycopg2.errors.DeadlockDetected)
 
 
@@ -136,6 +141,13 @@ class Database:
         self._schema_lock = gevent.lock.RLock()
         if self.engine == SQLITE:
             self._sqlite = self._connect_sqlite()
+            self._checkpointer: WalCheckpointer | None = None
+            if self.config.background_checkpoint and self.config.target != ":memory:":
+                # SQLite's own checkpoint stays as a bound (64 MiB of 4 KiB pages) in
+                # case the thread falls behind.
+                self._sqlite.execute(f"PRAGMA wal_autocheckpoint={SAFETY_CHECKPOINT_PAGES}")
+                self._checkpointer = WalCheckpointer(
+                    self.config.target, busy_timeout_ms=self.config.busy_timeout_ms)
             self._sqlite_lock = gevent.lock.RLock()
             self._sqlite_in_txn = False
         else:
@@ -323,6 +335,8 @@ class Database:
         self._closed = True
         if self.engine == SQLITE:
             with self._sqlite_lock:
+                if self._checkpointer is not None:
+                    self._checkpointer.close()
                 self._sqlite.close()
         else:
             while self._pool:
@@ -380,6 +394,8 @@ class Database:
                         yield txn
                         conn.execute("COMMIT")
                         committed = True
+                        if not read_only and self._checkpointer is not None:
+                            self._checkpointer.nudge()
                     except BaseException:
                         try:
                             conn.execute("ROLLBACK")

@@ -9,7 +9,9 @@ from urllib.parse import parse_qsl
 from streamrep.errors import DatabaseConfigError
 
 #: Query parameters streamrep reads itself (and removes before handing a URL to libpq).
-OWN_PARAMETERS = frozenset({"pool_size", "busy_timeout_ms"})
+OWN_PARAMETERS = frozenset({"pool_size", "busy_timeout_ms", "background_checkpoint"})
+# Of those, the ones that may be 0 (switches).
+_SWITCHES = frozenset({"background_checkpoint"})
 
 SQLITE = "sqlite"
 POSTGRES = "postgres"
@@ -30,6 +32,8 @@ class DatabaseURL:
     pool_size: int
     busy_timeout_ms: int
     original: str
+    #: SQLite: checkpoint the WAL from a thread of its own rather than in commits.
+    background_checkpoint: bool = True
 
     def redacted(self) -> str:
         """The URL with any password replaced by ``***``, fit for logs and errors."""
@@ -60,7 +64,11 @@ def _split_own_parameters(query: str, url: str) -> tuple[str, dict[str, int]]:
                 raise DatabaseConfigError(
                     f"database URL {redact_url(url)}: {key} must be an integer, not {value!r}"
                 ) from None
-            if number < 1:
+            if key in _SWITCHES and number not in (0, 1):
+                raise DatabaseConfigError(
+                    f"database URL {redact_url(url)}: {key} must be 0 or 1, not {number}"
+                )
+            if number < 1 and key not in _SWITCHES:
                 raise DatabaseConfigError(
                     f"database URL {redact_url(url)}: {key} must be at least 1, not {number}"
                 )
@@ -82,6 +90,9 @@ def parse_database_url(url: str) -> DatabaseURL:
     * Both accept ``pool_size=N`` (PostgreSQL connections kept, default 10) and
       ``busy_timeout_ms=N`` (how long SQLite waits for another process's lock,
       default 5000).
+    * SQLite accepts ``background_checkpoint=0`` to leave WAL checkpoints to the
+      commits that cross SQLite's threshold (default 1: a thread of the process
+      runs them; see :mod:`streamrep.db.checkpoint`).
     """
     if not isinstance(url, str) or not url:
         raise DatabaseConfigError(f"a database URL must be a non-empty string, not {url!r}")
@@ -94,8 +105,8 @@ def parse_database_url(url: str) -> DatabaseURL:
     if scheme == "sqlite":
         if rest_query:
             raise DatabaseConfigError(
-                f"database URL {url!r}: SQLite takes no parameters but pool_size and "
-                f"busy_timeout_ms (got {rest_query!r})"
+                f"database URL {url!r}: SQLite takes no parameters but pool_size, "
+                f"busy_timeout_ms and background_checkpoint (got {rest_query!r})"
             )
         if rest.startswith("//"):
             # As everywhere else: the third slash ends the (empty) host part, so
@@ -111,8 +122,12 @@ def parse_database_url(url: str) -> DatabaseURL:
         if not rest or rest.endswith("/"):
             raise DatabaseConfigError(f"database URL {url!r} names no SQLite database file")
         target = rest if rest == ":memory:" else os.path.normpath(rest)
-        return DatabaseURL(SQLITE, target, 1, busy, url)
+        return DatabaseURL(SQLITE, target, 1, busy, url,
+                           background_checkpoint=bool(own.get("background_checkpoint", 1)))
     if scheme in ("postgresql", "postgres"):
+        if "background_checkpoint" in own:
+            raise DatabaseConfigError(
+                f"database URL {redact_url(url)}: background_checkpoint is a SQLite setting")
         if not rest.startswith("//"):
             raise DatabaseConfigError(
                 f"database URL {redact_url(url)}: expected postgresql://[user@]host[:port]/database"
