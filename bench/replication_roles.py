@@ -83,6 +83,7 @@ def writer(connect: str, db: str, fact_count: int, rows_per_fact: int, rate: flo
     if not client.wait_connected(30):
         raise SystemExit("writer could not connect")
     users = sorted(f"@u{j}:bench" for j in range(rows_per_fact))
+    user_heads = [b'["%s' % u.encode() for u in users]
     id_gen = streams.generator("to_device")
     insert = ("INSERT INTO device_inbox (stream_id, instance_name, user_id, device_id, message_json)"
               " VALUES (?, ?, ?, ?, ?)")
@@ -95,12 +96,15 @@ def writer(connect: str, db: str, fact_count: int, rows_per_fact: int, rate: flo
         per_txn = int(rate * 0.005) if rate else 10_000
         batch = min(fact_count - done, max(1, per_txn // rows_per_fact))
         with id_gen.get_next_mult(batch) as stream_ids:
-            params = []
-            for offset, stream_id in enumerate(stream_ids):
-                device = f"D{done + offset}"
-                pending[stream_id] = [
-                    (stream_id, b'["%s","%s"]' % (u.encode(), device.encode())) for u in users]
-                params.extend((stream_id, instance, u, device, '{"n":0}') for u in users)
+            devices = [(stream_id, f"D{done + offset}") for offset, stream_id in enumerate(stream_ids)]
+            for stream_id, device in devices:
+                tail = b'","%s"]' % device.encode()
+                pending[stream_id] = [(stream_id, head + tail) for head in user_heads]
+            # Rows in the order of device_inbox's (user_id, device_id, stream_id) index:
+            # SQLite then fills its pages in turn instead of revisiting 1,000 places in
+            # it once per fact (about a third less time per row here).
+            params = [(stream_id, instance, u, device, '{"n":0}')
+                      for u in users for stream_id, device in devices]
             with database.transaction("bench_to_device") as txn:
                 txn.executemany(insert, params)
         done += batch
