@@ -19,6 +19,8 @@ from typing import Any
 import gevent
 import orjson
 
+from streamrep.cli._common import freeze_startup_heap
+
 
 def worker(connect: str, name: str, rows_wanted: int, out_path: str) -> None:
     from streamrep.replication import ReplicationClient
@@ -42,6 +44,7 @@ def worker(connect: str, name: str, rows_wanted: int, out_path: str) -> None:
     if not client.wait_connected(30):
         raise SystemExit("worker could not connect")
     gevent.sleep(0.2)  # let REPLICATE's answer arrive before the writer starts
+    freeze_startup_heap()  # as ``streamrep tail`` does
     print("ready", flush=True)
     done.wait()
     last = facts[-1][1]
@@ -82,6 +85,7 @@ def writer(connect: str, db: str, fact_count: int, rows_per_fact: int, rate: flo
     client.start()
     if not client.wait_connected(30):
         raise SystemExit("writer could not connect")
+    freeze_startup_heap()  # as ``streamrep write`` does
     users = sorted(f"@u{j}:bench" for j in range(rows_per_fact))
     user_heads = [b'["%s' % u.encode() for u in users]
     id_gen = streams.generator("to_device")

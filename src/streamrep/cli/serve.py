@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from streamrep.cli._common import freeze_startup_heap
 from streamrep.config import DEFAULT_INSTANCE, DEFAULT_LISTEN, config_from_click, config_option
 
 
@@ -67,6 +68,7 @@ def serve(ctx: click.Context, config_path: str | None, db: str, listen: str, ser
     )
     streams.add_listener(hub_listener(hub))
     hub.start()
+    freeze_startup_heap()
     host, port = hub.address
     click.echo(f"streamrep hub {config.server_name} listening on {host}:{port}", err=True)
     for signum in (signal.SIGTERM, signal.SIGINT):

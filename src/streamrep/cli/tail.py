@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from streamrep.cli._common import peer_settings
+from streamrep.cli._common import freeze_startup_heap, peer_settings
 from streamrep.config import config_option
 
 
@@ -106,6 +106,7 @@ def tail(config_path: str | None, connect: str | None, stream_names: tuple[str, 
         gevent.signal_handler(signum, done.set)
     click.echo(f"tail: following {', '.join(stream_names) or 'every stream'} on {host}:{port}", err=True)
     client.start()
+    freeze_startup_heap()
     try:
         done.wait()
     finally:

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import click
 
-from streamrep.cli._common import peer_settings
+from streamrep.cli._common import freeze_startup_heap, peer_settings
 from streamrep.config import config_option
 
 #: Streams ``write`` can fill with synthetic facts.
@@ -98,6 +98,7 @@ def write(config_path: str | None, connect: str | None, db: str | None, instance
 
     streams.add_listener(on_advance)
     client.start()
+    freeze_startup_heap()
     started = time.monotonic()
     last_report = started
     try:
