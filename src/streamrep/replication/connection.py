@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
 import gevent
+import gevent.event
 from gevent import Greenlet
 
 from streamrep.errors import ProtocolError
@@ -32,6 +33,11 @@ logger = logging.getLogger(__name__)
 
 #: How long a closing connection may spend flushing its last lines.
 _CLOSE_FLUSH_SECONDS = 1.0
+# After our last line, how long to read (and drop) what the peer still sends
+# until it closes too. Closing a socket with unread input makes the kernel
+# reset the connection, and a reset can destroy lines the peer has not read
+# yet: our ERROR, or a writer's last RDATA.
+_CLOSE_DRAIN_SECONDS = 1.0
 
 
 class DisconnectReason:
@@ -108,6 +114,7 @@ class ReplicationConnection:
         self.connected_at = now
         self._in_flight = False
         self._closer: Greenlet | None = None
+        self._drained = gevent.event.Event()
         self._greenlets: list[Greenlet] = []
         self._writer: Greenlet | None = None
         self._keepalive = Keepalive(self)
@@ -136,7 +143,7 @@ class ReplicationConnection:
         # Stay until the last lines are flushed: the caller may close the socket
         # as soon as this returns.
         if self._closer is not None:
-            self._closer.join(_CLOSE_FLUSH_SECONDS + 1)
+            self._closer.join(_CLOSE_FLUSH_SECONDS + _CLOSE_DRAIN_SECONDS + 1)
 
     def connection_made(self) -> None:
         """Called once the connection's greenlets run; subclasses send greetings here."""
@@ -182,10 +189,12 @@ class ReplicationConnection:
             writer.join(_CLOSE_FLUSH_SECONDS)
             if not writer.dead:
                 writer.kill(block=False)
+        # Half-close, then let the read loop drain until the peer closes its side.
         try:
-            self.sock.shutdown(socket.SHUT_RDWR)
+            self.sock.shutdown(socket.SHUT_WR)
         except OSError:
-            pass
+            self._drained.set()
+        self._drained.wait(_CLOSE_DRAIN_SECONDS)
         self.sock.close()
         for greenlet in self._greenlets:
             if greenlet is not gevent.getcurrent() and not greenlet.dead:
@@ -194,20 +203,32 @@ class ReplicationConnection:
     # --- reading -------------------------------------------------------------------
 
     def _read_loop(self) -> None:
+        try:
+            self._read_until_eof()
+        finally:
+            self._drained.set()
+
+    def _read_until_eof(self) -> None:
+        """Read and act on commands until the peer closes; once this end has
+        closed, keep reading (and dropping) until then, see _CLOSE_DRAIN_SECONDS."""
         sock = self.sock
         feed = self.decoder.feed
         dispatch = self._dispatch
         metrics = self.metrics
-        while not self.closed:
+        while True:
             try:
                 data = sock.recv(262144)
             except OSError as exc:
-                self.close(DisconnectReason.SOCKET_ERROR if not self.closed else "closed")
+                if not self.closed:
+                    self.close(DisconnectReason.SOCKET_ERROR)
                 logger.debug("read from %s failed: %s", self.name, exc)
                 return
             if not data:
-                self.close(DisconnectReason.PEER_CLOSED)
+                if not self.closed:
+                    self.close(DisconnectReason.PEER_CLOSED)
                 return
+            if self.closed:
+                continue
             self.last_received = time.monotonic()
             try:
                 commands = feed(data)
@@ -218,7 +239,7 @@ class ReplicationConnection:
                     metrics.received_commands(exc.commands)
                 self._handle_safely(exc.commands, dispatch)
                 self.close(DisconnectReason.PROTOCOL_ERROR, str(exc))
-                return
+                continue
             if metrics is not None:
                 metrics.received_commands(commands)
             self._handle_safely(commands, dispatch)
