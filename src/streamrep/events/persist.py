@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import heapq
 import time
-from functools import lru_cache
 from array import array
 from dataclasses import dataclass, field
+from functools import lru_cache
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
@@ -300,9 +300,10 @@ def _resolve(txn: Transaction, resolver: StateResolver, room_id: str,
     conflicted = conflicted_ids(sets)
     wanted = [e for e in conflicted if e not in orderings]
     for chunk in _chunks(wanted):
+        params: list[Any] = []
         for event_id, topo, stream in txn.fetchall(
             "SELECT event_id, topological_ordering, stream_ordering FROM events"
-            " WHERE event_id IN (" + _ph(len(chunk)) + ")", list(chunk)):
+            " WHERE " + _in_list(txn, "event_id", chunk, params), params):
             orderings[event_id] = (int(topo), int(stream))
     return resolver.resolve(room_id, sets, {e: orderings[e] for e in conflicted if e in orderings})
 
@@ -774,9 +775,10 @@ def _update_current_state(txn: Transaction, writes: Writes, room_id: str,
             else:
                 member_ids.append(event_id)
     for chunk in _chunks(member_ids):
+        params: list[Any] = []
         for event_id, membership in txn.fetchall(
-                "SELECT event_id, membership FROM events WHERE event_id IN ("
-                + _ph(len(chunk)) + ")", list(chunk)):
+                "SELECT event_id, membership FROM events WHERE "
+                + _in_list(txn, "event_id", chunk, params), params):
             memberships[event_id] = membership
     # A backfill can move extremities too; its state rows still need a live position.
     stream_id = out.max_stream if out.max_stream > 0 else allocator.next_live(txn)
