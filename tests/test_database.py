@@ -227,3 +227,30 @@ def test_sqlite_checkpoints_off_the_commit_path(tmp_path: Any, background: int) 
     # Closing runs a last checkpoint and stops the thread; the data is all there.
     with Database.open(f"sqlite:///{path}") as again:
         assert again.fetchall("SELECT COUNT(*), SUM(LENGTH(pad)) FROM t") == [(50, 100_000)]
+
+
+def test_forked_child_closes_without_the_checkpoint_thread(tmp_path: Any) -> None:
+    """The checkpoint thread stays with the parent; a forked child that writes and
+    closes its copy of the handle must not wait for it."""
+    import os
+    import warnings
+
+    db = Database.open(f"sqlite:///{tmp_path / 'fork.db'}")
+    db.execute("CREATE TABLE t (n INTEGER)")
+    with warnings.catch_warnings():
+        # Python 3.12+ warns about forking a process that runs threads: that is
+        # the situation under test.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit status
+        code = 1
+        try:
+            db.execute("INSERT INTO t VALUES (1)")
+            db.close()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert db.fetchall("SELECT n FROM t") == [(1,)]
+    db.close()

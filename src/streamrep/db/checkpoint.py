@@ -14,6 +14,7 @@ this thread falls behind (say, while a long read holds old frames).
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 from typing import Any
 
@@ -53,16 +54,21 @@ class WalCheckpointer:
         self._stopping = False
         self._stopped = _allocate_lock()
         self._stopped.acquire()
+        self._pid = os.getpid()
         _start_new_thread(self._run, ())
 
     def nudge(self) -> None:
         """Note that a transaction committed frames to the log."""
+        if os.getpid() != self._pid:
+            return  # a forked child: the thread stayed with the parent
         with self._state_lock:
             if self._pending.locked():
                 self._pending.release()
 
     def close(self) -> None:
         """Stop the thread after a last checkpoint, and close its connection."""
+        if os.getpid() != self._pid:
+            return  # a forked child has no thread to stop
         with self._state_lock:
             if self._stopping:
                 return
