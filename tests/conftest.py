@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Iterator
 
 import pytest
@@ -57,3 +58,26 @@ def db_url(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> Iterat
         server = request.getfixturevalue("pg_server")
         with fresh_schema_dsn(server) as url:
             yield url
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_resources() -> Iterator[None]:
+    """With STREAMREP_DEBUG_RESOURCES=1 (as ./scripts/test runs), fail the test after
+    which a database handle, transaction, replication connection, queued command,
+    in-flight stream ID or checkpoint thread is still held. Closing finishes in
+    background greenlets and threads, so give it a few seconds first."""
+    from streamrep import resources
+
+    if not resources.ENABLED:
+        yield
+        return
+    before = resources.live()
+    yield
+    import gevent
+
+    deadline = time.monotonic() + 5
+    while resources.live() != before and time.monotonic() < deadline:
+        gevent.sleep(0.02)
+    leaked = {kind: n - before.get(kind, 0) for kind, n in resources.live().items()
+              if n != before.get(kind, 0)}
+    assert not leaked, f"resources still held after the test: {leaked}"

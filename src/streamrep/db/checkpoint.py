@@ -20,6 +20,8 @@ from typing import Any
 
 from gevent.monkey import get_original
 
+from streamrep import resources
+
 logger = logging.getLogger(__name__)
 
 # Real threads and locks even when gevent has patched the threading module: a
@@ -55,6 +57,8 @@ class WalCheckpointer:
         self._stopped = _allocate_lock()
         self._stopped.acquire()
         self._pid = os.getpid()
+        if resources.ENABLED:
+            resources.acquired("WAL checkpoint thread")
         _start_new_thread(self._run, ())
 
     def nudge(self) -> None:
@@ -90,6 +94,8 @@ class WalCheckpointer:
                     return
         finally:
             self._conn.close()
+            if resources.ENABLED:
+                resources.released("WAL checkpoint thread")
             self._stopped.release()
 
     def _checkpoint(self) -> None:

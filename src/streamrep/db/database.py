@@ -22,6 +22,7 @@ import psycopg2.errors
 import psycopg2.extensions
 import psycopg2.extras
 
+from streamrep import resources
 from streamrep.db.checkpoint import WalCheckpointer
 from streamrep.db.green import make_psycopg_green, suspended_wait_callback
 from streamrep.db.migrations import SchemaComponent, get_component, registered_components
@@ -158,6 +159,8 @@ class Database:
             # Fail at open time, with a clear error, when the server is unreachable.
             with self._pg_connection() as conn:
                 self.server_version = int(conn.server_version)
+        if resources.ENABLED:
+            resources.acquired("database handle")
         if migrate:
             self.apply_migrations()
 
@@ -333,6 +336,8 @@ class Database:
         if self._closed:
             return
         self._closed = True
+        if resources.ENABLED:
+            resources.released("database handle")
         if self.engine == SQLITE:
             with self._sqlite_lock:
                 if self._checkpointer is not None:
@@ -360,6 +365,8 @@ class Database:
         """
         txn: Transaction | None = None
         committed = False
+        if resources.ENABLED:
+            resources.acquired("database transaction")
         try:
             if self.engine == POSTGRES:
                 with self._pg_connection() as conn:
@@ -406,6 +413,8 @@ class Database:
                         self._sqlite_in_txn = False
                         txn.cursor.close()
         finally:
+            if resources.ENABLED:
+                resources.released("database transaction")
             # Outside the connection, so callbacks may open transactions of their own.
             if txn is not None:
                 txn._run_callbacks(committed)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import gevent
 import gevent.event
 
+from streamrep import resources
 from streamrep.errors import NotAWriterError
 from streamrep.idgen.tracking import CompletionTracker, WriterPositions
 
@@ -133,8 +134,16 @@ class IdGenerator(abc.ABC):
     def _to_stream_id(self, tracked: int) -> int:
         return tracked * self._sign
 
+    def _reserve_counted(self, count: int) -> list[int]:
+        tracked = self._reserve(count)
+        if resources.ENABLED:
+            resources.acquired("stream ID in flight", len(tracked))
+        return tracked
+
     def _complete(self, tracked_ids: Sequence[int]) -> None:
         """Complete tracker IDs; report and publish what became visible."""
+        if resources.ENABLED:
+            resources.released("stream ID in flight", len(tracked_ids))
         with self._lock:
             visible = self._tracker.complete_many(tracked_ids)
             if not visible:
@@ -164,7 +173,7 @@ class IdGenerator(abc.ABC):
         block exits, whatever exception escapes, the transaction has committed or
         rolled back, and only then does the ID complete.
         """
-        tracked = self._reserve(1)
+        tracked = self._reserve_counted(1)
         try:
             yield self._to_stream_id(tracked[0])
         finally:
@@ -173,7 +182,7 @@ class IdGenerator(abc.ABC):
     @contextlib.contextmanager
     def get_next_mult(self, count: int) -> Iterator[list[int]]:
         """Reserve *count* stream IDs (ascending tokens) for the block."""
-        tracked = self._reserve(count)
+        tracked = self._reserve_counted(count)
         try:
             yield [self._to_stream_id(t) for t in tracked]
         finally:
@@ -181,13 +190,13 @@ class IdGenerator(abc.ABC):
 
     def get_next_txn(self, txn: "Transaction") -> int:
         """Reserve one stream ID completed when *txn* commits or rolls back."""
-        tracked = self._reserve(1)
+        tracked = self._reserve_counted(1)
         txn.call_on_finish(self._complete, tracked)
         return self._to_stream_id(tracked[0])
 
     def get_next_mult_txn(self, txn: "Transaction", count: int) -> list[int]:
         """Reserve *count* stream IDs completed when *txn* commits or rolls back."""
-        tracked = self._reserve(count)
+        tracked = self._reserve_counted(count)
         txn.call_on_finish(self._complete, tracked)
         return [self._to_stream_id(t) for t in tracked]
 

@@ -18,6 +18,7 @@ import gevent
 import gevent.event
 from gevent import Greenlet
 
+from streamrep import resources
 from streamrep.errors import ProtocolError
 from streamrep.replication import commands as C
 from streamrep.replication.keepalive import Keepalive
@@ -115,6 +116,8 @@ class ReplicationConnection:
         self._in_flight = False
         self._closer: Greenlet | None = None
         self._drained = gevent.event.Event()
+        if resources.ENABLED:
+            resources.acquired("replication connection")
         self._greenlets: list[Greenlet] = []
         self._writer: Greenlet | None = None
         self._keepalive = Keepalive(self)
@@ -196,6 +199,9 @@ class ReplicationConnection:
             self._drained.set()
         self._drained.wait(_CLOSE_DRAIN_SECONDS)
         self.sock.close()
+        self.queue.clear()  # what the writer could not flush in time is dropped
+        if resources.ENABLED:
+            resources.released("replication connection")
         for greenlet in self._greenlets:
             if greenlet is not gevent.getcurrent() and not greenlet.dead:
                 greenlet.kill(block=False)

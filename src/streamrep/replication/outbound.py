@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from gevent.event import Event
 
+from streamrep import resources
+
 __all__ = ["OutboundQueue", "DEFAULT_MAX_QUEUED_COMMANDS"]
 
 #: Default bound on commands waiting to be written to one peer.
@@ -56,6 +58,8 @@ class OutboundQueue:
         self._chunks.append(data)
         self._queued += count
         self.total_commands += count
+        if resources.ENABLED:
+            resources.acquired("queued command", count)
         self._ready.set()
         return True
 
@@ -75,6 +79,8 @@ class OutboundQueue:
         self._chunks = []
         self._queued = 0
         self._ready.clear()
+        if resources.ENABLED:
+            resources.released("queued command", count)
         return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), count
 
     def wait_for_room(self, needed: int, timeout: float | None = None) -> bool:
@@ -104,5 +110,7 @@ class OutboundQueue:
 
     def clear(self) -> None:
         """Drop whatever is queued (the peer is gone)."""
+        if resources.ENABLED:
+            resources.released("queued command", self._queued)
         self._chunks = []
         self._queued = 0
