@@ -54,11 +54,8 @@ def test_in_order_percall(benchmark: Any, impl_kind: str) -> None:
     _run(benchmark, make)
 
 
-@pytest.mark.benchmark(group="tracker-in-order-batch")
-def test_in_order_batch(benchmark: Any, impl_kind: str) -> None:
-    mod = core_module("tracker", impl_kind)
-    batches = [list(range(first, first + 100)) for first in range(1, N + 1, 100)]
-
+def _batches_runner(mod: Any, batches: list[list[int]]) -> Callable[[], Callable[[], None]]:
+    """Reserve 100 IDs and complete them as one batch (in the given order), N in all."""
     def make() -> Callable[[], None]:
         tracker = mod.CompletionTracker(0)
 
@@ -70,7 +67,15 @@ def test_in_order_batch(benchmark: Any, impl_kind: str) -> None:
             assert tracker.position == N
         return run
 
-    _run(benchmark, make)
+    return make
+
+
+@pytest.mark.benchmark(group="tracker-in-order-batch")
+def test_in_order_batch(benchmark: Any, impl_kind: str) -> None:
+    mod = core_module("tracker", impl_kind)
+    batches = [list(range(first, first + 100)) for first in range(1, N + 1, 100)]
+
+    _run(benchmark, _batches_runner(mod, batches))
 
 
 @pytest.mark.benchmark(group="tracker-random100-percall")
@@ -108,15 +113,4 @@ def test_random_100_in_flight_batch(benchmark: Any, impl_kind: str) -> None:
         rng.shuffle(batch)
         batches.append(batch)
 
-    def make() -> Callable[[], None]:
-        tracker = mod.CompletionTracker(0)
-
-        def run() -> None:
-            reserve, complete_many = tracker.reserve, tracker.complete_many
-            for batch in batches:
-                reserve(100)
-                complete_many(batch)
-            assert tracker.position == N
-        return run
-
-    _run(benchmark, make)
+    _run(benchmark, _batches_runner(mod, batches))

@@ -105,8 +105,7 @@ def test_decode_rows_undecoded(benchmark: Any, wire: ModuleType, impl_kind: str)
     _report(benchmark, f"decode, rows raw [{impl_kind}]", count)
 
 
-def test_decode_rows_decoded(benchmark: Any, wire: ModuleType, impl_kind: str) -> None:
-    benchmark.group = "wire decode (rows decoded)"
+def _decode_rows(wire: ModuleType) -> Callable[[], int]:
     rdata = wire.RdataCommand
 
     def run() -> int:
@@ -119,7 +118,12 @@ def test_decode_rows_decoded(benchmark: Any, wire: ModuleType, impl_kind: str) -
                 count += 1
         return count
 
-    count = benchmark(run)
+    return run
+
+
+def test_decode_rows_decoded(benchmark: Any, wire: ModuleType, impl_kind: str) -> None:
+    benchmark.group = "wire decode (rows decoded)"
+    count = benchmark(_decode_rows(wire))
     assert count == len(MIX)
     _report(benchmark, f"decode, rows decoded [{impl_kind}]", count)
 
@@ -132,18 +136,7 @@ def test_decode_rows_decoded_frozen_heap(benchmark: Any, wire: ModuleType, impl_
     Long-running servers freeze their startup heap for that reason, as Synapse does.
     """
     benchmark.group = "wire decode (rows decoded, frozen heap)"
-    rdata = wire.RdataCommand
-
-    def run() -> int:
-        decoder = wire.Decoder()
-        count = 0
-        for chunk in CHUNKS:
-            for command in decoder.feed(chunk):
-                if type(command) is rdata:
-                    command.row
-                count += 1
-        return count
-
+    run = _decode_rows(wire)
     gc.collect()
     gc.freeze()
     try:

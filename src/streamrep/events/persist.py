@@ -114,6 +114,15 @@ class Writes:
         else:
             self._sqlite.append((sql, [params]))
 
+    def delete_in(self, table: str, column: str, values: Sequence[Any],
+                  room_id: str | None = None) -> None:
+        """Queue ``DELETE FROM table WHERE [room_id = ? AND] column IN values``."""
+        where = "" if room_id is None else "room_id = ? AND "
+        for chunk in _chunks(values):
+            params: list[Any] = [] if room_id is None else [room_id]
+            self.execute(f"DELETE FROM {table} WHERE {where}"
+                         + _in_list(self.txn, column, chunk, params), params)
+
     def insert(self, table: str, columns: str, rows: Sequence[Sequence[Any]],
                suffix: str = "") -> None:
         if not rows:
@@ -390,11 +399,8 @@ def persist_batch(
 
     if deoutliered:
         ids = sorted(deoutliered)
-        for chunk in _chunks(ids):
-            for table in ("events", "room_memberships"):
-                params = []
-                writes.execute(f"DELETE FROM {table} WHERE "
-                               + _in_list(txn, "event_id", chunk, params), params)
+        writes.delete_in("events", "event_id", ids)
+        writes.delete_in("room_memberships", "event_id", ids)
 
     rooms: dict[str, list[EventRecord]] = {}
     for record in todo:
@@ -564,20 +570,14 @@ def _extremities(txn: Transaction, writes: Writes, room_id: str, records: list[E
     f_add, f_rem, b_add, b_rem = _core_ext.update_extremities(
         batch_ids, batch_flags, offsets, prev_ids, bytes(id_flags))
     if f_rem:
-        removed = [names[i] for i in f_rem]
-        for chunk in _chunks(removed):
-            params = [room_id]
-            writes.execute("DELETE FROM event_forward_extremities WHERE room_id = ? AND "
-                           + _in_list(txn, "event_id", chunk, params), params)
+        writes.delete_in("event_forward_extremities", "event_id", [names[i] for i in f_rem],
+                         room_id)
     if f_add:
         writes.insert("event_forward_extremities", "event_id, room_id",
                     [(names[i], room_id) for i in f_add])
     gone = [names[i] for i in b_rem if names[i] in backward_hits]
     if gone:
-        for chunk in _chunks(gone):
-            params = [room_id]
-            writes.execute("DELETE FROM event_backward_extremities WHERE room_id = ? AND "
-                           + _in_list(txn, "event_id", chunk, params), params)
+        writes.delete_in("event_backward_extremities", "event_id", gone, room_id)
     if b_add:
         writes.insert("event_backward_extremities", "event_id, room_id",
                     [(names[i], room_id) for i in b_add], " ON CONFLICT DO NOTHING")
