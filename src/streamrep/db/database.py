@@ -47,24 +47,44 @@ _PG_RETRYABLE = (psycopg2.errors.SerializationFailure, psycopg2.errors.DeadlockD
 class Transaction:
     """One open database transaction. Obtain it from :meth:`Database.transaction`."""
 
-    __slots__ = ("_db", "_cursor", "engine", "name", "_after", "_on_exception")
+    __slots__ = ("_db", "_cursor", "engine", "name", "_after", "_on_exception", "_begin")
 
-    def __init__(self, db: "Database", cursor: Any, name: str) -> None:
+    def __init__(self, db: "Database", cursor: Any, name: str, begin: str | None = None) -> None:
         self._db = db
         self._cursor = cursor
         self.engine: str = db.engine
         self.name = name
         self._after: list[tuple[Callable[..., object], tuple[Any, ...]]] = []
         self._on_exception: list[tuple[Callable[..., object], tuple[Any, ...]]] = []
+        # PostgreSQL: the BEGIN not sent yet. It travels with the first statement,
+        # which saves the transaction a round trip of its own.
+        self._begin = begin
 
     @property
     def is_postgres(self) -> bool:
         return self.engine == POSTGRES
 
     @property
+    def database(self) -> "Database":
+        """The database this transaction runs on."""
+        return self._db
+
+    @property
     def cursor(self) -> Any:
         """The DB-API cursor underneath (SQL given to it directly is not translated)."""
+        self._send_begin()
         return self._cursor
+
+    def _send_begin(self) -> None:
+        if self._begin is not None:
+            begin, self._begin = self._begin, None
+            self._cursor.execute(begin)
+
+    @property
+    def begun(self) -> bool:
+        """Whether a statement has run (on PostgreSQL: whether the server has a
+        transaction open for it)."""
+        return self._begin is None
 
     @property
     def rowcount(self) -> int:
@@ -76,11 +96,16 @@ class Transaction:
 
     def execute(self, sql: str, params: Params = ()) -> None:
         """Run one statement with ``?`` placeholders."""
+        if self._begin is not None:
+            begin, self._begin = self._begin, None
+            self._cursor.execute(begin + ";\n" + to_pyformat(sql), tuple(params))
+            return
         self._cursor.execute(self._sql(sql), tuple(params))
 
     def executemany(self, sql: str, rows: Iterable[Params]) -> None:
         """Run one statement once per parameter tuple of *rows* (batched on PostgreSQL)."""
         if self.engine == POSTGRES:
+            self._send_begin()
             psycopg2.extras.execute_batch(self._cursor, self._sql(sql), list(rows), page_size=200)
         else:
             self._cursor.executemany(sql, rows)
@@ -140,6 +165,7 @@ class Database:
         self._closed = False
         self._applied: dict[str, int] = {}
         self._schema_lock = gevent.lock.RLock()
+        self.text_is_utf8 = True  # SQLite keeps text as UTF-8; PostgreSQL: checked below
         if self.engine == SQLITE:
             self._sqlite = self._connect_sqlite()
             self._checkpointer: WalCheckpointer | None = None
@@ -159,6 +185,11 @@ class Database:
             # Fail at open time, with a clear error, when the server is unreachable.
             with self._pg_connection() as conn:
                 self.server_version = int(conn.server_version)
+                # Text travels and is stored as UTF-8 unchanged only when both
+                # encodings are UTF8; then UTF-8 bytes may be sent as text.
+                self.text_is_utf8 = all(
+                    conn.info.parameter_status(name) == "UTF8"
+                    for name in ("server_encoding", "client_encoding"))
         if resources.ENABLED:
             resources.acquired("database handle")
         if migrate:
@@ -240,7 +271,7 @@ class Database:
             raise DatabaseConfigError(
                 f"cannot connect to PostgreSQL at {self.config.redacted()}: {str(exc).strip()}"
             ) from exc
-        conn.autocommit = False
+        conn.autocommit = True  # Database.transaction sends BEGIN and COMMIT itself
         return conn
 
     @contextlib.contextmanager
@@ -284,11 +315,16 @@ class Database:
         """
         if self.engine == POSTGRES:
             with self._pg_connection() as conn:
+                conn.autocommit = False
                 try:
                     yield conn
                 finally:
                     if not conn.closed:
-                        conn.rollback()
+                        try:
+                            conn.rollback()
+                            conn.autocommit = True
+                        except psycopg2.Error:
+                            conn.close()
         else:
             with self._sqlite_lock:
                 self._check_open()
@@ -322,6 +358,7 @@ class Database:
             return
         with suspended_wait_callback():
             conn = self._new_pg_connection()
+            conn.autocommit = False  # the caller commits, as on raw_connection
             try:
                 yield conn
             finally:
@@ -369,23 +406,22 @@ class Database:
             resources.acquired("database transaction")
         try:
             if self.engine == POSTGRES:
+                # Pooled connections are in autocommit mode; the transaction is
+                # bracketed here, its BEGIN sent along with its first statement.
                 with self._pg_connection() as conn:
-                    txn = Transaction(self, conn.cursor(), name)
+                    cursor = conn.cursor()
+                    txn = Transaction(self, cursor, name,
+                                      "BEGIN READ ONLY" if read_only else "BEGIN")
                     try:
-                        if read_only:
-                            txn.cursor.execute("SET TRANSACTION READ ONLY")
                         yield txn
-                        conn.commit()
+                        if txn.begun:
+                            cursor.execute("COMMIT")
                         committed = True
                     except BaseException:
-                        if not conn.closed:
-                            try:
-                                conn.rollback()
-                            except psycopg2.Error:
-                                conn.close()
+                        _pg_rollback(conn, cursor)
                         raise
                     finally:
-                        txn.cursor.close()
+                        cursor.close()
             else:
                 with self._sqlite_lock:
                     self._check_open()
@@ -539,6 +575,18 @@ def _connection_broken(conn: Any) -> bool:
     except psycopg2.Error:
         return True
     return bool(status == psycopg2.extensions.TRANSACTION_STATUS_UNKNOWN)
+
+
+def _pg_rollback(conn: Any, cursor: Any) -> None:
+    """End whatever transaction *conn* has open after a failure; close it if even
+    that fails (the pool then drops it)."""
+    if conn.closed:
+        return
+    try:
+        if conn.info.transaction_status != psycopg2.extensions.TRANSACTION_STATUS_IDLE:
+            cursor.execute("ROLLBACK")
+    except psycopg2.Error:
+        conn.close()
 
 
 def _close_quietly(conn: Any) -> None:

@@ -20,7 +20,7 @@ from streamrep import _impl
 from streamrep.db import Transaction
 from streamrep.events.lru import Lru
 from streamrep.events.resolver import StateKey, StateResolver, conflicted_ids
-from streamrep.events.state import EMPTY_STATE, GroupState, StateGroupStore
+from streamrep.events.state import EMPTY_STATE, GroupState, StateGroupStore, mutable_copy
 from streamrep.events.validation import EventRecord
 from streamrep.events.visibility import DEFAULT_VISIBILITY, more_permissive, normalise_visibility
 
@@ -64,18 +64,21 @@ _PG_COLUMN_TYPES = {
 
 
 @lru_cache(maxsize=64)
-def _pg_json_insert(table: str, columns: str, suffix: str) -> str:
-    """An INSERT taking its rows as one JSON array of arrays (BYTEA columns as hex).
+def _pg_json_insert(table: str, columns: str, suffix: str, utf8_bytea: bool) -> str:
+    """An INSERT taking its rows as one JSON array of arrays.
 
-    ``jsonb``, not ``json``: the text is parsed once, where ``->>`` on ``json``
-    would parse each row again for every column it extracts."""
+    BYTEA columns travel as UTF-8 text when *utf8_bytea* (every value there is
+    UTF-8: event JSON), else as hex. ``jsonb``, not ``json``: the text is parsed
+    once, where ``->>`` on ``json`` would parse each row again for every column it
+    extracts."""
     exprs = []
     for i, column in enumerate(c.strip() for c in columns.split(",")):
         pg_type = _PG_COLUMN_TYPES.get(column)
         if pg_type is None:
             exprs.append(f"r->>{i}")
         elif pg_type == "bytea":
-            exprs.append(f"decode(r->>{i}, 'hex')")
+            exprs.append(f"convert_to(r->>{i}, 'UTF8')" if utf8_bytea
+                         else f"decode(r->>{i}, 'hex')")
         else:
             exprs.append(f"(r->>{i})::{pg_type}")
     return (f"INSERT INTO {table} ({columns}) SELECT {', '.join(exprs)}"
@@ -85,6 +88,12 @@ def _pg_json_insert(table: str, columns: str, suffix: str) -> str:
 def _hex_bytes(value: Any) -> str:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value).hex()
+    raise TypeError(f"cannot store {type(value).__name__} in a JSON row")
+
+
+def _utf8_bytes(value: Any) -> str:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode()  # strict: anything else is a bug, not data to mangle
     raise TypeError(f"cannot store {type(value).__name__} in a JSON row")
 
 
@@ -101,8 +110,12 @@ class Writes:
     costs no round trip, they run one by one at :meth:`flush`.
     """
 
-    def __init__(self, txn: Transaction) -> None:
+    def __init__(self, txn: Transaction, utf8_bytea: bool = False) -> None:
+        """*utf8_bytea*: every BYTEA value inserted is UTF-8 (event JSON, validated),
+        so on a UTF-8 PostgreSQL database it may travel as text, a third shorter
+        than hex."""
         self.txn = txn
+        self._utf8_bytea = utf8_bytea and txn.database.text_is_utf8
         self._sql: list[str] = []
         self._params: list[Any] = []
         self._sqlite: list[tuple[str, Sequence[Sequence[Any]]]] = []
@@ -133,8 +146,9 @@ class Writes:
             return
         # One JSON parameter for all the rows: adapting thousands of parameters one
         # by one costs psycopg2 more than the server spends inserting them.
-        self._sql.append(_pg_json_insert(table, columns, suffix))
-        self._params.append(orjson.dumps(rows, default=_hex_bytes).decode())
+        self._sql.append(_pg_json_insert(table, columns, suffix, self._utf8_bytea))
+        self._params.append(orjson.dumps(
+            rows, default=_utf8_bytes if self._utf8_bytea else _hex_bytes).decode())
 
     def flush(self) -> None:
         if self._sql:
@@ -386,7 +400,8 @@ def persist_batch(
     if not todo:
         return out
     todo = topological_sort(todo)
-    writes = Writes(txn)
+    # The only BYTEA written is event JSON, which validation has checked is UTF-8.
+    writes = Writes(txn, utf8_bytea=True)
 
     orderings: dict[str, tuple[int, int]] = {}
     streams = (allocator.next_backfill_mult(txn, len(todo)) if backfilled
@@ -417,6 +432,12 @@ def persist_batch(
             history_rows.append((record.event_id, record.room_id, value))
 
     event_rows: list[tuple[Any, ...]] = []
+    # Events with no state key, redaction, relation or membership, without those four
+    # NULL columns: on SQLite, binding None (or a bool, or bytes) costs the sqlite3
+    # module a failed adapter lookup per value, several times an int's or a str's cost.
+    plain_event_rows: list[tuple[Any, ...]] = []
+    sqlite = not txn.is_postgres
+    blob = bytearray if sqlite else bytes
     edge_rows: list[tuple[str, str, str]] = []
     member_rows: list[tuple[Any, ...]] = []
     group_rows: list[tuple[int, str, str]] = []
@@ -437,11 +458,20 @@ def persist_batch(
             stream = event_orderings[event_id]
             if stream > room_max:
                 room_max = stream
-            event_rows.append((
-                stream, record.depth, event_id, room_id, record.type, record.state_key,
-                record.sender, record.outlier, record.rejected, record.soft_failed,
-                event_id in redacted_now, record.redacts, record.relates_to,
-                record.membership, visibility.get(event_id), now_ms, record.json))
+            if (sqlite and record.state_key is None and record.redacts is None
+                    and record.relates_to is None and record.membership is None):
+                plain_event_rows.append((
+                    stream, record.depth, event_id, room_id, record.type, record.sender,
+                    int(record.outlier), int(record.rejected), int(record.soft_failed),
+                    int(event_id in redacted_now), visibility.get(event_id), now_ms,
+                    blob(record.json)))
+            else:
+                event_rows.append((
+                    stream, record.depth, event_id, room_id, record.type, record.state_key,
+                    record.sender, int(record.outlier), int(record.rejected),
+                    int(record.soft_failed), int(event_id in redacted_now), record.redacts,
+                    record.relates_to, record.membership, visibility.get(event_id), now_ms,
+                    blob(record.json)))
             if not record.outlier:
                 prev_events = record.prev_events
                 if len(prev_events) == 1:
@@ -452,7 +482,7 @@ def persist_batch(
                 if not record.rejected and not record.soft_failed:
                     member_rows.append((event_id, record.state_key, record.sender, room_id,
                                         record.membership, stream, record.depth,
-                                        record.outlier))
+                                        int(record.outlier)))
                 if not record.rejected and not backfilled:
                     # Same rule as a worker applying the ``ev`` row (which has no
                     # soft-failed flag): conservative for soft-failed events.
@@ -467,8 +497,10 @@ def persist_batch(
     insert_many("events", "stream_ordering, topological_ordering, event_id, room_id, type,"
                 " state_key, sender, outlier, rejected, soft_failed, redacted, redacts,"
                 " relates_to, membership, history_visibility, received_ts, json", event_rows)
-    insert_many("event_edges", "event_id, prev_event_id, room_id", edge_rows,
-                " ON CONFLICT DO NOTHING")
+    insert_many("events", "stream_ordering, topological_ordering, event_id, room_id, type,"
+                " sender, outlier, rejected, soft_failed, redacted, history_visibility,"
+                " received_ts, json", plain_event_rows)
+    insert_many("event_edges", "event_id, prev_event_id, room_id", edge_rows)
     insert_many("room_memberships", "event_id, user_id, sender, room_id, membership,"
                 " stream_ordering, topological_ordering, outlier", member_rows)
     insert_many("room_history_visibility", "event_id, room_id, history_visibility",
@@ -490,8 +522,8 @@ def persist_batch(
     # Redactions in this batch mark their (stored or just inserted) targets.
     for record in todo:
         if record.redacts is not None and not record.rejected:
-            txn.execute("UPDATE events SET redacted = ? WHERE event_id = ? AND room_id = ?",
-                        (True, record.redacts, record.room_id))
+            txn.execute("UPDATE events SET redacted = TRUE WHERE event_id = ? AND room_id = ?",
+                        (record.redacts, record.room_id))
             if txn.rowcount:
                 out.redacted.add(record.redacts)
     out.redacted |= redacted_now
@@ -679,7 +711,7 @@ def _assign_state(txn: Transaction, room_id: str, records: list[EventRecord],
             event_groups[record.event_id] = base_group
             event_group_rows.append((record.event_id, base_group))
             continue
-        after = dict(before)
+        after = mutable_copy(before)
         if changes_state:
             after[key] = record.event_id
         group = states.next_group_id(txn)
