@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 import orjson
 
 from streamrep import _impl
-from streamrep.db import Transaction
+from streamrep.db import Statement, Transaction
 from streamrep.events.lru import Lru
 from streamrep.events.resolver import StateKey, StateResolver, conflicted_ids
 from streamrep.events.state import EMPTY_STATE, GroupState, StateGroupStore, mutable_copy
@@ -71,18 +71,21 @@ def _pg_json_insert(table: str, columns: str, suffix: str, utf8_bytea: bool) -> 
     UTF-8: event JSON), else as hex. ``jsonb``, not ``json``: the text is parsed
     once, where ``->>`` on ``json`` would parse each row again for every column it
     extracts."""
-    exprs = []
-    for i, column in enumerate(c.strip() for c in columns.split(",")):
-        pg_type = _PG_COLUMN_TYPES.get(column)
-        if pg_type is None:
-            exprs.append(f"r->>{i}")
-        elif pg_type == "bytea":
-            exprs.append(f"convert_to(r->>{i}, 'UTF8')" if utf8_bytea
-                         else f"decode(r->>{i}, 'hex')")
-        else:
-            exprs.append(f"(r->>{i})::{pg_type}")
+    exprs = [_pg_json_column(column.strip(), i, utf8_bytea)
+             for i, column in enumerate(columns.split(","))]
     return (f"INSERT INTO {table} ({columns}) SELECT {', '.join(exprs)}"
             f" FROM jsonb_array_elements(?::jsonb) AS r{suffix}")
+
+
+def _pg_json_column(column: str, index: int, utf8_bytea: bool) -> str:
+    """The value of *column* from element *index* of the JSON row ``r``."""
+    pg_type = _PG_COLUMN_TYPES.get(column)
+    if pg_type is None:
+        return f"r->>{index}"
+    if pg_type == "bytea":
+        return (f"convert_to(r->>{index}, 'UTF8')" if utf8_bytea
+                else f"decode(r->>{index}, 'hex')")
+    return f"(r->>{index})::{pg_type}"
 
 
 def _hex_bytes(value: Any) -> str:
@@ -106,8 +109,9 @@ class Writes:
     """Write statements queued for one round trip.
 
     On PostgreSQL the queued statements go to the server as one multi-statement
-    ``execute`` (each insert's rows as one JSON parameter); on SQLite, where a statement
-    costs no round trip, they run one by one at :meth:`flush`.
+    query of prepared statements (each insert's rows as one JSON parameter); on
+    SQLite, where a statement costs no round trip, they run one by one at
+    :meth:`flush`, inserts through ``executemany``.
     """
 
     def __init__(self, txn: Transaction, utf8_bytea: bool = False) -> None:
@@ -116,14 +120,12 @@ class Writes:
         than hex."""
         self.txn = txn
         self._utf8_bytea = utf8_bytea and txn.database.text_is_utf8
-        self._sql: list[str] = []
-        self._params: list[Any] = []
+        self._statements: list[Statement] = []
         self._sqlite: list[tuple[str, Sequence[Sequence[Any]]]] = []
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         if self.txn.is_postgres:
-            self._sql.append(sql)
-            self._params.extend(params)
+            self._statements.append(Statement(sql, params))
         else:
             self._sqlite.append((sql, [params]))
 
@@ -136,6 +138,22 @@ class Writes:
             self.execute(f"DELETE FROM {table} WHERE {where}"
                          + _in_list(self.txn, column, chunk, params), params)
 
+    def delete_rows(self, table: str, columns: str, keys: Sequence[Sequence[Any]]) -> None:
+        """Queue the deletion of the rows of *table* whose *columns* (comma-separated)
+        equal one of *keys*: on PostgreSQL one statement whatever their number."""
+        if not keys:
+            return
+        names = [c.strip() for c in columns.split(",")]
+        if not self.txn.is_postgres:
+            where = " AND ".join(f"{c} = ?" for c in names)
+            self._sqlite.append((f"DELETE FROM {table} WHERE {where}", keys))
+            return
+        self._statements.append(Statement(
+            f"DELETE FROM {table} WHERE ({', '.join(names)}) IN (SELECT "
+            + ", ".join(_pg_json_column(c, i, False) for i, c in enumerate(names))
+            + " FROM jsonb_array_elements(?::jsonb) AS r)",
+            [orjson.dumps(keys).decode()]))
+
     def insert(self, table: str, columns: str, rows: Sequence[Sequence[Any]],
                suffix: str = "") -> None:
         if not rows:
@@ -146,14 +164,17 @@ class Writes:
             return
         # One JSON parameter for all the rows: adapting thousands of parameters one
         # by one costs psycopg2 more than the server spends inserting them.
-        self._sql.append(_pg_json_insert(table, columns, suffix, self._utf8_bytea))
-        self._params.append(orjson.dumps(
-            rows, default=_utf8_bytes if self._utf8_bytea else _hex_bytes).decode())
+        # Prepared: an insert from a parameter has no plan to go stale.
+        self._statements.append(Statement(
+            _pg_json_insert(table, columns, suffix, self._utf8_bytea),
+            [orjson.dumps(rows, default=_utf8_bytes if self._utf8_bytea
+                          else _hex_bytes).decode()],
+            prepared=True))
 
     def flush(self) -> None:
-        if self._sql:
-            self.txn.execute(";\n".join(self._sql), self._params)
-            self._sql, self._params = [], []
+        if self._statements:
+            self.txn.execute_script(self._statements)
+            self._statements = []
         for sql, rows in self._sqlite:
             if len(rows) == 1:
                 self.txn.execute(sql, rows[0])
@@ -818,10 +839,10 @@ def _update_current_state(txn: Transaction, writes: Writes, room_id: str,
     users = out.current_state_changes.setdefault(room_id, set())
     current_rows = []
     delta_rows = []
+    writes.delete_rows("current_state_events", "room_id, type, state_key",
+                       [(room_id, etype, state_key) for etype, state_key in changed])
     for etype, state_key in changed:
         new_id = new_state.get((etype, state_key))
-        writes.execute("DELETE FROM current_state_events WHERE room_id = ? AND type = ?"
-                       " AND state_key = ?", (room_id, etype, state_key))
         if new_id is not None:
             current_rows.append((new_id, room_id, etype, state_key, memberships.get(new_id)))
         delta_rows.append((stream_id, room_id, etype, state_key, new_id,
