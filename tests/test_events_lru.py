@@ -39,3 +39,23 @@ def test_evicts_by_weight_but_keeps_the_newest():
 def test_rejects_bad_size():
     with pytest.raises(ValueError):
         Lru("t", 0)
+
+
+def test_put_many_and_pop_many_match_one_at_a_time():
+    for weigh in (None, len):
+        one: Lru[str, list[int]] = Lru("one", 3, max_weight=6 if weigh else None, weigh=weigh)
+        many: Lru[str, list[int]] = Lru("many", 3, max_weight=6 if weigh else None, weigh=weigh)
+        for cache in (one, many):
+            cache.put("a", [1])
+            cache.put("b", [1, 2])
+        items = [("c", [1]), ("a", [1, 2]), ("d", [1]), ("e", [1, 2])]
+        for key, value in items:
+            one.put(key, value)
+        many.put_many(items)
+        assert list(one._data.items()) == list(many._data.items())
+        assert one.weight == many.weight
+        for key in ("a", "e", "zz"):
+            one.pop(key)
+        many.pop_many(["a", "e", "zz"])
+        assert list(one._data.items()) == list(many._data.items())
+        assert one.weight == many.weight

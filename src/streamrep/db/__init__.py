@@ -7,7 +7,7 @@
 See docs/database.md.
 """
 
-from streamrep.db.database import Database, Row, Statement, Transaction, open_database
+from streamrep.db.database import Database, Row, Transaction, open_database
 from streamrep.db.migrations import (
     Migration,
     register_schema,
@@ -23,7 +23,6 @@ __all__ = [
     "POSTGRES",
     "Row",
     "SQLITE",
-    "Statement",
     "Transaction",
     "open_database",
     "parse_database_url",

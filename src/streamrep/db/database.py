@@ -14,7 +14,7 @@ import logging
 import sqlite3
 import time
 from collections import deque
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import gevent.lock
 import psycopg2
@@ -26,7 +26,6 @@ from streamrep import resources
 from streamrep.db.checkpoint import WalCheckpointer
 from streamrep.db.green import make_psycopg_green, suspended_wait_callback
 from streamrep.db.migrations import SchemaComponent, get_component, registered_components
-from streamrep.db.prepared import PreparedStatements
 from streamrep.db.sql import to_pyformat
 from streamrep.db.url import POSTGRES, SQLITE, DatabaseURL, parse_database_url
 from streamrep.errors import DatabaseConfigError, SchemaVersionError
@@ -45,19 +44,10 @@ SAFETY_CHECKPOINT_PAGES = 16384
 _PG_RETRYABLE = (psycopg2.errors.SerializationFailure, psycopg2.errors.DeadlockDetected)
 
 
-class Statement(NamedTuple):
-    """One statement of :meth:`Transaction.execute_script`."""
-
-    sql: str
-    params: Params = ()
-    prepared: bool = False
-
-
 class Transaction:
     """One open database transaction. Obtain it from :meth:`Database.transaction`."""
 
-    __slots__ = ("_db", "_cursor", "engine", "name", "_after", "_on_exception", "_begin",
-                 "_prepares")
+    __slots__ = ("_db", "_cursor", "engine", "name", "_after", "_on_exception", "_begin")
 
     def __init__(self, db: "Database", cursor: Any, name: str, begin: str | None = None) -> None:
         self._db = db
@@ -69,7 +59,6 @@ class Transaction:
         # PostgreSQL: the BEGIN not sent yet. It travels with the first statement,
         # which saves the transaction a round trip of its own.
         self._begin = begin
-        self._prepares = False  # whether a PREPARE was sent (to undo after a failure)
 
     @property
     def is_postgres(self) -> bool:
@@ -120,30 +109,6 @@ class Transaction:
             psycopg2.extras.execute_batch(self._cursor, self._sql(sql), list(rows), page_size=200)
         else:
             self._cursor.executemany(sql, rows)
-
-    def execute_script(self, statements: Sequence[Statement]) -> None:
-        """Run *statements* in order.
-
-        On PostgreSQL they go in one round trip; those marked ``prepared`` run as
-        server-side prepared statements of the connection, prepared the first time
-        it sees their SQL. Mark only statements whose plan cannot go stale as tables
-        grow (a generic plan made on a small table may scan it whole later): inserts
-        from a parameter, not lookups. On SQLite, where a statement costs no round
-        trip, they run one by one.
-        """
-        if not statements:
-            return
-        if self.engine != POSTGRES:
-            for sql, params, _ in statements:
-                self._cursor.execute(sql, tuple(params))
-            return
-        conn = self._cursor.connection
-        registry = self._db._prepared
-        sql, params, new = registry.script(conn, statements)
-        if new:
-            self._prepares = True
-        self.execute(sql, params)
-        registry.prepared(conn, new)
 
     def fetchall(self, sql: str, params: Params = ()) -> list[Row]:
         """Run a query and return every row as a tuple."""
@@ -215,7 +180,6 @@ class Database:
         else:
             make_psycopg_green()
             self._pool: deque[Any] = deque()
-            self._prepared = PreparedStatements()
             self._borrowed = 0
             self._pool_slots = gevent.lock.BoundedSemaphore(self.config.pool_size)
             # Fail at open time, with a clear error, when the server is unreachable.
@@ -454,8 +418,7 @@ class Database:
                             cursor.execute("COMMIT")
                         committed = True
                     except BaseException:
-                        forgotten = self._prepared.forget(conn)
-                        _pg_rollback(conn, cursor, deallocate=forgotten or txn._prepares)
+                        _pg_rollback(conn, cursor)
                         raise
                     finally:
                         cursor.close()
@@ -614,17 +577,14 @@ def _connection_broken(conn: Any) -> bool:
     return bool(status == psycopg2.extensions.TRANSACTION_STATUS_UNKNOWN)
 
 
-def _pg_rollback(conn: Any, cursor: Any, deallocate: bool) -> None:
-    """End whatever transaction *conn* has open after a failure, and drop its
-    prepared statements if *deallocate*; close it if even that fails (the pool
-    then drops it)."""
+def _pg_rollback(conn: Any, cursor: Any) -> None:
+    """End whatever transaction *conn* has open after a failure; close it if even
+    that fails (the pool then drops it)."""
     if conn.closed:
         return
     try:
         if conn.info.transaction_status != psycopg2.extensions.TRANSACTION_STATUS_IDLE:
             cursor.execute("ROLLBACK")
-        if deallocate:
-            cursor.execute("DEALLOCATE ALL")
     except psycopg2.Error:
         conn.close()
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from functools import lru_cache
 
 
-def _rewrite(sql: str, numbered: bool) -> str:
+@lru_cache(maxsize=1024)
+def to_pyformat(sql: str) -> str:
+    """Rewrite *sql* from ``?`` placeholders to psycopg2's ``%s``."""
     out: list[str] = []
-    percent = "%" if numbered else "%%"
-    count = 0
     i, n = 0, len(sql)
     while i < n:
         ch = sql[i]
@@ -26,39 +26,25 @@ def _rewrite(sql: str, numbered: bool) -> str:
                         continue
                     break
                 end += 1
-            out.append(sql[i:end + 1].replace("%", percent))
+            out.append(sql[i:end + 1].replace("%", "%%"))
             i = end + 1
         elif ch == "-" and sql.startswith("--", i):
             end = sql.find("\n", i)
             end = n if end < 0 else end
-            out.append(sql[i:end].replace("%", percent))
+            out.append(sql[i:end].replace("%", "%%"))
             i = end
         elif ch == "/" and sql.startswith("/*", i):
             end = sql.find("*/", i + 2)
             end = n if end < 0 else end + 2
-            out.append(sql[i:end].replace("%", percent))
+            out.append(sql[i:end].replace("%", "%%"))
             i = end
         elif ch == "?":
-            count += 1
-            out.append(f"${count}" if numbered else "%s")
+            out.append("%s")
             i += 1
         elif ch == "%":
-            out.append(percent)
+            out.append("%%")
             i += 1
         else:
             out.append(ch)
             i += 1
     return "".join(out)
-
-
-@lru_cache(maxsize=1024)
-def to_pyformat(sql: str) -> str:
-    """Rewrite *sql* from ``?`` placeholders to psycopg2's ``%s``."""
-    return _rewrite(sql, numbered=False)
-
-
-@lru_cache(maxsize=256)
-def to_numbered(sql: str) -> str:
-    """Rewrite *sql* from ``?`` placeholders to PostgreSQL's ``$1``, ``$2``, ...
-    (the body of a ``PREPARE``)."""
-    return _rewrite(sql, numbered=True)

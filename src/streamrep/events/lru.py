@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Generic, Hashable, TypeVar
+from typing import Callable, Generic, Hashable, Iterable, TypeVar
 
 __all__ = ["Lru"]
 
@@ -72,6 +72,31 @@ class Lru(Generic[K, V]):
             _, evicted = data.popitem(last=False)
             if weigh is not None:
                 self._weight -= weigh(evicted)
+
+    def put_many(self, items: Iterable[tuple[K, V]]) -> None:
+        """``put`` each ``(key, value)`` in turn (one eviction pass at the end)."""
+        if self._weigh is not None:
+            for key, value in items:
+                self.put(key, value)
+            return
+        data = self._data
+        move_to_end = data.move_to_end
+        for key, value in items:
+            data[key] = value
+            move_to_end(key)
+        excess = len(data) - self.max_entries
+        for _ in range(excess):
+            data.popitem(last=False)
+
+    def pop_many(self, keys: Iterable[K]) -> None:
+        """``pop`` each of *keys*."""
+        if self._weigh is not None:
+            for key in keys:
+                self.pop(key)
+            return
+        pop = self._data.pop
+        for key in keys:
+            pop(key, None)
 
     def pop(self, key: K) -> None:
         value = self._data.pop(key, None)

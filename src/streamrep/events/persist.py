@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 import orjson
 
 from streamrep import _impl
-from streamrep.db import Statement, Transaction
+from streamrep.db import Transaction
 from streamrep.events.lru import Lru
 from streamrep.events.resolver import StateKey, StateResolver, conflicted_ids
 from streamrep.events.state import EMPTY_STATE, GroupState, StateGroupStore, mutable_copy
@@ -109,9 +109,9 @@ class Writes:
     """Write statements queued for one round trip.
 
     On PostgreSQL the queued statements go to the server as one multi-statement
-    query of prepared statements (each insert's rows as one JSON parameter); on
-    SQLite, where a statement costs no round trip, they run one by one at
-    :meth:`flush`, inserts through ``executemany``.
+    ``execute`` (each insert's rows as one JSON parameter); on SQLite, where a
+    statement costs no round trip, they run one by one at :meth:`flush`, inserts
+    through ``executemany``.
     """
 
     def __init__(self, txn: Transaction, utf8_bytea: bool = False) -> None:
@@ -120,12 +120,14 @@ class Writes:
         than hex."""
         self.txn = txn
         self._utf8_bytea = utf8_bytea and txn.database.text_is_utf8
-        self._statements: list[Statement] = []
+        self._sql: list[str] = []
+        self._params: list[Any] = []
         self._sqlite: list[tuple[str, Sequence[Sequence[Any]]]] = []
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         if self.txn.is_postgres:
-            self._statements.append(Statement(sql, params))
+            self._sql.append(sql)
+            self._params.extend(params)
         else:
             self._sqlite.append((sql, [params]))
 
@@ -148,11 +150,10 @@ class Writes:
             where = " AND ".join(f"{c} = ?" for c in names)
             self._sqlite.append((f"DELETE FROM {table} WHERE {where}", keys))
             return
-        self._statements.append(Statement(
-            f"DELETE FROM {table} WHERE ({', '.join(names)}) IN (SELECT "
-            + ", ".join(_pg_json_column(c, i, False) for i, c in enumerate(names))
-            + " FROM jsonb_array_elements(?::jsonb) AS r)",
-            [orjson.dumps(keys).decode()]))
+        self.execute(f"DELETE FROM {table} WHERE ({', '.join(names)}) IN (SELECT "
+                     + ", ".join(_pg_json_column(c, i, False) for i, c in enumerate(names))
+                     + " FROM jsonb_array_elements(?::jsonb) AS r)",
+                     [orjson.dumps(keys).decode()])
 
     def insert(self, table: str, columns: str, rows: Sequence[Sequence[Any]],
                suffix: str = "") -> None:
@@ -164,17 +165,14 @@ class Writes:
             return
         # One JSON parameter for all the rows: adapting thousands of parameters one
         # by one costs psycopg2 more than the server spends inserting them.
-        # Prepared: an insert from a parameter has no plan to go stale.
-        self._statements.append(Statement(
-            _pg_json_insert(table, columns, suffix, self._utf8_bytea),
-            [orjson.dumps(rows, default=_utf8_bytes if self._utf8_bytea
-                          else _hex_bytes).decode()],
-            prepared=True))
+        self.execute(_pg_json_insert(table, columns, suffix, self._utf8_bytea),
+                     [orjson.dumps(rows, default=_utf8_bytes if self._utf8_bytea
+                                   else _hex_bytes).decode()])
 
     def flush(self) -> None:
-        if self._statements:
-            self.txn.execute_script(self._statements)
-            self._statements = []
+        if self._sql:
+            self.txn.execute(";\n".join(self._sql), self._params)
+            self._sql, self._params = [], []
         for sql, rows in self._sqlite:
             if len(rows) == 1:
                 self.txn.execute(sql, rows[0])
@@ -286,6 +284,19 @@ class PersistOutcome:
     persisted: list[str] = field(default_factory=list)
 
 
+def _group_by_room(records: list[EventRecord]) -> dict[str, list[EventRecord]]:
+    """*records* by room, in order (a batch is mostly one room: no loop then)."""
+    if not records:
+        return {}
+    first = records[0].room_id
+    if all(r.room_id == first for r in records):
+        return {first: records}
+    rooms: dict[str, list[EventRecord]] = {}
+    for record in records:
+        rooms.setdefault(record.room_id, []).append(record)
+    return rooms
+
+
 def topological_sort(records: Sequence[EventRecord]) -> list[EventRecord]:
     """Order *records* so that each comes after the batch events it lists as
     prev_events (stable otherwise; cycles keep their input order)."""
@@ -389,12 +400,9 @@ def persist_batch(
             sql.append("SELECT 1, redacts, NULL, room_id, NULL FROM events WHERE redacts"
                        " IS NOT NULL AND NOT rejected AND "
                        + _in_list(txn, "redacts", batch_chunk, params))
-        by_room: dict[str, list[str]] = {}
-        for event_id in batch_chunk:
-            record = record_ids[event_id]
-            if not record.outlier:
-                by_room.setdefault(record.room_id, []).append(event_id)
-        for room_id, room_ids in by_room.items():
+        by_room = _group_by_room([record_ids[e] for e in batch_chunk if not record_ids[e].outlier])
+        for room_id, room_records in by_room.items():
+            room_ids = [r.event_id for r in room_records]
             params.append(room_id)
             sql.append("SELECT 2, event_id, NULL, room_id, NULL FROM event_backward_extremities"
                        " WHERE room_id = ? AND " + _in_list(txn, "event_id", room_ids, params))
@@ -424,13 +432,12 @@ def persist_batch(
     # The only BYTEA written is event JSON, which validation has checked is UTF-8.
     writes = Writes(txn, utf8_bytea=True)
 
-    orderings: dict[str, tuple[int, int]] = {}
     streams = (allocator.next_backfill_mult(txn, len(todo)) if backfilled
                else allocator.next_live_mult(txn, len(todo)))
-    for record, stream in zip(todo, streams):
-        out.event_orderings[record.event_id] = stream
-        orderings[record.event_id] = (record.depth, stream)
-    out.max_stream = max(out.event_orderings.values())
+    out.event_orderings = dict(zip([r.event_id for r in todo], streams))
+    orderings: dict[str, tuple[int, int]] = {
+        r.event_id: (r.depth, stream) for r, stream in zip(todo, streams)}
+    out.max_stream = max(streams)
     out.max_live = max(out.max_stream, 0)
 
     if deoutliered:
@@ -438,16 +445,14 @@ def persist_batch(
         writes.delete_in("events", "event_id", ids)
         writes.delete_in("room_memberships", "event_id", ids)
 
-    rooms: dict[str, list[EventRecord]] = {}
-    for record in todo:
-        rooms.setdefault(record.room_id, []).append(record)
+    rooms = _group_by_room(todo)
 
     # Redactions already stored for events of this batch (same room only).
     redacted_now = {r.event_id for r in todo if (r.event_id, r.room_id) in redaction_targets}
 
     history_rows: list[tuple[str, str, str]] = []
-    for record in todo:
-        if record.type == "m.room.history_visibility" and record.state_key == "":
+    for record in [r for r in todo if r.type == "m.room.history_visibility"]:
+        if record.state_key == "":
             value = normalise_visibility(record.content)
             out.visibility_values[record.event_id] = value
             history_rows.append((record.event_id, record.room_id, value))
@@ -481,11 +486,16 @@ def persist_batch(
                 room_max = stream
             if (sqlite and record.state_key is None and record.redacts is None
                     and record.relates_to is None and record.membership is None):
-                plain_event_rows.append((
-                    stream, record.depth, event_id, room_id, record.type, record.sender,
-                    int(record.outlier), int(record.rejected), int(record.soft_failed),
-                    int(event_id in redacted_now), visibility.get(event_id), now_ms,
-                    blob(record.json)))
+                if record.outlier or record.rejected or record.soft_failed or redacted_now:
+                    plain_event_rows.append((
+                        stream, record.depth, event_id, room_id, record.type, record.sender,
+                        int(record.outlier), int(record.rejected), int(record.soft_failed),
+                        int(event_id in redacted_now), visibility.get(event_id), now_ms,
+                        blob(record.json)))
+                else:  # the usual event: no flag set
+                    plain_event_rows.append((
+                        stream, record.depth, event_id, room_id, record.type, record.sender,
+                        0, 0, 0, 0, visibility.get(event_id), now_ms, blob(record.json)))
             else:
                 event_rows.append((
                     stream, record.depth, event_id, room_id, record.type, record.state_key,
@@ -509,7 +519,7 @@ def persist_batch(
                     # soft-failed flag): conservative for soft-failed events.
                     prev = out.membership_positions.get(record.state_key, stream)
                     out.membership_positions[record.state_key] = max(prev, stream)
-            out.persisted.append(event_id)
+        out.persisted.extend([r.event_id for r in room_records])
         if not backfilled:
             out.room_positions[room_id] = max(out.room_positions.get(room_id, room_max),
                                               room_max)

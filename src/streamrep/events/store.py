@@ -212,8 +212,7 @@ class EventStore:
     def _apply_outcome(self, outcome: PersistOutcome) -> list[CacheRow]:
         """Bring the caches up to date with a committed batch; return the ``caches``
         stream rows other processes need."""
-        for event_id, group in outcome.event_groups.items():
-            self.states.event_group_cache.put(event_id, group)
+        self.states.event_group_cache.put_many(outcome.event_groups.items())
         for group, value in outcome.new_groups.items():
             self.states.group_cache.put(group, value)
         for room_id, forward in outcome.forward.items():
@@ -222,10 +221,8 @@ class EventStore:
             self._current_state.put(room_id, state)
         for event_id, setting in outcome.visibility_values.items():
             self._visibility_values.put(event_id, setting)
-        for event_id in outcome.persisted:
-            self.event_cache.pop(event_id)
-        for event_id in outcome.redacted:
-            self.event_cache.pop(event_id)
+        self.event_cache.pop_many(outcome.persisted)
+        self.event_cache.pop_many(outcome.redacted)
         if outcome.max_live > self._position:
             self._position = outcome.max_live
         for room_id, pos in outcome.room_positions.items():
