@@ -162,3 +162,71 @@ def test_encode_rdata_rows_refuses_what_cannot_be_a_line(
 def test_compiled_encodes_rdata_rows_as_pure_does(rows: list[tuple[int, bytes]]) -> None:
     compiled = core_module("wire", "compiled")
     assert compiled.encode_rdata_rows("s", "w", rows) == PURE.encode_rdata_rows("s", "w", rows)
+
+
+# Rows on either side of the line between the in-place check and the decoder:
+# compact ASCII, then escapes, non-ASCII, floats, big numbers, depth, whitespace.
+ROW_CASES = [
+    b'[]', b'{}', b'[1,-2,"a",null,true,false]', b'{"a":{"b":[{"c":[]}]}}',
+    b'123456789012345678', b'-0', b'"x"', b'[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]',
+    b'"\\u00e9\\n"', '"\u00e9"'.encode(), b'[1.5,2e3]', b'12345678901234567890', b'[ 1 ]',
+    b'{"a" : 1}',
+    b'', b'[', b'[1,]', b'{"a"}', b'{1:2}', b'[01]', b'nul', b'[1]x', b'"unterminated',
+    b'[NaN]', b'[Infinity]', b'-', b'[tru]', b'{"a":1,}', b'"\\x"', b'"\\ud800"',
+]
+
+
+def test_validate_rows_accepts_exactly_what_rdata_rows_decodes(wire: ModuleType) -> None:
+    for row in ROW_CASES:
+        line = b"RDATA s w 1 " + row + b"\n"
+        try:
+            commands = _decode(wire, line)
+        except MalformedCommandError:
+            continue  # not even a line (the row is empty): nothing to relay
+        try:
+            wire.rdata_rows(_decode(wire, line))
+            valid = True
+        except MalformedCommandError:
+            valid = False
+        if valid:
+            assert wire.validate_rows(commands) is None, row
+        else:
+            with pytest.raises(MalformedCommandError, match="not valid JSON"):
+                wire.validate_rows(commands)
+    with pytest.raises(TypeError):
+        wire.validate_rows([wire.PingCommand("1")])
+    # What was decoded already is not checked again.
+    built = wire.RdataCommand("s", "w", 3, ["x"])
+    wire.validate_rows([built])
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False)
+    | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner,
+                                                                max_size=4),
+    max_leaves=12,
+)
+
+
+@pytest.mark.compiled_vs_pure
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(value=JSON_VALUES, cut=st.integers(0, 40), junk=st.sampled_from([b"", b"]", b",", b"x", b"}"]))
+def test_compiled_validates_rows_as_pure_does(value: Any, cut: int, junk: bytes) -> None:
+    import json
+
+    compiled = core_module("wire", "compiled")
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    # Whole rows, and rows cut short or with a stray byte added (mostly invalid).
+    for row in (text, text[:cut] + junk):
+        if not row or b"\n" in row:
+            continue
+        line = b"RDATA s w 1 " + row + b"\n"
+        verdicts = []
+        for wire in (PURE, compiled):
+            try:
+                wire.validate_rows(_decode(wire, line))
+                verdicts.append(True)
+            except MalformedCommandError:
+                verdicts.append(False)
+        assert verdicts[0] == verdicts[1], row

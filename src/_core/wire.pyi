@@ -27,6 +27,7 @@ __all__ = [
     "encode_row",
     "group_rdata",
     "rdata_rows",
+    "validate_rows",
     "encode_rdata_rows",
 ]
 
@@ -184,4 +185,5 @@ class Encoder:
 
 def group_rdata(commands: list[Command]) -> list[Any]: ...
 def rdata_rows(commands: list[RdataCommand]) -> list[Any]: ...
+def validate_rows(commands: list[RdataCommand]) -> None: ...
 def encode_rdata_rows(stream_name: str, instance_name: str, rows: Sequence[tuple[int, bytes]]) -> bytes: ...

@@ -445,6 +445,92 @@ cdef object _fast_value(const char** cursor, const char* end, int depth):
     return _GIVE_UP
 
 
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef bint _fast_check(const char** cursor, const char* end, int depth) noexcept nogil:
+    """Whether the value at ``cursor[0]`` is one ``_fast_value`` would decode
+    (the same grammar, nothing built); False means orjson must decide."""
+    cdef const char* p = cursor[0]
+    cdef const char* start
+    cdef unsigned char c
+    if p >= end or depth > 32:
+        return False
+    c = <unsigned char>p[0]
+    if c == c'"':
+        p += 1
+        while p < end:
+            c = <unsigned char>p[0]
+            if c == c'"':
+                break
+            if c == c'\\' or c < 0x20 or c >= 0x80:
+                return False
+            p += 1
+        if p >= end:
+            return False
+        cursor[0] = p + 1
+        return True
+    if c == c'[':
+        p += 1
+        if p < end and p[0] == c']':
+            cursor[0] = p + 1
+            return True
+        while True:
+            if not _fast_check(&p, end, depth + 1) or p >= end:
+                return False
+            if p[0] == c',':
+                p += 1
+            elif p[0] == c']':
+                cursor[0] = p + 1
+                return True
+            else:
+                return False
+    if c == c'n' or c == c't':
+        if end - p >= 4 and (memcmp(p, b"null", 4) == 0 or memcmp(p, b"true", 4) == 0):
+            cursor[0] = p + 4
+            return True
+        return False
+    if c == c'f':
+        if end - p >= 5 and memcmp(p, b"false", 5) == 0:
+            cursor[0] = p + 5
+            return True
+        return False
+    if c == c'-' or (c'0' <= c <= c'9'):
+        if c == c'-':
+            p += 1
+        start = p
+        while p < end and c'0' <= p[0] <= c'9':
+            p += 1
+            if p - start > 18:
+                return False
+        if p == start or (p - start > 1 and start[0] == c'0'):
+            return False
+        if p < end and (p[0] == c'.' or p[0] == c'e' or p[0] == c'E'):
+            return False
+        cursor[0] = p
+        return True
+    if c == c'{':
+        p += 1
+        if p < end and p[0] == c'}':
+            cursor[0] = p + 1
+            return True
+        while True:
+            if p >= end or p[0] != c'"':
+                return False
+            if not _fast_check(&p, end, depth + 1) or p >= end or p[0] != c':':
+                return False
+            p += 1
+            if not _fast_check(&p, end, depth + 1) or p >= end:
+                return False
+            if p[0] == c',':
+                p += 1
+            elif p[0] == c'}':
+                cursor[0] = p + 1
+                return True
+            else:
+                return False
+    return False
+
+
 cdef object _fast_json(const char* p, Py_ssize_t n):
     """The JSON value of ``p[:n]``, or _GIVE_UP when orjson must decide."""
     cdef const char* cursor = p
@@ -1460,6 +1546,32 @@ def rdata_rows(list commands):
             rd._row = rd._decode_row()
         PyList_Append(out, rd._row)
     return out
+
+
+def validate_rows(list commands):
+    """Check that the ``row`` of each ``RDATA`` command is valid JSON, without
+    keeping what it decodes to (MalformedCommandError on the first that is not).
+
+    For a relay that forwards the lines as they came: a row in the common compact
+    form is checked in place, allocating nothing; any other goes to the decoder,
+    which has the last word, so this accepts exactly what ``rdata_rows`` does."""
+    cdef RdataCommand rd
+    cdef object command
+    cdef const char* row
+    cdef const char* cursor
+    cdef Py_ssize_t size
+    for command in commands:
+        if type(command) is not RdataCommand:
+            raise TypeError("validate_rows takes RDATA commands only")
+        rd = <RdataCommand>command
+        if rd._row is not _MISSING:
+            continue
+        row = PyBytes_AS_STRING(rd._line) + rd._row_start
+        size = PyBytes_GET_SIZE(rd._line) - rd._row_start
+        cursor = row
+        if _fast_check(&cursor, row + size, 0) and cursor == row + size:
+            continue
+        rd._row = rd._decode_row()
 
 
 # --- the incremental decoder ------------------------------------------------------

@@ -51,6 +51,7 @@ __all__ = [
     "encode_row",
     "group_rdata",
     "rdata_rows",
+    "validate_rows",
     "encode_rdata_rows",
 ]
 
@@ -923,6 +924,20 @@ def group_rdata(commands: list[Command]) -> list[Any]:
     if run is not None:
         out.append((run_stream, run_instance, None, run))
     return out
+
+
+def validate_rows(commands: list[RdataCommand]) -> None:
+    """Check that the ``row`` of each ``RDATA`` command is valid JSON, without
+    keeping what it decodes to (MalformedCommandError on the first that is not)."""
+    loads = orjson.loads
+    for command in commands:
+        if type(command) is not RdataCommand:
+            raise TypeError("validate_rows takes RDATA commands only")
+        if command._row is _MISSING:
+            try:
+                loads(command._line[command._row_start :])
+            except orjson.JSONDecodeError:
+                command.row  # raises the MalformedCommandError that explains it
 
 
 def rdata_rows(commands: list[RdataCommand]) -> list[Any]:

@@ -36,6 +36,7 @@ __all__ = [
     "error_message",
     "group_rdata",
     "rdata_rows",
+    "validate_rows",
 ]
 
 DEFAULT_MAX_LINE_LENGTH: int = wire.DEFAULT_MAX_LINE_LENGTH
@@ -46,6 +47,7 @@ BATCH = "batch"
 group_rdata = wire.group_rdata
 #: The decoded rows of RDATA commands.
 rdata_rows = wire.rdata_rows
+validate_rows = wire.validate_rows
 COMMAND_NAMES: tuple[str, ...] = tuple(wire.COMMANDS)
 
 

@@ -124,7 +124,7 @@ class HubConnection(ReplicationConnection):
         """RDATA commands of one writer, all ``batch`` but the last (token None:
         the fact goes on later). Relayed once the fact is complete."""
         try:
-            C.rdata_rows(commands)
+            C.validate_rows(commands)
         except MalformedCommandError:
             raise MalformedCommandError(f"RDATA {stream} {instance}: row is not valid JSON") from None
         key = (stream, instance)
