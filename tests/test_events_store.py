@@ -508,16 +508,28 @@ def test_unknown_state_group_is_reported(store):
 
 
 def test_awkward_text_survives_both_engines(store):
-    """IDs and JSON with quotes, backslashes, non-ASCII, an escaped NUL and a large
-    depth are stored and read back exactly (PostgreSQL takes rows as one JSON value)."""
+    """IDs and JSON with quotes, backslashes, non-ASCII, an escaped NUL, whitespace
+    between tokens and a large depth are stored and read back exactly (PostgreSQL
+    takes rows as one JSON value, the event JSON inside it as text)."""
     create_room(store)
     odd_id = '$we\'ird"\\id\u00e9\U0001f600'
-    raw = ('{"room_id":"!room:x","type":"m.room.message","sender":"@ann:x",'
+    raw = ('{"room_id":"!room:x",\r\n\t"type":"m.room.message","sender":"@ann:x",'
            '"depth":4611686018427387000,"prev_events":["$ann_join"],'
-           '"content":{"body":"tab\\t quote\\" back\\\\ nul\\u0000 \u00e9 \U0001f600"}}').encode()
+           '"content":{"body":"tab\\t quote\\" back\\\\ nul\\u0000 \u00e9 \U0001f600"}}\n').encode()
     sender_event = ev("$snowman\u2603", [odd_id], 4611686018427387001, sender="@\u00fcber:x")
     store.persist_events([(odd_id, raw), sender_event])
     assert store.get_event_json(odd_id) == raw
     assert store.get_forward_extremities(ROOM) == {"$snowman\u2603"}
     assert store.get_room_events(ROOM)[-2:] == [odd_id, "$snowman\u2603"]
     assert orjson.loads(store.get_event_json("$snowman\u2603"))["sender"] == "@\u00fcber:x"
+
+
+def test_event_json_goes_as_hex_where_text_is_not_utf8(store):
+    """A PostgreSQL database whose encodings are not both UTF-8 gets the event JSON
+    as hex rather than as text; the bytes come back the same either way."""
+    store.db.text_is_utf8 = False
+    create_room(store)
+    raw = '{"room_id":"!room:x", "type":"m.room.message","sender":"@ann:x","depth":4,' \
+          '"prev_events":["$ann_join"],"content":{"body":"\u00e9\\u0000"}}'.encode()
+    store.persist_events([("$hex", raw)])
+    assert store.get_event_json("$hex") == raw
