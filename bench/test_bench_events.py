@@ -4,7 +4,9 @@
   buffers prepared beforehand), events/s. Reference: about 139,000 events/s for
   the reference system's in-memory calculation; target 20x that.
 * ``test_persist_*``: ``persist_events`` in batches of 100 on SQLite and
-  PostgreSQL (linear room history with a state event every 20), events/s.
+  PostgreSQL (linear room history with a state event every 20), events/s;
+  ``test_persist_sqlite_growing_room``: the same over 100,000 events, as the room
+  grows to 5,000 members.
 * ``test_state_after_event_cached``: ``get_state_after_event`` from cache, lookups/s.
 * ``test_change_cache``: ``has_entity_changed`` over 1,000 rooms, calls/s.
 
@@ -136,6 +138,35 @@ def test_persist_sqlite(benchmark: Any, use_impl: str, sqlite_url: str) -> None:
 @pytest.mark.postgres
 def test_persist_postgres(benchmark: Any, use_impl: str, pg_url: str) -> None:
     _persist_bench(benchmark, pg_url, use_impl)
+
+
+def test_persist_sqlite_growing_room(benchmark: Any, use_impl: str, sqlite_url: str) -> None:
+    """100,000 events into one room (a join every 20 events: 5,000 members at the
+    end), in batches of 100: the rate over the whole run and per 10,000 events, to
+    show how persisting keeps up as the room's state grows."""
+    from streamrep import EventStore
+
+    import time
+
+    store = EventStore(sqlite_url)
+    source = _history("!growing:x")
+    windows = [[[next(source) for _ in range(BATCH)] for _ in range(100)] for _ in range(10)]
+    rates: list[int] = []
+
+    def run() -> None:
+        for batches in windows:
+            window_start = time.perf_counter()
+            for batch in batches:
+                store.persist_events(batch)
+            rates.append(round(100 * BATCH / (time.perf_counter() - window_start)))
+
+    try:
+        benchmark.pedantic(run, rounds=1, iterations=1)
+        benchmark.extra_info["events_per_s_each_10k"] = rates
+        _report(benchmark, "events_per_s", 100_000, use_impl)
+        print(f"{benchmark.name}: per 10,000 events {rates}")
+    finally:
+        store.close()
 
 
 def test_state_after_event_cached(benchmark: Any, use_impl: str, sqlite_url: str) -> None:

@@ -20,7 +20,8 @@ from streamrep import _impl
 from streamrep.db import Transaction
 from streamrep.events.lru import Lru
 from streamrep.events.resolver import StateKey, StateResolver, conflicted_ids
-from streamrep.events.state import EMPTY_STATE, GroupState, StateGroupStore, mutable_copy
+from streamrep.events.state import (EMPTY_STATE, GroupState, StateGroupStore, StateOverlay,
+                                    mutable_copy)
 from streamrep.events.validation import EventRecord
 from streamrep.events.visibility import DEFAULT_VISIBILITY, more_permissive, normalise_visibility
 
@@ -346,7 +347,13 @@ def current_state_of(txn: Transaction, states: StateGroupStore, resolver: StateR
     sets = [known_states[g][0] if g in known_states else states.load(txn, g)[0]
             for g in group_ids]
     if len(sets) == 1:
-        return sets[0]
+        state = sets[0]
+        if type(state) is StateOverlay:
+            # The room's current state: made whole once, kept (and cached) as the
+            # group's state, and the base of the next batch's overlays.
+            state = state.materialize()
+            known_states[group_ids[0]] = (state, known_states[group_ids[0]][1])
+        return state
     return MappingProxyType(_resolve(txn, resolver, room_id, sets, orderings))
 
 
@@ -742,9 +749,14 @@ def _assign_state(txn: Transaction, room_id: str, records: list[EventRecord],
             event_groups[record.event_id] = base_group
             event_group_rows.append((record.event_id, base_group))
             continue
-        after = mutable_copy(before)
-        if changes_state:
-            after[key] = record.event_id
+        after: GroupState
+        if len(prev_groups) == 1 and changes_state:
+            after = StateOverlay.over(before, key, record.event_id)
+        else:
+            full = mutable_copy(before)
+            if changes_state:
+                full[key] = record.event_id
+            after = MappingProxyType(full)
         group = states.next_group_id(txn)
         # Store over the prev group that needs the smallest delta, unless its chain is
         # already max_delta_hops long: then store a full snapshot.
@@ -762,19 +774,22 @@ def _assign_state(txn: Transaction, room_id: str, records: list[EventRecord],
             g_state, g_hops = group_state(g)
             if g_hops + 1 > states.max_delta_hops or any(k not in after for k in g_state):
                 continue
-            delta = {k: v for k, v in after.items() if g_state.get(k) != v}
-            if best is None or len(delta) < len(best[2]):
-                best = (g, g_hops + 1, delta)
-        if best is None:
-            delta, hops = after, 0
+            candidate = {k: v for k, v in after.items() if g_state.get(k) != v}
+            if best is None or len(candidate) < len(best[2]):
+                best = (g, g_hops + 1, candidate)
+        written: GroupState
+        if best is None:  # a snapshot: the group's whole state is written anyway
+            if type(after) is StateOverlay:
+                after = after.materialize()
+            written, hops = after, 0
             out.group_parents[group] = (None, ())
         else:
             group_edge_rows.append((group, best[0]))
-            delta, hops = best[2], best[1]
-            out.group_parents[group] = (best[0], tuple(delta))
+            written, hops = best[2], best[1]
+            out.group_parents[group] = (best[0], tuple(written))
         group_rows.append((group, room_id, record.event_id))
-        group_state_rows.extend((group, room_id, t, sk, e) for (t, sk), e in delta.items())
-        out.new_groups[group] = (MappingProxyType(after), hops)
+        group_state_rows.extend((group, room_id, t, sk, e) for (t, sk), e in written.items())
+        out.new_groups[group] = (after, hops)
         event_groups[record.event_id] = group
         event_group_rows.append((record.event_id, group))
     return visibility

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from array import array
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping
 
 from streamrep import _impl
 from streamrep.db import Transaction
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 else:
     _core_state = _impl.load("state")
 
-__all__ = ["GroupState", "StateGroupStore", "EMPTY_STATE", "mutable_copy"]
+__all__ = ["GroupState", "StateGroupStore", "StateOverlay", "EMPTY_STATE", "mutable_copy"]
 
 #: A full state, read-only: ``{(type, state_key): event_id}``.
 GroupState = Mapping[StateKey, str]
@@ -40,7 +40,63 @@ def mutable_copy(state: GroupState) -> dict[StateKey, str]:
     for a room of a thousand members."""
     if type(state) is MappingProxyType or type(state) is dict:
         return state.copy()
+    if type(state) is StateOverlay:
+        full = mutable_copy(state.base)
+        full.update(state.changes)
+        return full
     return dict(state)
+
+
+class StateOverlay(Mapping[StateKey, str]):
+    """The state of a group made by the batch being persisted: the batch's changes
+    over the full state of a group from before it.
+
+    A state event then costs a copy of its batch's few changes, not of the room's
+    whole state (thousands of members); only the groups whose full state is
+    wanted (the room's new current state) are made whole, once a batch, with
+    :meth:`materialize`. Keys are never removed, so a change shadows the base.
+    """
+
+    __slots__ = ("base", "changes", "_size")
+
+    def __init__(self, base: GroupState, changes: dict[StateKey, str], size: int) -> None:
+        self.base = base
+        self.changes = changes
+        self._size = size
+
+    @classmethod
+    def over(cls, state: GroupState, key: StateKey, event_id: str) -> "StateOverlay":
+        """*state* with *key* set to *event_id*."""
+        size = len(state) + (key not in state)
+        if type(state) is StateOverlay:
+            changes = state.changes.copy()
+            changes[key] = event_id
+            return cls(state.base, changes, size)
+        return cls(state, {key: event_id}, size)
+
+    def materialize(self) -> GroupState:
+        """The whole state, as a read-only mapping of its own."""
+        return MappingProxyType(mutable_copy(self))
+
+    def __getitem__(self, key: StateKey) -> str:
+        value = self.changes.get(key)
+        return self.base[key] if value is None else value
+
+    def get(self, key: StateKey, default: str | None = None) -> str | None:  # type: ignore[override]
+        value = self.changes.get(key)
+        return self.base.get(key, default) if value is None else value
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.changes or key in self.base
+
+    def __iter__(self) -> Iterator[StateKey]:
+        yield from self.base
+        changes = self.changes
+        base = self.base
+        yield from (key for key in changes if key not in base)
+
+    def __len__(self) -> int:
+        return self._size
 
 
 # Longest chain walked before the tables are declared corrupt (a cycle).

@@ -32,7 +32,7 @@ from streamrep.events.reading import (
     visible_timeline,
 )
 from streamrep.events.resolver import DepthOrderResolver, StateKey, StateResolver
-from streamrep.events.state import GroupState, StateGroupStore
+from streamrep.events.state import GroupState, StateGroupStore, StateOverlay
 from streamrep.events.tokens import StreamToken, TopologicalToken, parse_token
 from streamrep.events.validation import EventRecord, parse_event
 
@@ -213,8 +213,11 @@ class EventStore:
         """Bring the caches up to date with a committed batch; return the ``caches``
         stream rows other processes need."""
         self.states.event_group_cache.put_many(outcome.event_groups.items())
-        for group, value in outcome.new_groups.items():
-            self.states.group_cache.put(group, value)
+        # Groups left as overlays on the batch's base are not cached: their state
+        # is read back from the tables when asked for, as for any uncached group.
+        self.states.group_cache.put_many(
+            [(group, value) for group, value in outcome.new_groups.items()
+             if type(value[0]) is not StateOverlay])
         for room_id, forward in outcome.forward.items():
             self._forward.put(room_id, forward)
         for room_id, state in outcome.current_state.items():
