@@ -96,11 +96,10 @@ class Transaction:
 
     def execute(self, sql: str, params: Params = ()) -> None:
         """Run one statement with ``?`` placeholders."""
+        sql = self._sql(sql)
         if self._begin is not None:
-            begin, self._begin = self._begin, None
-            self._cursor.execute(begin + ";\n" + to_pyformat(sql), tuple(params))
-            return
-        self._cursor.execute(self._sql(sql), tuple(params))
+            sql, self._begin = self._begin + ";\n" + sql, None
+        self._cursor.execute(sql, tuple(params))
 
     def executemany(self, sql: str, rows: Iterable[Params]) -> None:
         """Run one statement once per parameter tuple of *rows* (batched on PostgreSQL)."""

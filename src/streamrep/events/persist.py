@@ -493,16 +493,11 @@ def persist_batch(
                 room_max = stream
             if (sqlite and record.state_key is None and record.redacts is None
                     and record.relates_to is None and record.membership is None):
-                if record.outlier or record.rejected or record.soft_failed or redacted_now:
-                    plain_event_rows.append((
-                        stream, record.depth, event_id, room_id, record.type, record.sender,
-                        int(record.outlier), int(record.rejected), int(record.soft_failed),
-                        int(event_id in redacted_now), visibility.get(event_id), now_ms,
-                        blob(record.json)))
-                else:  # the usual event: no flag set
-                    plain_event_rows.append((
-                        stream, record.depth, event_id, room_id, record.type, record.sender,
-                        0, 0, 0, 0, visibility.get(event_id), now_ms, blob(record.json)))
+                plain_event_rows.append((
+                    stream, record.depth, event_id, room_id, record.type, record.sender,
+                    int(record.outlier), int(record.rejected), int(record.soft_failed),
+                    int(event_id in redacted_now), visibility.get(event_id), now_ms,
+                    blob(record.json)))
             else:
                 event_rows.append((
                     stream, record.depth, event_id, room_id, record.type, record.state_key,
