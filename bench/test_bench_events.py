@@ -3,6 +3,7 @@
 * ``test_extremity_core``: the extremity update of a 100-event batch (interned
   buffers prepared beforehand), events/s. Reference: about 139,000 events/s for
   the reference system's in-memory calculation; target 20x that.
+  ``test_bench_reference.py`` times the reference's own calculation beside it.
 * ``test_persist_*``: ``persist_events`` in batches of 100 on SQLite and
   PostgreSQL (linear room history with a state event every 20), events/s;
   ``test_persist_sqlite_growing_room``: the same over 100,000 events, as the room
@@ -23,6 +24,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from support.forked_batches import N_FORWARD, forked_batch
 from support.impls import core_module
 
 BATCH = 100
@@ -63,28 +65,25 @@ def use_impl(impl_kind: str, monkeypatch: pytest.MonkeyPatch) -> str:
     return impl_kind
 
 
-def _core_batch(rng: random.Random) -> tuple[Any, ...]:
-    """A 100-event batch with forks and merges over 4 current extremities."""
-    n_forward = 4
-    ids = array("q", range(n_forward, n_forward + BATCH))
+def _core_batch(seed: int) -> tuple[Any, ...]:
+    """The update_extremities buffers of ``forked_batch(seed)``."""
+    events = forked_batch(seed, BATCH)
+    ids = array("q", [own for own, _ in events])
     flags = bytes([3] * BATCH)
     offsets = array("q", [0])
     prevs = array("q")
-    for i in range(BATCH):
-        own = n_forward + i
-        k = rng.choice((1, 1, 1, 2))
-        for _ in range(k):
-            prevs.append(rng.randrange(max(0, own - 6), own))
+    for _, prev_events in events:
+        prevs.extend(prev_events)
         offsets.append(len(prevs))
-    id_flags = bytearray(n_forward + BATCH)
-    for f in range(n_forward):
+    id_flags = bytearray(N_FORWARD + BATCH)
+    for f in range(N_FORWARD):
         id_flags[f] = 1 | 4
     return ids, flags, offsets, prevs, bytes(id_flags)
 
 
 def test_extremity_core(benchmark: Any, impl_kind: str) -> None:
     mod = core_module("extremities", impl_kind)
-    batches = [_core_batch(random.Random(seed)) for seed in range(50)]
+    batches = [_core_batch(seed) for seed in range(50)]
 
     def run() -> None:
         for b in batches:
