@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import itertools
 import random
-from array import array
 from typing import Any, Iterator
 
 import pytest
 
-from support.forked_batches import N_FORWARD, forked_batch
+from support.forked_batches import core_buffers
 from support.impls import core_module
 
 BATCH = 100
@@ -65,25 +64,9 @@ def use_impl(impl_kind: str, monkeypatch: pytest.MonkeyPatch) -> str:
     return impl_kind
 
 
-def _core_batch(seed: int) -> tuple[Any, ...]:
-    """The update_extremities buffers of ``forked_batch(seed)``."""
-    events = forked_batch(seed, BATCH)
-    ids = array("q", [own for own, _ in events])
-    flags = bytes([3] * BATCH)
-    offsets = array("q", [0])
-    prevs = array("q")
-    for _, prev_events in events:
-        prevs.extend(prev_events)
-        offsets.append(len(prevs))
-    id_flags = bytearray(N_FORWARD + BATCH)
-    for f in range(N_FORWARD):
-        id_flags[f] = 1 | 4
-    return ids, flags, offsets, prevs, bytes(id_flags)
-
-
 def test_extremity_core(benchmark: Any, impl_kind: str) -> None:
     mod = core_module("extremities", impl_kind)
-    batches = [_core_batch(seed) for seed in range(50)]
+    batches = [core_buffers(seed, BATCH) for seed in range(50)]
 
     def run() -> None:
         for b in batches:

@@ -17,12 +17,11 @@ Run: ``python -m pytest bench/test_bench_reference.py --benchmark-only -s``
 from __future__ import annotations
 
 import types
-from array import array
 from typing import Any, Callable, Coroutine
 
 import pytest
 
-from support.forked_batches import N_FORWARD, forked_batch
+from support.forked_batches import N_FORWARD, core_buffers, forked_batch
 from support.impls import IMPLEMENTATIONS, core_module
 
 persist_events = pytest.importorskip(
@@ -77,19 +76,6 @@ def _reference_batch(seed: int) -> tuple[list[Any], set[str]]:
     return pairs, {f"$e{f}" for f in range(N_FORWARD)}
 
 
-def _core_inputs(seed: int) -> tuple[Any, ...]:
-    events = forked_batch(seed, BATCH)
-    offsets, prevs = array("q", [0]), array("q")
-    for _, prev_events in events:
-        prevs.extend(prev_events)
-        offsets.append(len(prevs))
-    id_flags = bytearray(N_FORWARD + BATCH)
-    for f in range(N_FORWARD):
-        id_flags[f] = 1 | 4  # stored non-outlier, current forward extremity
-    return (array("q", [own for own, _ in events]), bytes([3] * BATCH), offsets, prevs,
-            bytes(id_flags))
-
-
 def _core_forward(module: Any, inputs: tuple[Any, ...]) -> set[str]:
     added, removed, _, _ = module.update_extremities(*inputs)
     forward = (set(range(N_FORWARD)) | set(added)) - set(removed)
@@ -108,7 +94,7 @@ def test_extremity_calculation_side_by_side(benchmark: Any, kind: str) -> None:
                 reference(pairs, forward)
     else:
         module = core_module("extremities", kind)
-        core_batches = [_core_inputs(seed) for seed in SEEDS]
+        core_batches = [core_buffers(seed, BATCH) for seed in SEEDS]
         assert [_core_forward(module, b) for b in core_batches] == expected
 
         def run() -> None:

@@ -6,6 +6,8 @@ One shape, so streamrep's core and the reference implementation time the same wo
 from __future__ import annotations
 
 import random
+from array import array
+from typing import Any
 
 #: Current forward extremities the batch starts from: events ``0..N_FORWARD-1``.
 N_FORWARD = 4
@@ -24,3 +26,18 @@ def forked_batch(seed: int, size: int = 100) -> list[tuple[int, list[int]]]:
         k = rng.choice((1, 1, 1, 2))
         events.append((own, [rng.randrange(max(0, own - 6), own) for _ in range(k)]))
     return events
+
+
+def core_buffers(seed: int, size: int = 100) -> tuple[Any, ...]:
+    """``forked_batch(seed, size)`` as the arguments of the extremity core's
+    ``update_extremities``: every event counted, the current extremities stored."""
+    events = forked_batch(seed, size)
+    offsets, prevs = array("q", [0]), array("q")
+    for _, prev_events in events:
+        prevs.extend(prev_events)
+        offsets.append(len(prevs))
+    id_flags = bytearray(N_FORWARD + size)
+    for f in range(N_FORWARD):
+        id_flags[f] = 1 | 4  # stored as a non-outlier, a forward extremity
+    return (array("q", [own for own, _ in events]), bytes([3] * size), offsets, prevs,
+            bytes(id_flags))
