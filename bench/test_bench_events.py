@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
 from typing import Any, Iterator
 
 import pytest
@@ -127,8 +128,6 @@ def test_persist_sqlite_growing_room(benchmark: Any, use_impl: str, sqlite_url: 
     end), in batches of 100: the rate over the whole run and per 10,000 events, to
     show how persisting keeps up as the room's state grows."""
     from streamrep import EventStore
-
-    import time
 
     store = EventStore(sqlite_url)
     source = _history("!growing:x")
