@@ -102,6 +102,8 @@ def test_extremity_calculation_side_by_side(benchmark: Any, kind: str) -> None:
                 module.update_extremities(*b)
 
     benchmark(run)
+    if benchmark.stats is None:  # --benchmark-disable: ran once, nothing timed
+        return
     rate = BATCH * len(SEEDS) / benchmark.stats.stats.median
     benchmark.extra_info["events_per_s"] = round(rate)
     print(f"\n{benchmark.name}: {rate:,.0f} events/s (median)")

@@ -31,6 +31,8 @@ def _run(benchmark: Any, make: Callable[[], Callable[[], None]]) -> None:
         return (make(),), {}
 
     benchmark.pedantic(lambda fn: fn(), setup=setup, rounds=7, iterations=1)
+    if benchmark.stats is None:  # --benchmark-disable: ran once, nothing timed
+        return
     benchmark.extra_info["completions_per_s"] = round(N / benchmark.stats.stats.mean)
     # The best round: the least disturbed by other processes on a shared machine.
     benchmark.extra_info["completions_per_s_best"] = round(N / benchmark.stats.stats.min)

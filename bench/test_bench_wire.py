@@ -75,6 +75,8 @@ CHUNKS = [STREAM[i : i + CHUNK] for i in range(0, len(STREAM), CHUNK)]
 
 
 def _report(benchmark: Any, label: str, lines: int) -> None:
+    if benchmark.stats is None:  # --benchmark-disable: ran once, nothing timed
+        return
     rate = lines / benchmark.stats.stats.mean
     best = lines / benchmark.stats.stats.min
     benchmark.extra_info["lines_per_s"] = round(rate)
