@@ -25,6 +25,7 @@ import orjson
 
 from streamrep._pure import wire as _ref
 from streamrep.errors import MalformedCommandError
+from streamrep.wire_commands import command_table
 
 cdef extern from "Python.h":
     object PyMemoryView_FromMemory(char* mem, Py_ssize_t size, int flags)
@@ -1161,27 +1162,25 @@ cdef class LockReleasedCommand(Command):
         self._line = b"LOCK_RELEASED " + encode_row([instance_name, lock_name, lock_key])
 
 
-#: Every command class by its wire name.
-COMMANDS = {
-    cls.NAME: cls
-    for cls in (
-        ServerCommand,
-        RdataCommand,
-        PositionCommand,
-        ErrorCommand,
-        PingCommand,
-        NameCommand,
-        ReplicateCommand,
-        UserSyncCommand,
-        ClearUserSyncCommand,
-        FederationAckCommand,
-        UserIpCommand,
-        RemoteServerUpCommand,
-        LockReleasedCommand,
-        NewActiveTaskCommand,
-        CancelTaskCommand,
-    )
-}
+#: Every command class by its wire name, in the declared order
+#: (streamrep.wire_commands.COMMAND_SET; a class that drifts fails at import).
+COMMANDS = command_table((
+    ServerCommand,
+    RdataCommand,
+    PositionCommand,
+    ErrorCommand,
+    PingCommand,
+    NameCommand,
+    ReplicateCommand,
+    UserSyncCommand,
+    ClearUserSyncCommand,
+    FederationAckCommand,
+    UserIpCommand,
+    RemoteServerUpCommand,
+    LockReleasedCommand,
+    NewActiveTaskCommand,
+    CancelTaskCommand,
+))
 
 
 # --- parsing ----------------------------------------------------------------------

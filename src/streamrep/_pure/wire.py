@@ -25,6 +25,7 @@ from streamrep.errors import (
     ProtocolError,
     UnknownCommandError,
 )
+from streamrep.wire_commands import command_table
 
 __all__ = [
     "Command",
@@ -795,10 +796,10 @@ def _str(value: Any, field: str) -> str:
     return value
 
 
-#: Every command class by its wire name.
-COMMANDS: dict[str, type[Command]] = {
-    cls.NAME: cls
-    for cls in (
+#: Every command class by its wire name, in the declared order
+#: (:data:`streamrep.wire_commands.COMMAND_SET`; a class that drifts fails here).
+COMMANDS: dict[str, type[Command]] = command_table(
+    (
         ServerCommand,
         RdataCommand,
         PositionCommand,
@@ -815,7 +816,7 @@ COMMANDS: dict[str, type[Command]] = {
         NewActiveTaskCommand,
         CancelTaskCommand,
     )
-}
+)
 
 _PARSERS = {name.encode("ascii"): cls._parse for name, cls in COMMANDS.items()}  # type: ignore[attr-defined]
 

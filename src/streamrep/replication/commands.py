@@ -1,14 +1,16 @@
-"""The replication layer's view of the wire format.
+"""The replication layer's view of the wire format: typed constructors and encoders.
 
-Everything the server and client need from :mod:`streamrep.wire` goes through
-these few functions, so the connection code reads as protocol, not encoding.
+Everything the protocol and transports need from :mod:`streamrep.wire` goes
+through these few functions, so they read as protocol, not encoding. The command
+set itself (names, arguments, senders) is declared in :mod:`streamrep.wire_commands`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from streamrep import _impl
+from streamrep.wire_commands import SPECS
 
 if TYPE_CHECKING:
     from streamrep._pure import wire
@@ -48,62 +50,62 @@ group_rdata = wire.group_rdata
 #: The decoded rows of RDATA commands.
 rdata_rows = wire.rdata_rows
 validate_rows = wire.validate_rows
-COMMAND_NAMES: tuple[str, ...] = tuple(wire.COMMANDS)
+COMMAND_NAMES: tuple[str, ...] = tuple(SPECS)
 
 
-def new_decoder(max_line_length: int) -> Any:
+def new_decoder(max_line_length: int) -> wire.Decoder:
     return wire.Decoder(max_line_length=max_line_length)
 
 
-def encode_one(command: Any) -> bytes:
+def encode_one(command: wire.Command) -> bytes:
     """One command as a line, newline included."""
-    return command.to_bytes() + b"\n"  # type: ignore[no-any-return]
+    return command.to_bytes() + b"\n"
 
 
-def encode_many(commands: Iterable[Any]) -> bytes:
+def encode_many(commands: Iterable[wire.Command]) -> bytes:
     """Several commands as consecutive lines, for one write."""
     encoder = wire.Encoder()
     encoder.encode_many(commands)
     return encoder.take()
 
 
-def server(server_name: str) -> Any:
+def server(server_name: str) -> wire.ServerCommand:
     return wire.ServerCommand(server_name)
 
 
-def ping() -> Any:
+def ping() -> wire.PingCommand:
     import time
 
     return wire.PingCommand(str(int(time.time() * 1000)))
 
 
-def name(client_name: str) -> Any:
+def name(client_name: str) -> wire.NameCommand:
     return wire.NameCommand(client_name)
 
 
-def error(message: str) -> Any:
+def error(message: str) -> wire.ErrorCommand:
     return wire.ErrorCommand(message)
 
 
-def replicate(stream: str | None = None, token: int | None = None) -> Any:
+def replicate(stream: str | None = None, token: int | None = None) -> wire.ReplicateCommand:
     """``REPLICATE`` (no stream), or the legacy form from *token* (None: ``NOW``)."""
     return wire.ReplicateCommand(stream, token)
 
 
-def position(stream: str, instance: str, prev_token: int, new_token: int) -> Any:
+def position(stream: str, instance: str, prev_token: int, new_token: int) -> wire.PositionCommand:
     return wire.PositionCommand(stream, instance, prev_token, new_token)
 
 
-def rdata(stream: str, instance: str, token: int | None, row_json: bytes) -> Any:
+def rdata(stream: str, instance: str, token: int | None, row_json: bytes) -> wire.RdataCommand:
     return wire.RdataCommand(stream, instance, token, row_json=row_json)
 
 
-def clear_user_sync(instance_id: str) -> Any:
+def clear_user_sync(instance_id: str) -> wire.ClearUserSyncCommand:
     return wire.ClearUserSyncCommand(instance_id)
 
 
-def error_message(command: Any) -> str:
-    return str(command.data)
+def error_message(command: wire.ErrorCommand) -> str:
+    return command.data
 
 
 def rdata_lines(stream: str, instance: str, rows: Sequence[tuple[int, bytes]]) -> bytes:
