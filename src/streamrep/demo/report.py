@@ -144,7 +144,10 @@ def _fmt_ms(value: float) -> str:
 
 def render_summary(summary: Summary, console: Console) -> None:
     """Print the summary tables and the verdict."""
-    written = Table(title="Facts written, per stream", title_justify="left")
+    written = Table(title="Facts written, per stream", title_justify="left",
+                    caption="replaced since: committed facts whose rows a later fact "
+                    "replaced (account_data and receipts keep the latest row per key)",
+                    caption_justify="left")
     written.add_column("stream")
     show_previous = any(summary.previous.values())
     if show_previous:
