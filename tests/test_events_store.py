@@ -123,8 +123,9 @@ def test_backfill_below_the_oldest_event(store):
     assert store.get_room_events(ROOM) == ["$e8", "$e9", "$e10", "$j11"]
     assert store.get_room_events(ROOM, order="stream")[-2:] == ["$e10", "$j11"]
     rows = get_backfill_stream_rows(store.db, 0, current_backfill_token(store.db))
-    assert [r[1][1][0] for r in rows.rows] == ["$e9", "$e8"] or \
-        sorted(r[1][1][0] for r in rows.rows) == ["$e8", "$e9"]
+    assert sorted(r[1][0] for r in rows.rows) == ["$e8", "$e9"]
+    # Six flat fields: [event_id, room_id, type, state_key, redacts, relates_to].
+    assert all(len(row) == 6 and row[1] == ROOM for _, row in rows.rows)
     assert all(token > 0 for token, _ in rows.rows)
 
 
@@ -369,6 +370,31 @@ def test_events_stream_rows_and_worker_follower(db_url, store):
         worker.close()
 
 
+def test_worker_follower_applies_backfill_and_state_all_rows(db_url, store):
+    create_room(store)
+    worker = EventStore(db_url)
+    try:
+        follower = EventsStreamFollower(worker)
+        assert worker.get_current_state(ROOM)[("m.room.member", ANN)] == "$ann_join"
+        assert worker.get_forward_extremities(ROOM) == {"$ann_join"}
+        before = current_backfill_token(store.db)
+        store.persist_events([ev("$old", ["$older"], 0)], backfilled=True)
+        rows = get_backfill_stream_rows(store.db, before, current_backfill_token(store.db))
+        assert [row for _, row in rows.rows] == [
+            ["$old", ROOM, "m.room.message", None, None, None]]
+        for token, row in rows.rows:
+            follower.on_backfill_row(token, row)
+        assert worker.get_event("$old").event_id == "$old"
+        assert worker.get_forward_extremities(ROOM) == store.get_forward_extremities(ROOM)
+        # "state-all": every current-state key of the room may have changed.
+        store.persist_events([member("$bob", ["$ann_join"], 3, BOB, "join")])
+        assert worker.get_current_state(ROOM).get(("m.room.member", BOB)) is None
+        follower.on_events_row(current_events_token(store.db), ["state-all", [ROOM]])
+        assert worker.get_current_state(ROOM)[("m.room.member", BOB)] == "$bob"
+    finally:
+        worker.close()
+
+
 def test_persist_emits_cache_invalidations(db_url):
     seen = []
     store = EventStore(db_url, on_persisted=lambda outcome, rows: seen.extend(rows))
@@ -415,7 +441,7 @@ def test_registry_streams_allocate_and_serve_rows(db_url):
         assert any(r[1][0] == "state" for r in rows)
         rows, _ = streams.get_updates_since("backfill", "master", 0,
                                             streams.current_token("backfill"), 100)
-        assert [(t, r[1][0]) for t, r in rows] == [(-back.orderings["$old"], "$old")]
+        assert [(t, r[0]) for t, r in rows] == [(-back.orderings["$old"], "$old")]
         # This instance writes the caches stream: invalidations went there.
         token = streams.current_token("caches")
         cache_rows, _ = streams.get_updates_since("caches", "master", 0, token, 100)

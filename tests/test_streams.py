@@ -46,14 +46,18 @@ def test_write_and_read_each_stream(db_url: str) -> None:
     d1 = streams.send_to_device([("@b:hs", "DEV2", {"m": 1}), ("@b:hs", "DEV1", {"m": 1}),
                                  ("@c:hs", "X", {"m": 1})])
     d2 = streams.send_to_device([("@d:hs", "Y", {"m": 2})])
+    # One row per recipient user; the devices and messages stay in the table.
     assert streams.get_updates_since("to_device", "master", 0, d2, 10) == (
-        [(d1, ["@b:hs", "DEV1"]), (d1, ["@b:hs", "DEV2"]), (d1, ["@c:hs", "X"]),
-         (d2, ["@d:hs", "Y"])], False)
+        [(d1, ["@b:hs"]), (d1, ["@c:hs"]), (d2, ["@d:hs"])], False)
     # Rows sharing a stream ID come together, even across the limit.
-    assert streams.get_updates_since("to_device", "master", 0, d2, 2) == (
-        [(d1, ["@b:hs", "DEV1"]), (d1, ["@b:hs", "DEV2"]), (d1, ["@c:hs", "X"])], True)
+    assert streams.get_updates_since("to_device", "master", 0, d2, 1) == (
+        [(d1, ["@b:hs"]), (d1, ["@c:hs"])], True)
     assert streams.get_updates_since("to_device", "master", d1, d2, 1) == (
-        [(d2, ["@d:hs", "Y"])], False)
+        [(d2, ["@d:hs"])], False)
+    assert streams.get_device_messages("@b:hs", 0, d2) == [
+        (d1, "DEV1", {"m": 1}), (d1, "DEV2", {"m": 1})]
+    assert streams.get_device_messages("@d:hs", d1, d2) == [(d2, "Y", {"m": 2})]
+    assert streams.get_device_messages("@d:hs", d2, d2) == []
 
     r1 = streams.add_receipt("!r:hs", "m.read", "@a:hs", "$e1", {"ts": 5})
     r2 = streams.add_receipt("!r:hs", "m.read", "@a:hs", "$e2", {"ts": 6}, thread_id="$t")

@@ -8,9 +8,12 @@ the worker-side follower that keeps another process's caches correct from them.
 * ``["state", [room_id, type, state_key, event_id]]`` for every change of a room's
   current state (``event_id`` null when the key left the state).
 
-``backfill`` rows carry the same ``ev`` payload; backfilled events have negative,
-decreasing stream orderings and the stream's token is ``-stream_ordering`` (so it
-increases like every other stream token).
+Followers also accept ``["state-all", [room_id]]`` (every current-state key of the
+room may have changed), which other writers of the protocol send.
+
+``backfill`` rows are ``[event_id, room_id, type, state_key, redacts, relates_to]``;
+backfilled events have negative, decreasing stream orderings and the stream's token
+is ``-stream_ordering`` (so it increases like every other stream token).
 
 Persisting also produces ``caches`` rows (``cs_cache_fake`` with ``[room_id,
 *users_whose_membership_changed]`` for current-state changes, ``get_event`` for
@@ -61,6 +64,10 @@ class StreamRows:
 
 def _ev_payload(row: Sequence[Any]) -> list[Any]:
     return [row[0], row[1], row[2], row[3], row[4], row[5], row[6], bool(row[7]), bool(row[8])]
+
+
+def _backfill_row(row: Sequence[Any]) -> list[Any]:
+    return [row[0], row[1], row[2], row[3], row[4], row[5]]
 
 
 def current_events_token(db: Database) -> int:
@@ -126,7 +133,7 @@ def get_backfill_stream_rows(db: Database, from_token: int, to_token: int,
         f"SELECT {_EV_COLUMNS}, stream_ordering FROM events WHERE stream_ordering < ?"
         " AND stream_ordering >= ? ORDER BY stream_ordering DESC LIMIT ?",
         (-from_token, -to_token, limit))
-    rows = [(-int(r[9]), ["ev", _ev_payload(r)]) for r in ev]
+    rows = [(-int(r[9]), _backfill_row(r)) for r in ev]
     limited = len(ev) == limit
     return StreamRows(rows, rows[-1][0] if limited else to_token, limited)
 
@@ -153,20 +160,22 @@ class EventsStreamFollower:
                 store.membership_changes.entity_has_changed(state_key, token)
             if not outlier:
                 store.invalidate_extremities(room_id)
-        elif kind == "state":
+        elif kind in ("state", "state-all"):
             store.invalidate_current_state(data[0])
         else:
             raise ValueError(f"unknown events stream row kind {kind!r}")
         store.advance_position(token)
 
     def on_backfill_row(self, token: int, row: Sequence[Any]) -> None:
-        """One ``backfill`` stream row (backfill never moves the change caches)."""
-        data = row[1]
-        self.store.event_cache.pop(data[0])
-        if data[4]:
-            self.store.event_cache.pop(data[4])
-        if not data[8]:
-            self.store.invalidate_extremities(data[1])
+        """One ``backfill`` stream row (backfill never moves the change caches).
+
+        The row does not say whether the event is an outlier, so the room's cached
+        extremities are always dropped (re-read on next use)."""
+        event_id, room_id, _type, _state_key, redacts, _rel = row
+        self.store.event_cache.pop(event_id)
+        if redacts:
+            self.store.event_cache.pop(redacts)
+        self.store.invalidate_extremities(room_id)
 
     def on_caches_row(self, cache_name: str, key: Sequence[Any] | None) -> None:
         """One ``caches`` stream row this store cares about."""
@@ -220,7 +229,8 @@ class EventsStream(StreamDefinition):
 
 @dataclass(frozen=True)
 class BackfillStream(StreamDefinition):
-    """The ``backfill`` stream: ``ev`` rows; tokens are ``-stream_ordering``."""
+    """The ``backfill`` stream: ``[event_id, room_id, type, state_key, redacts,
+    relates_to]`` rows; tokens are ``-stream_ordering``."""
 
     def fetch_rows(self, txn: Any, instance: str, from_token: int, upto_token: int,
                    limit: int | None) -> list[tuple[int, list[Any]]]:
@@ -229,7 +239,7 @@ class BackfillStream(StreamDefinition):
             f"SELECT {_EV_COLUMNS}, stream_ordering FROM events WHERE stream_ordering < ?"
             f" AND stream_ordering >= ? ORDER BY stream_ordering DESC{lim}",
             (-from_token, -upto_token))
-        return [(-int(r[9]), ["ev", _ev_payload(r)]) for r in ev]
+        return [(-int(r[9]), _backfill_row(r)) for r in ev]
 
 
 EVENTS_STREAM_DEFINITION = EventsStream(
@@ -244,7 +254,7 @@ BACKFILL_STREAM_DEFINITION = BackfillStream(
     tables=(BackingTable("events", "stream_ordering", None),),
     negative=True,
     schema_component=schema.COMPONENT,
-    row_fields=("kind", "data"),
+    row_fields=("event_id", "room_id", "type", "state_key", "redacts", "relates_to"),
 )
 
 register_stream(EVENTS_STREAM_DEFINITION)

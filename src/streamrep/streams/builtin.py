@@ -5,7 +5,7 @@ Row formats (the JSON list in each RDATA; docs/streams.md has the full table):
 
 * ``caches``: ``[cache_name, keys or null, invalidation_ts_ms]``
 * ``account_data``: ``[user_id, room_id or null, account_data_type]``
-* ``to_device``: ``[user_id, device_id]`` (one row per recipient device)
+* ``to_device``: ``[entity]`` (one row per recipient user of a fact)
 * ``receipts``: ``[room_id, receipt_type, user_id, event_id, thread_id or null, data]``
 * ``typing``: ``[room_id, [user_id, ...]]``
 """
@@ -106,17 +106,18 @@ class AccountDataStream(StreamDefinition):
 
 @dataclass(frozen=True)
 class ToDeviceStream(StreamDefinition):
-    """To-device messages: ``[user_id, device_id]`` per recipient of a fact."""
+    """To-device messages: ``[entity]``, one row per recipient user of a fact (the
+    recipient devices and the messages stay in ``device_inbox``)."""
 
     def fetch_rows(self, txn: Transaction, instance: str, from_token: int, upto_token: int,
                    limit: int | None) -> list[StreamRow]:
         rows = txn.fetchall(
-            "SELECT stream_id, user_id, device_id FROM device_inbox"
+            "SELECT DISTINCT stream_id, user_id FROM device_inbox"
             " WHERE instance_name = ? AND stream_id > ? AND stream_id <= ?"
-            " ORDER BY stream_id, user_id, device_id" + _check_limit(limit),
+            " ORDER BY stream_id, user_id" + _check_limit(limit),
             (instance, from_token, upto_token),
         )
-        return [(int(sid), [user, device]) for sid, user, device in rows]
+        return [(int(sid), [user]) for sid, user in rows]
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,7 @@ ACCOUNT_DATA = AccountDataStream(
 )
 TO_DEVICE = ToDeviceStream(
     "to_device", (BackingTable("device_inbox"),), "device_inbox_sequence",
-    schema_component=SCHEMA, row_fields=("user_id", "device_id"),
+    schema_component=SCHEMA, row_fields=("entity",),
 )
 RECEIPTS = ReceiptsStream(
     "receipts", (BackingTable("receipts"),), "receipts_sequence",
@@ -206,7 +207,8 @@ def add_account_data(streams: "Streams", user_id: str, data_type: str,
 
 def send_to_device(streams: "Streams",
                    messages: Sequence[tuple[str, str, Mapping[str, Any]]]) -> int:
-    """Queue to-device messages as one fact (one row per recipient); return its token."""
+    """Queue to-device messages as one fact (one stream row per recipient user); return
+    its token."""
     if not messages:
         raise StreamIdError("send_to_device needs at least one message")
     stream = _writer_streams(streams, "to_device")
@@ -238,3 +240,18 @@ def add_receipt(streams: "Streams", room_id: str, receipt_type: str, user_id: st
                  thread_id or "", event_id, _json(dict(data or {}))),
             )
     return int(stream_id)
+
+
+def get_device_messages(streams: "Streams", user_id: str, from_token: int,
+                        upto_token: int) -> list[tuple[int, str, dict[str, Any]]]:
+    """The to-device messages for *user_id* with ``from_token < token <= upto_token``,
+    as ``(token, device_id, message)`` in token order: what a ``to_device`` row for
+    that user announces."""
+    assert streams.db is not None
+    rows = streams.db.fetchall(
+        "SELECT stream_id, device_id, message_json FROM device_inbox"
+        " WHERE user_id = ? AND stream_id > ? AND stream_id <= ?"
+        " ORDER BY stream_id, device_id",
+        (user_id, from_token, upto_token),
+    )
+    return [(int(sid), device, orjson.loads(message)) for sid, device, message in rows]

@@ -181,6 +181,14 @@ class Streams:
 
         return builtin.send_to_device(self, messages)
 
+    def get_device_messages(self, user_id: str, from_token: int,
+                            upto_token: int) -> list[tuple[int, str, dict[str, object]]]:
+        """To-device messages for *user_id* in ``(from_token, upto_token]`` as
+        ``(token, device_id, message)``: what ``to_device`` rows for the user announce."""
+        from streamrep.streams import builtin
+
+        return builtin.get_device_messages(self, user_id, from_token, upto_token)
+
     def add_receipt(self, room_id: str, receipt_type: str, user_id: str, event_id: str,
                     data: Mapping[str, object] | None = None,
                     thread_id: str | None = None) -> int:
