@@ -1,0 +1,451 @@
+"""Replication over Redis pub/sub, in the reference deployments' format.
+
+There is no hub: every process connects to one Redis server and
+
+* subscribes to the channel named after the server (and ``<server>/USER_IP`` when
+  asked to), see :mod:`.redis_format`;
+* once the subscription is confirmed publishes ``REPLICATE``, then a ``POSITION``
+  for every stream it writes (its peers cannot see that it reconnected), and
+  answers every ``REPLICATE`` it hears with those positions;
+* publishes each fact it commits as ``RDATA`` lines, one message per line;
+* hands the facts of other writers to its handler exactly once, in order per
+  writer: a writer's rows count only once a ``POSITION`` of that writer arrived on
+  the current subscription, and any gap that ``POSITION`` reveals is filled from the
+  database (:class:`~streamrep.replication.follower.StreamFollower`), so nothing
+  lost while the subscription was down is ever missed;
+* ignores its own messages when Redis echoes them back;
+* pings Redis on both connections; after any loss (Redis gone, or Redis cutting
+  off a subscriber that fell behind its output-buffer limit) it reconnects with
+  exponential backoff and jitter and announces itself again.
+
+Two connections per process, as Redis requires: a subscribed connection accepts
+no other commands than (un)subscribing and pinging. redis-py does the talking (with
+hiredis when installed), on sockets that gevent made cooperative: a process using
+this transport calls ``gevent.monkey.patch_all()`` before anything else, as the
+command-line tools do.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import gevent
+import gevent.event
+from gevent import Greenlet
+
+from streamrep.errors import ProtocolError, StreamrepError
+from streamrep.replication import commands as C
+from streamrep.replication.client import Backoff
+from streamrep.replication.follower import Handler, StreamFollower
+from streamrep.replication.source import StreamSource
+from streamrep.replication.transport.redis_format import EchoFilter, channel_for, channels
+
+__all__ = ["RedisReplication", "RedisUnavailableError", "describe_url", "DEFAULT_MAX_QUEUED_COMMANDS"]
+
+logger = logging.getLogger(__name__)
+
+#: Commands waiting to be published before the process gives up on the connection.
+DEFAULT_MAX_QUEUED_COMMANDS = 100_000
+#: Messages taken from the subscription before they are decoded together.
+_READ_BATCH = 2000
+#: How often the reader looks at the clock when Redis is quiet.
+_POLL_SECONDS = 0.2
+#: Commands whose echo is recognised by the writer's name rather than by EchoFilter.
+_NAMED_BY_WRITER = (b"RDATA ", b"POSITION ")
+
+
+class RedisUnavailableError(StreamrepError):
+    """The Redis transport cannot run in this process (see the message)."""
+
+
+class _Lost(Exception):
+    """The current Redis connections are no good: reconnect."""
+
+
+def describe_url(url: str) -> str:
+    """*url* without its password, for messages."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rpartition("@")[2]
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit((parts.scheme, user + netloc, parts.path, parts.query, parts.fragment))
+
+
+class RedisReplication:
+    """One process's replication link through Redis.
+
+    The same surface as :class:`~streamrep.replication.client.ReplicationClient`,
+    so a process picks its transport in one place:
+
+    * *url*: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://...`` (TLS),
+      or ``unix:///path/to/redis.sock[?password=...]``;
+    * *server_name*: the deployment's name, which is also the channel;
+    * *instance_name*: the name this process writes streams as (its own ``RDATA`` and
+      ``POSITION`` come back from Redis and are ignored);
+    * *handler*, *source*, *streams*, *start_from*: as for the TCP client; without a
+      *source* a gap cannot be filled and *on_unfilled_gap* ``(stream, instance,
+      from_token, to_token)`` is called instead (the reader then goes on from
+      the writer's position);
+    * *writer_positions*: ``() -> [(stream, instance, token)]``, this process's
+      persisted positions, announced on every subscription and on every ``REPLICATE``;
+    * *on_command*: called with the other commands (``USER_SYNC``, ``USER_IP``, ...);
+    * *user_ip*: also subscribe to ``<server_name>/USER_IP``.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        server_name: str,
+        instance_name: str,
+        handler: Handler | None = None,
+        source: StreamSource | None = None,
+        streams: Iterable[str] | None = None,
+        start_from: Mapping[Any, int] | None = None,
+        writer_positions: Callable[[], Sequence[tuple[str, str, int]]] | None = None,
+        on_command: Callable[[Any], None] | None = None,
+        on_unfilled_gap: Callable[[str, str, int, int], None] | None = None,
+        user_ip: bool = False,
+        ping_interval: float = 5.0,
+        ping_timeout: float = 15.0,
+        max_queued_commands: int = DEFAULT_MAX_QUEUED_COMMANDS,
+        max_line_length: int = C.DEFAULT_MAX_LINE_LENGTH,
+        backoff: Backoff | None = None,
+        connect_timeout: float = 5.0,
+    ) -> None:
+        if ping_interval <= 0 or ping_timeout <= ping_interval:
+            raise ValueError("need 0 < ping_interval < ping_timeout")
+        self.url = url
+        self.server_name = server_name
+        self.instance_name = instance_name
+        self.client_name = instance_name
+        self.source = source
+        self.follower = StreamFollower(handler, source, streams, start_from) if handler is not None else None
+        self.writer_positions = writer_positions
+        self.on_command = on_command
+        self.on_unfilled_gap = on_unfilled_gap
+        self.channels = channels(server_name, user_ip)
+        self.ping_interval = ping_interval
+        self.ping_timeout = ping_timeout
+        self.max_queued_commands = max_queued_commands
+        self.max_line_length = max_line_length
+        self.backoff = backoff or Backoff()
+        self.connect_timeout = connect_timeout
+        #: subscriptions confirmed so far (1 after the first connection)
+        self.connections_made = 0
+        self._instance_bytes = instance_name.encode()
+        self._echoes = EchoFilter()
+        #: writers heard from with a POSITION on the current subscription
+        self._synced: set[tuple[str, str]] = set()
+        self._fillable: frozenset[str] = frozenset(source.stream_names()) if source is not None else frozenset()
+        self._outbox: list[tuple[str, bytes]] = []
+        self._outbox_ready = gevent.event.Event()
+        self._publishing = False
+        self._subscribed = False
+        self._lost: str | None = None
+        self._stopping = False
+        self._greenlet: Greenlet | None = None
+        self._up = gevent.event.Event()
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> Greenlet:
+        """Connect (and keep reconnecting) in a background greenlet."""
+        from gevent import monkey
+
+        if not monkey.is_module_patched("socket"):
+            raise RedisUnavailableError(
+                "the Redis transport needs cooperative sockets: call gevent.monkey.patch_all() "
+                "at the very start of the program")
+        if self._greenlet is None or self._greenlet.dead:
+            self._stopping = False
+            self._greenlet = gevent.spawn(self._run)
+        return self._greenlet
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Publish what is queued (for at most *timeout*), then disconnect."""
+        if self._subscribed and self._outbox:
+            self.flush(timeout)
+        self._stopping = True
+        self._lost = "stopping"
+        self._outbox_ready.set()
+        if self._greenlet is not None:
+            self._greenlet.join(timeout)
+            self._greenlet.kill(block=True, timeout=timeout)
+
+    @property
+    def connected(self) -> bool:
+        return self._subscribed
+
+    def wait_connected(self, timeout: float | None = None) -> bool:
+        """Block until subscribed (True) or *timeout* passes (False)."""
+        return bool(self._up.wait(timeout))
+
+    def _run(self) -> None:
+        where = describe_url(self.url)
+        while not self._stopping:
+            try:
+                self._connection(where)
+            except _Lost as exc:
+                reason = str(exc)
+            except (OSError, ProtocolError) as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+            except Exception as exc:
+                import redis
+
+                if not isinstance(exc, redis.RedisError):
+                    raise
+                reason = f"{type(exc).__name__}: {exc}"
+            else:
+                reason = "closed"
+            if self._stopping:
+                break
+            delay = self.backoff.next_delay()
+            logger.warning("Redis %s: %s; reconnecting in %.2fs", where, reason, delay)
+            gevent.sleep(delay)
+
+    def _clients(self) -> tuple[Any, Any]:
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        def client() -> Any:
+            # Reconnecting is this class's business (it must announce itself again),
+            # so redis-py is told never to retry or reconnect behind its back.
+            return redis.Redis.from_url(
+                self.url, socket_connect_timeout=self.connect_timeout,
+                socket_timeout=self.ping_timeout, retry=Retry(NoBackoff(), 0),
+                health_check_interval=0, client_name=f"streamrep-{self.instance_name}")
+
+        return client(), client()
+
+    def _connection(self, where: str) -> None:
+        subscriber, publisher = self._clients()
+        pubsub = subscriber.pubsub()
+        writer: Greenlet | None = None
+        self._lost = None
+        try:
+            pubsub.subscribe(*self.channels)
+            confirmed = 0
+            deadline = time.monotonic() + self.connect_timeout
+            while confirmed < len(self.channels):
+                message = pubsub.get_message(timeout=max(0.0, deadline - time.monotonic()))
+                if message is None:
+                    if time.monotonic() >= deadline:
+                        raise _Lost(f"subscription not confirmed in {self.connect_timeout:g}s")
+                    continue
+                if message["type"] == "subscribe":
+                    confirmed += 1
+            publisher.ping()
+            self._subscribed_now()
+            logger.info("Redis %s: subscribed to %s", where, ", ".join(self.channels))
+            writer = gevent.spawn(self._publish_loop, publisher)
+            self._read_loop(pubsub)
+        finally:
+            self._subscribed = False
+            self._up.clear()
+            if self.follower is not None:
+                self.follower.connection_lost()
+            if writer is not None:
+                self._outbox_ready.set()
+                writer.join(1.0)
+                writer.kill(block=False)
+            for closing in (pubsub, subscriber, publisher):
+                try:
+                    closing.close()
+                except Exception:  # already broken: nothing left to release
+                    logger.debug("closing a Redis connection failed", exc_info=True)
+
+    def _subscribed_now(self) -> None:
+        """The subscription is confirmed: start afresh and announce ourselves."""
+        self._echoes.clear()
+        self._synced.clear()
+        self._outbox.clear()  # announced again below as positions
+        self._subscribed = True
+        self.connections_made += 1
+        self.backoff.reset()
+        self.send(C.replicate())
+        self._announce_positions()
+        self._up.set()
+
+    # --- reading ---------------------------------------------------------------------
+
+    def _read_loop(self, pubsub: Any) -> None:
+        get_message = pubsub.get_message
+        decoder = C.new_decoder(self.max_line_length)
+        now = time.monotonic()
+        last_heard = last_ping = now
+        while True:
+            if self._lost is not None:
+                raise _Lost(self._lost)
+            message = get_message(timeout=_POLL_SECONDS)
+            now = time.monotonic()
+            if message is not None:
+                last_heard = now
+                lines: list[bytes] = []
+                while message is not None:
+                    if message["type"] == "message":
+                        lines.append(message["data"])
+                        if len(lines) >= _READ_BATCH:
+                            break
+                    message = get_message(timeout=0)
+                if lines:
+                    self._received(decoder, lines)
+                now = time.monotonic()
+            elif now - last_heard > self.ping_timeout:
+                raise _Lost(f"no answer from Redis for {self.ping_timeout:g}s")
+            if now - last_ping >= self.ping_interval:
+                pubsub.ping()  # answered on the subscription, which counts as hearing
+                last_ping = now
+
+    def _received(self, decoder: Any, lines: list[bytes]) -> None:
+        echoes = self._echoes
+        if len(echoes):
+            lines = [line for line in lines if line.startswith(_NAMED_BY_WRITER) or not echoes.is_echo(line)]
+            if not lines:
+                return
+        try:
+            commands = decoder.feed(b"\n".join(lines) + b"\n")
+        except ProtocolError as exc:
+            # Another process's bad line hurts nobody else: say so and go on with
+            # the good ones (the same lines the reference would act on).
+            logger.warning("ignoring a replication message from Redis: %s", exc)
+            commands = exc.commands
+        for item in C.group_rdata(commands):
+            if type(item) is tuple:
+                self._on_rdata_run(*item)
+            else:
+                self._dispatch(item)
+
+    def _on_rdata_run(self, stream: str, instance: str, token: int | None, commands: list[Any]) -> None:
+        if instance == self.instance_name or self.follower is None:
+            return
+        if (stream, instance) not in self._synced:
+            # Until this writer's POSITION arrives we do not know what came before
+            # these rows; that POSITION fills everything up to it from the database.
+            return
+        self.follower.on_rdata_run(stream, instance, token, commands)
+
+    def _dispatch(self, command: Any) -> None:
+        name = command.NAME
+        if name == "POSITION":
+            self._on_position(command)
+        elif name == "REPLICATE":
+            self._announce_positions()
+        elif name in ("PING", "SERVER", "NAME"):
+            pass  # TCP greetings and keepalive mean nothing on Redis
+        elif name == "ERROR":
+            logger.warning("a replication peer said ERROR %s", C.error_message(command))
+        elif self.on_command is not None:
+            self.on_command(command)
+
+    def _on_position(self, command: Any) -> None:
+        stream, instance = command.stream_name, command.instance_name
+        if instance == self.instance_name:
+            return
+        key = (stream, instance)
+        self._synced.add(key)
+        follower = self.follower
+        if follower is None or not follower.follows(stream):
+            return
+        prev, new = command.prev_token, command.new_token
+        if stream in self._fillable:
+            follower.on_position(stream, instance, prev, new)
+            return
+        base = follower.positions.get(key)
+        if base is None:
+            base = follower.start_from.get(key, follower.start_from.get(stream))
+        if base is not None and prev > base and self.on_unfilled_gap is not None:
+            self.on_unfilled_gap(stream, instance, base, prev)
+        # Nothing to fill from: go on from the writer's position.
+        if base is None or new > base:
+            follower.positions[key] = new
+
+    # --- writing ---------------------------------------------------------------------
+
+    def _announce_positions(self) -> None:
+        if self.writer_positions is None:
+            return
+        for stream, instance, token in self.writer_positions():
+            self.send(C.position(stream, instance, token, token))
+
+    def send(self, command: Any) -> bool:
+        """Publish any command now if subscribed; False otherwise."""
+        if not self._subscribed:
+            return False
+        payload = command.to_bytes()
+        if not payload.startswith(_NAMED_BY_WRITER):
+            self._echoes.published(payload)
+        return self._queue([(channel_for(command.NAME, self.server_name), payload)])
+
+    def announce(self, stream: str, instance: str, rows: Sequence[tuple[int, bytes]]) -> bool:
+        """Publish rows ``(token, row_json)`` this process committed (token order).
+
+        Returns False when not subscribed: the next subscription announces the
+        persisted position instead, and readers fill the rest from the database.
+        """
+        if not self._subscribed or not rows:
+            return False
+        channel = self.server_name
+        return self._queue([(channel, line[:-1]) for line in C.rdata_line_list(stream, instance, rows)])
+
+    def announce_position(self, stream: str, instance: str, prev_token: int, new_token: int) -> bool:
+        """Announce that a writer moved from *prev_token* to *new_token* with no rows."""
+        return self.send(C.position(stream, instance, prev_token, new_token))
+
+    def _queue(self, messages: list[tuple[str, bytes]]) -> bool:
+        outbox = self._outbox
+        if len(outbox) + len(messages) > self.max_queued_commands:
+            # Redis cannot keep up with us: start over; the new subscription
+            # announces our positions and readers fill the rest from the database.
+            self._lost = f"more than {self.max_queued_commands} commands waiting to be published"
+            outbox.clear()
+            return False
+        outbox.extend(messages)
+        self._outbox_ready.set()
+        return True
+
+    def _publish_loop(self, publisher: Any) -> None:
+        ready = self._outbox_ready
+        last_sent = time.monotonic()
+        try:
+            while self._lost is None:
+                if not self._outbox:
+                    ready.clear()
+                    ready.wait(self.ping_interval)
+                if self._lost is not None:
+                    return
+                batch = self._outbox
+                if not batch:
+                    if time.monotonic() - last_sent >= self.ping_interval:
+                        publisher.ping()
+                        last_sent = time.monotonic()
+                    continue
+                self._outbox = []
+                self._publishing = True
+                pipe = publisher.pipeline(transaction=False)
+                publish = pipe.publish
+                for channel, payload in batch:
+                    publish(channel, payload)
+                pipe.execute()
+                self._publishing = False
+                last_sent = time.monotonic()
+        except Exception as exc:
+            if self._lost is None:
+                self._lost = f"publishing failed ({type(exc).__name__}: {exc})"
+        finally:
+            self._publishing = False
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until subscribed with nothing left to publish (True), or *timeout*."""
+        with gevent.Timeout(timeout, False):
+            while True:
+                if self._subscribed and not self._outbox and not self._publishing:
+                    return True
+                gevent.sleep(0.005)
+        return False
