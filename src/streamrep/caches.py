@@ -15,9 +15,10 @@ It invalidates the room key of every cache registered with
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Hashable, Iterable, Protocol, Sequence, TypeVar
+from typing import Any, Callable, Hashable, Iterable, Protocol, Sequence, TypeVar
+
+from streamrep.lru import Lru
 
 __all__ = [
     "CURRENT_STATE_CACHE_NAME",
@@ -49,59 +50,40 @@ def _freeze(value: Any) -> Hashable:
     return value  # type: ignore[no-any-return]
 
 
-class LruCache(Generic[V]):
-    """A bounded least-recently-used cache keyed by argument tuples.
+class LruCache(Lru[tuple[Any, ...], V]):
+    """A bounded least-recently-used cache keyed by argument tuples, which the
+    registry can invalidate (:class:`streamrep.lru.Lru` with the invalidation
+    protocol).
 
     ``get_or_compute(key, compute)`` is the usual entry point; invalidation
     drops one key or everything.
     """
 
+    __slots__ = ("invalidations",)
+
     def __init__(self, name: str, max_entries: int = 10_000) -> None:
-        if max_entries < 1:
-            raise ValueError("max_entries must be at least 1")
-        self.name = name
-        self.max_entries = max_entries
-        self._entries: OrderedDict[tuple[Any, ...], V] = OrderedDict()
+        super().__init__(name, max_entries)
         self.invalidations = 0
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __contains__(self, key: tuple[Any, ...]) -> bool:
-        return key in self._entries
-
-    def get(self, key: tuple[Any, ...], default: V | None = None) -> V | None:
-        """The cached value for *key*, or *default*."""
-        try:
-            value = self._entries[key]
-        except KeyError:
-            return default
-        self._entries.move_to_end(key)
-        return value
 
     def set(self, key: tuple[Any, ...], value: V) -> None:
         """Store *value* under *key*, evicting the least recently used entry if full."""
-        self._entries[key] = value
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
+        self.put(key, value)
 
     def get_or_compute(self, key: tuple[Any, ...], compute: Callable[[], V]) -> V:
         """The cached value for *key*, computing and storing it on a miss."""
-        if key in self._entries:
-            self._entries.move_to_end(key)
-            return self._entries[key]
+        if key in self:
+            return self.get(key)  # type: ignore[return-value]
         value = compute()
-        self.set(key, value)
+        self.put(key, value)
         return value
 
     def invalidate(self, key: tuple[Any, ...]) -> None:
         self.invalidations += 1
-        self._entries.pop(key, None)
+        self.pop(key)
 
     def invalidate_all(self) -> None:
         self.invalidations += 1
-        self._entries.clear()
+        self.clear()
 
 
 @dataclass

@@ -18,7 +18,7 @@ import orjson
 
 from streamrep import _impl
 from streamrep.db import Transaction
-from streamrep.events.lru import Lru
+from streamrep.lru import Lru
 from streamrep.events.resolver import StateKey, StateResolver, conflicted_ids
 from streamrep.events.state import (EMPTY_STATE, GroupState, StateGroupStore, StateOverlay,
                                     mutable_copy)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Mapping
 from streamrep import _impl
 from streamrep.db import Transaction
 from streamrep.errors import StateCorruptionError
-from streamrep.events.lru import Lru
+from streamrep.lru import Lru
 from streamrep.events.resolver import StateKey
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from streamrep import _impl
 from streamrep.db import Database, Transaction
 from streamrep.errors import EventNotFoundError, InvalidEventError, InvalidTokenError
 from streamrep.events import schema
-from streamrep.events.lru import Lru
+from streamrep.lru import Lru
 from streamrep.events.persist import (
     GeneratorAllocator,
     PersistOutcome,

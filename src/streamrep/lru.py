@@ -1,4 +1,5 @@
-"""A small bounded least-recently-used mapping for the event store's caches."""
+"""The one bounded least-recently-used mapping: the event store's caches and the
+worker-side named caches (:class:`streamrep.caches.LruCache`) are built on it."""
 
 from __future__ import annotations
 
@@ -45,18 +46,21 @@ class Lru(Generic[K, V]):
     def __contains__(self, key: K) -> bool:
         return key in self._data
 
-    def get(self, key: K) -> V | None:
+    def get(self, key: K, default: V | None = None) -> V | None:
+        """The value of *key* (now the most recently used), or *default*."""
         data = self._data
         try:
             value = data[key]
         except KeyError:
             self.misses += 1
-            return None
+            return default
         data.move_to_end(key)
         self.hits += 1
         return value
 
     def put(self, key: K, value: V) -> None:
+        """Store *value* under *key*, evicting the least recently used entries
+        beyond the bounds."""
         data = self._data
         weigh = self._weigh
         if weigh is not None:
@@ -99,10 +103,12 @@ class Lru(Generic[K, V]):
             pop(key, None)
 
     def pop(self, key: K) -> None:
+        """Drop *key* if present."""
         value = self._data.pop(key, None)
         if value is not None and self._weigh is not None:
             self._weight -= self._weigh(value)
 
     def clear(self) -> None:
+        """Drop every entry."""
         self._data.clear()
         self._weight = 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamrep.events.lru import Lru
+from streamrep.lru import Lru
 
 
 def test_evicts_least_recently_used_by_count():
