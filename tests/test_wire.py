@@ -107,6 +107,7 @@ def test_commands_map(wire: ModuleType) -> None:
             "SERVER", "RDATA", "POSITION", "ERROR", "PING", "NAME", "REPLICATE",
             "USER_SYNC", "CLEAR_USER_SYNC", "FEDERATION_ACK", "USER_IP",
             "REMOTE_SERVER_UP", "LOCK_RELEASED", "NEW_ACTIVE_TASK", "CANCEL_TASK",
+            "AUTH_CHALLENGE", "AUTH_RESPONSE", "AUTH_OK",
         ]
     )
     for name, cls in wire.COMMANDS.items():

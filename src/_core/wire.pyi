@@ -19,6 +19,9 @@ __all__ = [
     "LockReleasedCommand",
     "NewActiveTaskCommand",
     "CancelTaskCommand",
+    "AuthChallengeCommand",
+    "AuthResponseCommand",
+    "AuthOkCommand",
     "COMMANDS",
     "DEFAULT_MAX_LINE_LENGTH",
     "parse_line",
@@ -162,6 +165,25 @@ class LockReleasedCommand(Command):
     def lock_name(self) -> str: ...
     @property
     def lock_key(self) -> str: ...
+
+class AuthChallengeCommand(Command):
+    def __init__(self, nonce: str) -> None: ...
+    @property
+    def nonce(self) -> str: ...
+
+class AuthResponseCommand(Command):
+    def __init__(self, instance_name: str, nonce: str, proof: str) -> None: ...
+    @property
+    def instance_name(self) -> str: ...
+    @property
+    def nonce(self) -> str: ...
+    @property
+    def proof(self) -> str: ...
+
+class AuthOkCommand(Command):
+    def __init__(self, proof: str) -> None: ...
+    @property
+    def proof(self) -> str: ...
 
 COMMANDS: dict[str, type[Command]]
 

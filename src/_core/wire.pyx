@@ -68,6 +68,9 @@ cdef enum CommandKind:
     CMD_LOCK_RELEASED
     CMD_NEW_ACTIVE_TASK
     CMD_CANCEL_TASK
+    CMD_AUTH_CHALLENGE
+    CMD_AUTH_RESPONSE
+    CMD_AUTH_OK
 
 
 # --- small C helpers --------------------------------------------------------------
@@ -225,9 +228,13 @@ cdef CommandKind _kind(const char* p, Py_ssize_t n) noexcept nogil:
     elif n == 7:
         if memcmp(p, b"USER_IP", 7) == 0:
             return CMD_USER_IP
+        if memcmp(p, b"AUTH_OK", 7) == 0:
+            return CMD_AUTH_OK
     elif n == 14:
         if memcmp(p, b"FEDERATION_ACK", 14) == 0:
             return CMD_FEDERATION_ACK
+        if memcmp(p, b"AUTH_CHALLENGE", 14) == 0:
+            return CMD_AUTH_CHALLENGE
     elif n == 15:
         if memcmp(p, b"CLEAR_USER_SYNC", 15) == 0:
             return CMD_CLEAR_USER_SYNC
@@ -239,6 +246,8 @@ cdef CommandKind _kind(const char* p, Py_ssize_t n) noexcept nogil:
     elif n == 13:
         if memcmp(p, b"LOCK_RELEASED", 13) == 0:
             return CMD_LOCK_RELEASED
+        if memcmp(p, b"AUTH_RESPONSE", 13) == 0:
+            return CMD_AUTH_RESPONSE
     elif n == 11:
         if memcmp(p, b"CANCEL_TASK", 11) == 0:
             return CMD_CANCEL_TASK
@@ -1162,6 +1171,52 @@ cdef class LockReleasedCommand(Command):
         self._line = b"LOCK_RELEASED " + encode_row([instance_name, lock_name, lock_key])
 
 
+cdef class AuthChallengeCommand(Command):
+    """``AUTH_CHALLENGE <nonce>``: the hub asks for proof of the shared secret
+    (server to client, before ``NAME``)."""
+
+    cdef readonly str nonce
+
+    NAME = "AUTH_CHALLENGE"
+    FIELDS = ("nonce",)
+
+    def __init__(self, str nonce):
+        self.nonce = _word(nonce, "nonce")
+        self._line = _join(b"AUTH_CHALLENGE", (nonce,))
+
+
+cdef class AuthResponseCommand(Command):
+    """``AUTH_RESPONSE <instance_name> <nonce> <proof>``: the instance a peer speaks
+    for, its nonce and its proof of the shared secret (client to server)."""
+
+    cdef readonly str instance_name
+    cdef readonly str nonce
+    cdef readonly str proof
+
+    NAME = "AUTH_RESPONSE"
+    FIELDS = ("instance_name", "nonce", "proof")
+
+    def __init__(self, str instance_name, str nonce, str proof):
+        self.instance_name = _word(instance_name, "instance_name")
+        self.nonce = _word(nonce, "nonce")
+        self.proof = _word(proof, "proof")
+        self._line = _join(b"AUTH_RESPONSE", (instance_name, nonce, proof))
+
+
+cdef class AuthOkCommand(Command):
+    """``AUTH_OK <proof>``: the hub accepted the peer's proof and proves it holds the
+    shared secret too (server to client)."""
+
+    cdef readonly str proof
+
+    NAME = "AUTH_OK"
+    FIELDS = ("proof",)
+
+    def __init__(self, str proof):
+        self.proof = _word(proof, "proof")
+        self._line = _join(b"AUTH_OK", (proof,))
+
+
 #: Every command class by its wire name, in the declared order
 #: (streamrep.wire_commands.COMMAND_SET; a class that drifts fails at import).
 COMMANDS = command_table((
@@ -1180,6 +1235,9 @@ COMMANDS = command_table((
     LockReleasedCommand,
     NewActiveTaskCommand,
     CancelTaskCommand,
+    AuthChallengeCommand,
+    AuthResponseCommand,
+    AuthOkCommand,
 ))
 
 
@@ -1237,6 +1295,9 @@ cdef object _parse(const char* p, Py_ssize_t n, object line_obj):
     cdef FederationAckCommand fed_ack
     cdef UserIpCommand user_ip
     cdef LockReleasedCommand lock
+    cdef AuthChallengeCommand challenge
+    cdef AuthResponseCommand response
+    cdef AuthOkCommand auth_ok
     cdef object value
     cdef bint syncing
     if name_end is NULL:
@@ -1402,6 +1463,34 @@ cdef object _parse(const char* p, Py_ssize_t n, object line_obj):
         lock.lock_name = value[1]
         lock.lock_key = value[2]
         return lock
+
+    if kind == CMD_AUTH_CHALLENGE or kind == CMD_AUTH_OK:
+        # One word: the rest of the line, non-empty and without a space.
+        if a == end or _next_space(a, end) is not NULL:
+            return None
+        if kind == CMD_AUTH_OK:
+            auth_ok = AuthOkCommand.__new__(AuthOkCommand)
+            auth_ok._line = _line_bytes(line_obj, p, n)
+            auth_ok.proof = _decode(a, end - a)
+            return auth_ok
+        challenge = AuthChallengeCommand.__new__(AuthChallengeCommand)
+        challenge._line = _line_bytes(line_obj, p, n)
+        challenge.nonce = _decode(a, end - a)
+        return challenge
+
+    if kind == CMD_AUTH_RESPONSE:
+        s1 = _next_space(a, end)
+        if s1 is NULL or s1 == a:
+            return None
+        s2 = _next_space(s1 + 1, end)
+        if s2 is NULL or s2 == s1 + 1 or s2 + 1 == end or _next_space(s2 + 1, end) is not NULL:
+            return None
+        response = AuthResponseCommand.__new__(AuthResponseCommand)
+        response._line = _line_bytes(line_obj, p, n)
+        response.instance_name = _decode(a, s1 - a)
+        response.nonce = _decode(s1 + 1, s2 - s1 - 1)
+        response.proof = _decode(s2 + 1, end - s2 - 1)
+        return response
     return None
 
 

@@ -43,6 +43,9 @@ RemoteServerUpCommand = _core_wire.RemoteServerUpCommand
 LockReleasedCommand = _core_wire.LockReleasedCommand
 NewActiveTaskCommand = _core_wire.NewActiveTaskCommand
 CancelTaskCommand = _core_wire.CancelTaskCommand
+AuthChallengeCommand = _core_wire.AuthChallengeCommand
+AuthResponseCommand = _core_wire.AuthResponseCommand
+AuthOkCommand = _core_wire.AuthOkCommand
 
 #: Every command class by its wire name (``"RDATA"`` -> :class:`RdataCommand`, ...).
 COMMANDS = _core_wire.COMMANDS
@@ -61,6 +64,9 @@ __all__ = [
     "COMPILED",
     "COMMANDS",
     "DEFAULT_MAX_LINE_LENGTH",
+    "AuthChallengeCommand",
+    "AuthOkCommand",
+    "AuthResponseCommand",
     "CancelTaskCommand",
     "ClearUserSyncCommand",
     "Command",

@@ -133,6 +133,12 @@ COMMAND_SET: tuple[CommandSpec, ...] = (
           "a named lock was released"),
     _spec("NEW_ACTIVE_TASK", _TEXT, None, "SC", "a scheduled task became active"),
     _spec("CANCEL_TASK", _TEXT, None, "SC", "cancel a running scheduled task"),
+    _spec("AUTH_CHALLENGE", (("nonce", "word"),), None, "S",
+          "the hub's nonce for the shared-secret handshake, before NAME"),
+    _spec("AUTH_RESPONSE", (("instance_name", "word"), ("nonce", "word"), ("proof", "word")),
+          None, "C", "the instance a peer speaks for, its nonce and its proof of the secret"),
+    _spec("AUTH_OK", (("proof", "word"),), None, "S",
+          "the hub accepted the peer and proves it holds the secret too"),
 )
 
 #: Every command's declaration by wire name.

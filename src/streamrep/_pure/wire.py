@@ -44,6 +44,9 @@ __all__ = [
     "LockReleasedCommand",
     "NewActiveTaskCommand",
     "CancelTaskCommand",
+    "AuthChallengeCommand",
+    "AuthResponseCommand",
+    "AuthOkCommand",
     "COMMANDS",
     "DEFAULT_MAX_LINE_LENGTH",
     "parse_line",
@@ -796,6 +799,105 @@ def _str(value: Any, field: str) -> str:
     return value
 
 
+class AuthChallengeCommand(Command):
+    """``AUTH_CHALLENGE <nonce>``: the hub asks for proof of the shared secret
+    (server to client, before ``NAME``)."""
+
+    __slots__ = ("_nonce",)
+    NAME = "AUTH_CHALLENGE"
+    FIELDS = ("nonce",)
+
+    def __init__(self, nonce: str) -> None:
+        self._nonce = _word(nonce, "nonce")
+        self._line = _join(b"AUTH_CHALLENGE", nonce)
+
+    @property
+    def nonce(self) -> str:
+        """The hub's fresh nonce, hex."""
+        return self._nonce
+
+    @classmethod
+    def _parse(cls, line: bytes, args: bytes) -> AuthChallengeCommand:
+        (nonce,) = _split_words(args, 1, "AUTH_CHALLENGE", "<nonce>")
+        if not nonce or b" " in nonce:
+            raise MalformedCommandError("AUTH_CHALLENGE expects <nonce>")
+        self = cls.__new__(cls)
+        self._line = line
+        self._nonce = nonce.decode("utf-8")
+        return self
+
+
+class AuthResponseCommand(Command):
+    """``AUTH_RESPONSE <instance_name> <nonce> <proof>``: the instance a peer speaks
+    for, its nonce and its proof of the shared secret (client to server)."""
+
+    __slots__ = ("_instance_name", "_nonce", "_proof")
+    NAME = "AUTH_RESPONSE"
+    FIELDS = ("instance_name", "nonce", "proof")
+    _USAGE = "<instance_name> <nonce> <proof>"
+
+    def __init__(self, instance_name: str, nonce: str, proof: str) -> None:
+        self._instance_name = _word(instance_name, "instance_name")
+        self._nonce = _word(nonce, "nonce")
+        self._proof = _word(proof, "proof")
+        self._line = _join(b"AUTH_RESPONSE", instance_name, nonce, proof)
+
+    @property
+    def instance_name(self) -> str:
+        """The instance the peer will name itself in ``NAME``."""
+        return self._instance_name
+
+    @property
+    def nonce(self) -> str:
+        """The peer's fresh nonce, hex."""
+        return self._nonce
+
+    @property
+    def proof(self) -> str:
+        """The peer's HMAC proof, hex."""
+        return self._proof
+
+    @classmethod
+    def _parse(cls, line: bytes, args: bytes) -> AuthResponseCommand:
+        instance, nonce, proof = _split_words(args, 3, "AUTH_RESPONSE", cls._USAGE)
+        if not proof or b" " in proof:
+            raise MalformedCommandError(f"AUTH_RESPONSE expects {cls._USAGE}")
+        self = cls.__new__(cls)
+        self._line = line
+        self._instance_name = instance.decode("utf-8")
+        self._nonce = nonce.decode("utf-8")
+        self._proof = proof.decode("utf-8")
+        return self
+
+
+class AuthOkCommand(Command):
+    """``AUTH_OK <proof>``: the hub accepted the peer's proof and proves it holds the
+    shared secret too (server to client)."""
+
+    __slots__ = ("_proof",)
+    NAME = "AUTH_OK"
+    FIELDS = ("proof",)
+
+    def __init__(self, proof: str) -> None:
+        self._proof = _word(proof, "proof")
+        self._line = _join(b"AUTH_OK", proof)
+
+    @property
+    def proof(self) -> str:
+        """The hub's HMAC proof, hex."""
+        return self._proof
+
+    @classmethod
+    def _parse(cls, line: bytes, args: bytes) -> AuthOkCommand:
+        (proof,) = _split_words(args, 1, "AUTH_OK", "<proof>")
+        if not proof or b" " in proof:
+            raise MalformedCommandError("AUTH_OK expects <proof>")
+        self = cls.__new__(cls)
+        self._line = line
+        self._proof = proof.decode("utf-8")
+        return self
+
+
 #: Every command class by its wire name, in the declared order
 #: (:data:`streamrep.wire_commands.COMMAND_SET`; a class that drifts fails here).
 COMMANDS: dict[str, type[Command]] = command_table(
@@ -815,6 +917,9 @@ COMMANDS: dict[str, type[Command]] = command_table(
         LockReleasedCommand,
         NewActiveTaskCommand,
         CancelTaskCommand,
+        AuthChallengeCommand,
+        AuthResponseCommand,
+        AuthOkCommand,
     )
 )
 

@@ -35,6 +35,9 @@ __all__ = [
     "rdata_lines",
     "rdata_line_list",
     "clear_user_sync",
+    "auth_challenge",
+    "auth_response",
+    "auth_ok",
     "error_message",
     "group_rdata",
     "rdata_rows",
@@ -102,6 +105,18 @@ def rdata(stream: str, instance: str, token: int | None, row_json: bytes) -> wir
 
 def clear_user_sync(instance_id: str) -> wire.ClearUserSyncCommand:
     return wire.ClearUserSyncCommand(instance_id)
+
+
+def auth_challenge(nonce: str) -> wire.AuthChallengeCommand:
+    return wire.AuthChallengeCommand(nonce)
+
+
+def auth_response(instance_name: str, nonce: str, proof: str) -> wire.AuthResponseCommand:
+    return wire.AuthResponseCommand(instance_name, nonce, proof)
+
+
+def auth_ok(proof: str) -> wire.AuthOkCommand:
+    return wire.AuthOkCommand(proof)
 
 
 def error_message(command: wire.ErrorCommand) -> str:
