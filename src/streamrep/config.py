@@ -60,6 +60,7 @@ __all__ = [
     "InstanceConfig",
     "KeepaliveConfig",
     "LoggingConfig",
+    "RedisConfig",
     "EVENT_STORE_STREAMS",
     "check_ports",
     "config_from_click",
@@ -67,6 +68,7 @@ __all__ = [
     "is_loopback",
     "known_streams",
     "multi_writer_streams",
+    "redis_url_for_display",
     "report_and_exit",
     "stream_catalogue",
     "load_config",
@@ -93,6 +95,7 @@ FLAG_KEYS: Mapping[str, str] = MappingProxyType({
     "--metrics-listen": "metrics_listen",
     "--log-level": "logging.level",
     "--log-format": "logging.format",
+    "--redis": "replication.redis.url",
 })
 _FLAG_OF_KEY = {key: flag for flag, key in FLAG_KEYS.items()}
 
@@ -172,6 +175,15 @@ class BackpressureConfig:
 
 
 @dataclass(frozen=True)
+class RedisConfig:
+    """Replication through Redis pub/sub instead of the hub (``replication.redis``)."""
+
+    #: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://...`` (TLS) or
+    #: ``unix:///path/to/redis.sock``
+    url: str
+
+
+@dataclass(frozen=True)
 class LoggingConfig:
     """Log level and line format (``logfmt`` or ``json``; one line per event)."""
 
@@ -197,6 +209,8 @@ class Config:
     keepalive: KeepaliveConfig = field(default_factory=KeepaliveConfig)
     backpressure: BackpressureConfig = field(default_factory=BackpressureConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    #: Replication through Redis (``replication.redis``), None: through the hub.
+    redis: RedisConfig | None = None
     #: The file it came from, if any.
     source: str | None = None
 
@@ -333,8 +347,11 @@ def _set_dotted(data: dict[str, Any], key: str, value: object) -> None:
 
 _TOP_KEYS = (
     "server_name", "database", "listen", "instance_name", "instance_map", "stream_writers",
-    "metrics_listen", "keepalive", "backpressure", "logging",
+    "metrics_listen", "keepalive", "backpressure", "logging", "replication",
 )
+_REPLICATION_KEYS = ("redis",)
+_REDIS_KEYS = ("url",)
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
 _INSTANCE_KEYS = ("host", "port", "metrics_listen")
 _KEEPALIVE_KEYS = ("ping_interval", "timeout")
 _BACKPRESSURE_KEYS = ("max_queue", "max_line_length")
@@ -402,6 +419,61 @@ def _database(value: object, problems: _Problems) -> str:
     else:
         problems.add("database", f"unsupported database scheme {scheme!r} in {value!r}", fix)
     return value
+
+
+def redis_url_for_display(url: str) -> str:
+    """*url* with its password (if any) replaced by ``***``."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return url
+    masked = url
+    if password is not None:
+        host = parts.netloc.rpartition("@")[2]
+        masked = urlunsplit((parts.scheme, f"{parts.username or ''}:***@{host}", parts.path,
+                             parts.query, parts.fragment))
+    if "password=" in parts.query:
+        masked = masked.split("?", 1)[0] + "?***"
+    return masked
+
+
+def _redis(data: Mapping[str, Any], problems: _Problems) -> RedisConfig | None:
+    replication = _section(data, "replication", problems)
+    _unknown_keys(replication, _REPLICATION_KEYS, "replication.", problems)
+    raw = replication.get("redis") or {}
+    if not isinstance(raw, dict):
+        problems.add("replication.redis", f"expected a mapping, got {type(raw).__name__}",
+                     "write `url: redis://HOST:PORT` indented under it")
+        return None
+    _unknown_keys(raw, _REDIS_KEYS, "replication.redis.", problems)
+    if not raw:
+        return None
+    url = raw.get("url")
+    shown = redis_url_for_display(url) if isinstance(url, str) else url
+    fix = "write redis://[:PASSWORD@]HOST:PORT, rediss://... for TLS or unix:///PATH/redis.sock"
+    if not isinstance(url, str) or not url:
+        problems.add("replication.redis.url", f"expected a Redis URL, got {url!r}", fix)
+        return None
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        problems.add("replication.redis.url", f"{shown!r} is not a Redis URL ({exc})", fix)
+        return None
+    if parts.scheme not in _REDIS_SCHEMES:
+        problems.add("replication.redis.url", f"unsupported scheme {parts.scheme!r} in {shown!r}", fix)
+    elif parts.scheme == "unix" and not parts.path:
+        problems.add("replication.redis.url", f"{shown!r} names no socket path", fix)
+    elif parts.scheme != "unix" and not parts.hostname:
+        problems.add("replication.redis.url", f"{shown!r} names no host", fix)
+    elif port == 0:
+        problems.add("replication.redis.url", f"{shown!r} has port 0", fix)
+    return RedisConfig(url=url)
 
 
 def _validate(data: dict[str, Any], problems: _Problems, source: str | None) -> Config | None:
@@ -557,6 +629,8 @@ def _validate(data: dict[str, Any], problems: _Problems, source: str | None) -> 
         else:
             bound[addr] = key
 
+    redis = _redis(data, problems)
+
     if problems.lines or listen is None or not isinstance(server_name, str):
         return None
     return Config(
@@ -570,6 +644,7 @@ def _validate(data: dict[str, Any], problems: _Problems, source: str | None) -> 
         keepalive=keepalive,
         backpressure=backpressure,
         logging=LoggingConfig(level=level.upper(), format=fmt),
+        redis=redis,
         source=source,
     )
 

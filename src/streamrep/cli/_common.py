@@ -25,6 +25,18 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
+def use_cooperative_sockets() -> None:
+    """Make the sockets of blocking libraries (redis-py's) cooperative under gevent.
+
+    Called by a command as soon as it knows it replicates through Redis, before any
+    Redis connection exists.
+    """
+    from gevent import monkey
+
+    if not monkey.is_module_patched("socket"):
+        monkey.patch_all()
+
+
 def parse_connect(value: str) -> tuple[str, int]:
     """``HOST:PORT`` to a tuple, or a click usage error naming the flag."""
     try:
@@ -48,10 +60,12 @@ class PeerSettings:
     default_writer: str | None = None
     #: keepalive and backpressure (the configuration's, or the defaults)
     connection: ConnectionSettings = field(default_factory=ConnectionSettings)
+    #: replicate through this Redis server instead of the hub
+    redis_url: str | None = None
 
 
 def peer_settings(config_path: str | None, connect: str | None, db: str | None,
-                  server_name: str | None) -> PeerSettings:
+                  server_name: str | None, redis: str | None = None) -> PeerSettings:
     """Settings of a process that connects to the hub: flags, else the configuration file.
 
     With ``--config`` the hub's address, the database, the server name and the stream
@@ -59,12 +73,16 @@ def peer_settings(config_path: str | None, connect: str | None, db: str | None,
     A configuration problem prints one line per problem and exits with status 2.
     """
     if config_path is None:
+        if redis is not None:
+            _check_redis_url(redis)
+            host, port = parse_connect(connect) if connect is not None else ("", 0)
+            return PeerSettings(host, port, db, server_name, redis_url=redis)
         if connect is None:
-            raise click.UsageError("give --connect HOST:PORT (or --config FILE)")
+            raise click.UsageError("give --connect HOST:PORT, --redis URL or --config FILE")
         host, port = parse_connect(connect)
         return PeerSettings(host, port, db, server_name)
     try:
-        config = load_config(config_path, {})
+        config = load_config(config_path, {"replication.redis.url": redis})
     except ConfigError as exc:
         report_and_exit(exc)
         raise  # unreachable: report_and_exit exits
@@ -79,4 +97,13 @@ def peer_settings(config_path: str | None, connect: str | None, db: str | None,
         stream_writers={name: list(ws) for name, ws in config.stream_writers.items()},
         default_writer=config.instance_name,
         connection=ConnectionSettings.from_config(config),
+        redis_url=config.redis.url if config.redis is not None else None,
     )
+
+
+def _check_redis_url(url: str) -> None:
+    """A ``--redis`` URL given without a configuration file, checked as the file's."""
+    try:
+        load_config(None, {"server_name": "check.invalid", "replication.redis.url": url})
+    except ConfigError as exc:
+        report_and_exit(exc)

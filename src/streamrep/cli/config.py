@@ -33,5 +33,10 @@ def check_config(path: str, instance: str | None, no_port_check: bool) -> None:
     if not is_loopback(config.listen):
         click.echo(f"  note: {config.listen} accepts replication connections from other "
                    "machines; the protocol has no authentication, so firewall it")
+    if config.redis is not None:
+        from streamrep.config import redis_url_for_display
+
+        click.echo(f"  replication through Redis at {redis_url_for_display(config.redis.url)}, "
+                   f"channel {config.server_name}")
     for stream in sorted(config.stream_writers):
         click.echo(f"  {stream}: written by {', '.join(config.stream_writers[stream])}")

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from streamrep.cli._common import freeze_startup_heap, peer_settings
+from streamrep.cli._common import freeze_startup_heap, peer_settings, use_cooperative_sockets
 from streamrep.config import config_option
 
 
@@ -33,6 +33,9 @@ def parse_from(value: str | None) -> dict[Any, int]:
 @click.command()
 @config_option
 @click.option("--connect", default=None, help="HOST:PORT of the hub (default: the configuration's listen).")
+@click.option("--redis", "redis_url", default=None, metavar="URL",
+              help="Follow through Redis pub/sub instead of the hub (redis://, rediss:// or "
+                   "unix://; needs --server-name, the deployment's channel).")
 @click.option("--stream", "stream_names", multiple=True, help="Stream to follow (repeatable; default all).")
 @click.option("--from", "from_token", default=None,
               help="Start after this token (or INSTANCE=TOKEN,...); default: from now on.")
@@ -41,14 +44,23 @@ def parse_from(value: str | None) -> dict[Any, int]:
               help="Database URL, to catch up from the database directly (with --config: its database).")
 @click.option("--server-name", default=None, help="Expected SERVER name of the hub.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Exit after this many facts.")
-def tail(config_path: str | None, connect: str | None, stream_names: tuple[str, ...], from_token: str | None, name: str,
-         db: str | None, server_name: str | None, limit: int | None) -> None:
+def tail(config_path: str | None, connect: str | None, redis_url: str | None, stream_names: tuple[str, ...],
+         from_token: str | None, name: str, db: str | None, server_name: str | None, limit: int | None) -> None:
     """Follow streams and print each fact as one JSON object per line.
 
     Keys: ``stream``, ``instance``, ``token``, ``row`` (one line per row; rows of one
     fact share the token). Status goes to stderr. Every fact is printed exactly once
     and in order per writer, across reconnections.
+
+    With ``--redis`` it follows a deployment that replicates through Redis (streamrep's
+    or the reference implementation's) read-only. Without ``--db`` it cannot fetch
+    facts it missed while Redis was unreachable; it says so once on stderr.
     """
+    settings = peer_settings(config_path, connect, db, server_name, redis_url)
+    if settings.redis_url is not None:
+        if settings.server_name is None:
+            raise click.UsageError("--redis needs --server-name NAME (the deployment's Redis channel)")
+        use_cooperative_sockets()
     import gevent
     import gevent.event
     import orjson
@@ -56,7 +68,6 @@ def tail(config_path: str | None, connect: str | None, stream_names: tuple[str, 
     import streamrep.events.streams  # noqa: F401  (registers the events and backfill streams)
     from streamrep.replication import ReplicationClient
 
-    settings = peer_settings(config_path, connect, db, server_name)
     host, port, db, server_name = settings.host, settings.port, settings.database, settings.server_name
     starts = parse_from(from_token)
     source = None
@@ -97,14 +108,36 @@ def tail(config_path: str | None, connect: str | None, stream_names: tuple[str, 
         if limit is not None and printed["facts"] >= limit:
             done.set()
 
-    client = ReplicationClient(
-        host, port, client_name=name, server_name=server_name, handler=handler, source=source,
-        settings=settings.connection,
-        streams=stream_names or None, start_from=start_from,
-    )
+    client: Any
+    if settings.redis_url is not None:
+        from streamrep.replication.transport.redis import RedisReplication, describe_url
+
+        gaps = {"told": False}
+
+        def unfilled_gap(stream: str, instance: str, from_token: int, to_token: int) -> None:
+            if not gaps["told"]:
+                gaps["told"] = True
+                click.echo(f"tail: missed facts of {stream}/{instance} after token {from_token} "
+                           f"(it is at {to_token}) and cannot fetch them without --db; "
+                           "going on from there", err=True)
+
+        assert server_name is not None
+        client = RedisReplication(
+            settings.redis_url, server_name=server_name, instance_name=name, handler=handler,
+            source=source, streams=stream_names or None, start_from=start_from,
+            on_unfilled_gap=unfilled_gap, ping_interval=settings.connection.ping_interval,
+            ping_timeout=settings.connection.ping_timeout)
+        where = f"Redis {describe_url(settings.redis_url)} channel {server_name}"
+    else:
+        client = ReplicationClient(
+            host, port, client_name=name, server_name=server_name, handler=handler, source=source,
+            settings=settings.connection,
+            streams=stream_names or None, start_from=start_from,
+        )
+        where = f"{host}:{port}"
     for signum in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(signum, done.set)
-    click.echo(f"tail: following {', '.join(stream_names) or 'every stream'} on {host}:{port}", err=True)
+    click.echo(f"tail: following {', '.join(stream_names) or 'every stream'} on {where}", err=True)
     client.start()
     freeze_startup_heap()
     try:

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import click
 
-from streamrep.cli._common import freeze_startup_heap, peer_settings
+from streamrep.cli._common import freeze_startup_heap, peer_settings, use_cooperative_sockets
 from streamrep.config import config_option
 
 #: Streams ``write`` can fill with synthetic facts.
@@ -32,6 +32,8 @@ def _fact_writer(streams: Any, stream: str, instance: str, rows_per_fact: int) -
 @click.command()
 @config_option
 @click.option("--connect", default=None, help="HOST:PORT of the hub (default: the configuration's listen).")
+@click.option("--redis", "redis_url", default=None, metavar="URL",
+              help="Publish through Redis pub/sub instead of the hub (needs --server-name).")
 @click.option("--db", "db", default=None, help="Database URL shared with the hub (default: the configuration's).")
 @click.option("--instance-name", required=True, help="This writer's instance name.")
 @click.option("--stream", required=True, help=f"Stream to write ({', '.join(WRITABLE_STREAMS)}).")
@@ -43,14 +45,22 @@ def _fact_writer(streams: Any, stream: str, instance: str, rows_per_fact: int) -
 @click.option("--server-name", default=None, help="Expected SERVER name of the hub.")
 @click.option("--announce-timeout", type=float, default=600.0, show_default=True,
               help="Seconds to wait for the hub once everything is persisted.")
-def write(config_path: str | None, connect: str | None, db: str | None, instance_name: str, stream: str, count: int, rate: float,
+def write(config_path: str | None, connect: str | None, redis_url: str | None, db: str | None, instance_name: str, stream: str, count: int, rate: float,
           rows_per_fact: int, server_name: str | None, announce_timeout: float) -> None:
     """Persist COUNT synthetic facts on STREAM as INSTANCE-NAME and announce them.
 
     Facts keep being persisted while the hub is unreachable; on reconnection the
     writer announces its position and the hub fills in what it missed from the
     database. Exits 0 once every fact is persisted and announced.
+
+    With ``--redis`` there is no hub: the writer publishes its facts itself and
+    readers fill what they missed from the database.
     """
+    settings = peer_settings(config_path, connect, db, server_name, redis_url)
+    if settings.redis_url is not None:
+        if settings.server_name is None:
+            raise click.UsageError("--redis needs --server-name NAME (the deployment's Redis channel)")
+        use_cooperative_sockets()
     import gevent
 
     from streamrep.db import open_database
@@ -58,7 +68,6 @@ def write(config_path: str | None, connect: str | None, db: str | None, instance
     from streamrep.replication.registry_source import RegistrySource
     from streamrep.streams import Streams
 
-    settings = peer_settings(config_path, connect, db, server_name)
     host, port, server_name = settings.host, settings.port, settings.server_name
     if settings.database is None:
         raise click.UsageError("give --db URL (or --config FILE)")
@@ -74,11 +83,21 @@ def write(config_path: str | None, connect: str | None, db: str | None, instance
     persist = _fact_writer(streams, stream, instance_name, rows_per_fact)
     announced = {"upto": source.current_token(stream, instance_name)}
 
-    client = ReplicationClient(
-        host, port, client_name=instance_name, server_name=server_name,
-        settings=settings.connection,
-        writer_positions=lambda: [(stream, instance_name, streams.current_token(stream, instance_name))],
-    )
+    positions = lambda: [(stream, instance_name, streams.current_token(stream, instance_name))]  # noqa: E731
+    client: Any
+    if settings.redis_url is not None:
+        from streamrep.replication.transport.redis import RedisReplication
+
+        assert server_name is not None
+        client = RedisReplication(
+            settings.redis_url, server_name=server_name, instance_name=instance_name,
+            writer_positions=positions, ping_interval=settings.connection.ping_interval,
+            ping_timeout=settings.connection.ping_timeout)
+    else:
+        client = ReplicationClient(
+            host, port, client_name=instance_name, server_name=server_name,
+            settings=settings.connection, writer_positions=positions,
+        )
 
     def on_advance(stream_name: str, instance: str, visible: list[int], position: int) -> None:
         if stream_name != stream or instance != instance_name:

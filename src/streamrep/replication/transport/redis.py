@@ -66,14 +66,9 @@ class _Lost(Exception):
 
 def describe_url(url: str) -> str:
     """*url* without its password, for messages."""
-    from urllib.parse import urlsplit, urlunsplit
+    from streamrep.config import redis_url_for_display
 
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rpartition("@")[2]
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit((parts.scheme, user + netloc, parts.path, parts.query, parts.fragment))
+    return redis_url_for_display(url)
 
 
 class RedisReplication:
@@ -199,7 +194,9 @@ class RedisReplication:
                 import redis
 
                 if not isinstance(exc, redis.RedisError):
-                    raise
+                    # The handler or the database failed on a fact: start over, and
+                    # the fact comes again (from the database) after resubscribing.
+                    logger.exception("handling replication from Redis failed")
                 reason = f"{type(exc).__name__}: {exc}"
             else:
                 reason = "closed"
