@@ -30,12 +30,14 @@ import click
               metavar="SECONDS",
               help="Kill the hub with SIGKILL this many seconds into the run and start it "
                    "again: the check must still pass.")
+@click.option("--redis", "redis_url", default=None, metavar="URL",
+              help="Replicate through this Redis server (pub/sub) instead of a hub.")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
                                                case_sensitive=False),
               default="INFO", show_default=True, help="Log level of the child processes.")
 def demo(duration: float, rate: float, rooms: int, workers: int, db: str | None, seed: int,
          workdir: str | None, catch_up_timeout: float, restart_hub_after: float | None,
-         log_level: str) -> None:
+         redis_url: str | None, log_level: str) -> None:
     """Run a hub, a writer persisting a room workload and WORKERS worker processes.
 
     Shows progress while it runs, then a summary: facts written per stream, facts
@@ -45,9 +47,13 @@ def demo(duration: float, rate: float, rooms: int, workers: int, db: str | None,
     from streamrep.demo.runner import DemoOptions, run_demo
     from streamrep.errors import ConfigError
 
+    if redis_url is not None and restart_hub_after is not None:
+        raise click.UsageError("--restart-hub-after restarts the hub; with --redis there is none")
+
     options = DemoOptions(duration=duration, rate=rate, rooms=rooms, workers=workers, db=db,
                           seed=seed, workdir=workdir, catch_up_timeout=catch_up_timeout,
-                          log_level=log_level.upper(), restart_hub_after=restart_hub_after)
+                          log_level=log_level.upper(), restart_hub_after=restart_hub_after,
+                          redis=redis_url)
     try:
         summary = run_demo(options)
     except ConfigError as exc:

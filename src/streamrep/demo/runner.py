@@ -35,7 +35,7 @@ import orjson
 import yaml
 from rich.console import Console
 
-from streamrep.config import Config, load_config
+from streamrep.config import Config, load_config, redis_url_for_display
 from streamrep.demo.processes import Child, StatusLine, free_port, wait_for_port
 from streamrep.demo.report import Progress, Summary, WorkerResult, render_summary
 from streamrep.demo.verify import check_worker, read_facts
@@ -67,6 +67,8 @@ class DemoOptions:
     log_level: str = "INFO"
     #: kill the hub with SIGKILL this many seconds into the run and start it again
     restart_hub_after: float | None = None
+    #: replicate through this Redis server instead of a hub
+    redis: str | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -75,7 +77,7 @@ def _writers_for(db_url: str) -> list[str]:
 
 
 def write_config(path: str, db_url: str, port: int, writers: list[str],
-                 log_level: str) -> None:
+                 log_level: str, redis_url: str | None = None) -> None:
     """The demo deployment's configuration file."""
     stream_writers: dict[str, list[str]] = {s: list(writers) for s in SHARED_STREAMS}
     stream_writers["events"] = [writers[0]]
@@ -91,6 +93,11 @@ def write_config(path: str, db_url: str, port: int, writers: list[str],
         "backpressure": {"max_queue": 100_000},
         "logging": {"level": log_level, "format": "logfmt"},
     }
+    if redis_url is not None:
+        data["replication"] = {"redis": {"url": redis_url}}
+        # The server name is the Redis channel: one of its own per run, so runs
+        # sharing a Redis server never hear each other.
+        data["server_name"] = f"demo-{os.urandom(4).hex()}.example"
     with open(path, "w", encoding="utf-8") as fh:
         fh.write("# written by streamrep demo\n")
         yaml.safe_dump(data, fh, sort_keys=False)
@@ -168,12 +175,13 @@ class _Run:
 
     def start(self) -> bool:
         write_config(self.config_path, self.db_url, self.port, self.writer_names,
-                     self.options.log_level)
+                     self.options.log_level, self.options.redis)
         self.config = load_config(self.config_path, check_ports_of="main")
         # A database used before holds facts already: workers receive them too.
         self.before = read_facts(self.config)
         py = sys.executable
-        if not self._start_hub():
+        # Over Redis there is no hub: writers publish, workers subscribe.
+        if self.options.redis is None and not self._start_hub():
             return False
         # Workers first, so they follow from the very first fact. Processes start one
         # at a time: at startup each records its streams' sequences (table
@@ -408,7 +416,9 @@ def run_demo(options: DemoOptions, console: Console | None = None,
     console = console or _console(stderr=True)
     summary_console = summary_console or _console(stderr=False)
     run = _Run(options, console)
-    console.print(f"streamrep demo: hub on 127.0.0.1:{run.port}, database "
+    transport = (f"through Redis {redis_url_for_display(options.redis)}" if options.redis
+                 else f"hub on 127.0.0.1:{run.port}")
+    console.print(f"streamrep demo: {transport}, database "
                   f"{run.db_url.partition(':')[0]}, writers {', '.join(run.writer_names)}, "
                   f"{options.workers} workers, {options.rooms} rooms, ~{options.rate:g} ops/s "
                   f"for {options.duration:g}s; logs in {run.workdir}",

@@ -82,11 +82,20 @@ class DemoWorker:
         #: (time, events position) snapshots to pick "since" tokens from
         self._history: list[tuple[float, int]] = []
         self.source = demo_source(self.store.db, config.stream_writers, name)
-        self.client = ReplicationClient(
-            config.listen.host, config.listen.port, client_name=name,
-            server_name=config.server_name, handler=self.handle, source=self.source,
-            start_from={stream: 0 for stream in stream_names()},
-            settings=ConnectionSettings.from_config(config))
+        self.client: Any
+        start_from = {stream: 0 for stream in stream_names()}
+        if config.redis is not None:
+            from streamrep.replication.transport.redis import RedisReplication
+
+            self.client = RedisReplication(
+                config.redis.url, server_name=config.server_name, instance_name=name,
+                handler=self.handle, source=self.source, start_from=start_from,
+                ping_interval=config.keepalive.ping_interval, ping_timeout=config.keepalive.timeout)
+        else:
+            self.client = ReplicationClient(
+                config.listen.host, config.listen.port, client_name=name,
+                server_name=config.server_name, handler=self.handle, source=self.source,
+                start_from=start_from, settings=ConnectionSettings.from_config(config))
 
     # --- facts ---------------------------------------------------------------------
 

@@ -79,10 +79,19 @@ class DemoWriter:
         self.visible: list[tuple[str, str, int, float]] = []
         self.written: Counter[str] = Counter()
         self.ops: Counter[str] = Counter()
-        self.client = ReplicationClient(
-            config.listen.host, config.listen.port, client_name=instance,
-            server_name=config.server_name, writer_positions=self._writer_positions,
-            settings=ConnectionSettings.from_config(config))
+        self.client: Any
+        if config.redis is not None:
+            from streamrep.replication.transport.redis import RedisReplication
+
+            self.client = RedisReplication(
+                config.redis.url, server_name=config.server_name, instance_name=instance,
+                writer_positions=self._writer_positions,
+                ping_interval=config.keepalive.ping_interval, ping_timeout=config.keepalive.timeout)
+        else:
+            self.client = ReplicationClient(
+                config.listen.host, config.listen.port, client_name=instance,
+                server_name=config.server_name, writer_positions=self._writer_positions,
+                settings=ConnectionSettings.from_config(config))
 
     # --- positions and announcing ------------------------------------------------------
 
