@@ -57,6 +57,20 @@ class DatabaseConfigError(StreamrepError):
     """A database URL or setup that cannot work (e.g. several writers on SQLite)."""
 
 
+class DatabaseUnavailableError(DatabaseConfigError):
+    """The database could not be reached (or kept dropping the connection) for longer
+    than the retry budget (``reconnect_timeout``); the message names what failed."""
+
+
+class WriterLeaseHeldError(StreamrepError):
+    """Another live process holds the writer lease of this instance on a stream; the
+    message names the holder (host, pid, since when)."""
+
+
+class WriterLeaseLostError(StreamrepError):
+    """This writer's lease expired or was taken over: it must stop writing."""
+
+
 class SchemaVersionError(StreamrepError):
     """The database schema is newer than this version of streamrep understands."""
 

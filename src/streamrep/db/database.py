@@ -12,10 +12,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import sqlite3
-import time
 from collections import deque
 from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
+import gevent
 import gevent.lock
 import psycopg2
 import psycopg2.errors
@@ -24,11 +24,13 @@ import psycopg2.extras
 
 from streamrep import resources
 from streamrep.db.checkpoint import WalCheckpointer
+from streamrep.db import markers
 from streamrep.db.green import make_psycopg_green, suspended_wait_callback
 from streamrep.db.migrations import SchemaComponent, get_component, registered_components
+from streamrep.db.retry import Backoff, first_line, is_busy, is_connection_loss
 from streamrep.db.sql import to_pyformat
 from streamrep.db.url import POSTGRES, SQLITE, DatabaseURL, parse_database_url
-from streamrep.errors import DatabaseConfigError, SchemaVersionError
+from streamrep.errors import DatabaseConfigError, DatabaseUnavailableError, SchemaVersionError
 
 logger = logging.getLogger(__name__)
 
@@ -36,18 +38,26 @@ R = TypeVar("R")
 Row = tuple[Any, ...]
 Params = Sequence[Any]
 
-#: Errors after which a PostgreSQL transaction is simply retried by :meth:`Database.run`.
 #: WAL size (in pages) at which a commit checkpoints inline although a background
 #: checkpointer runs: only reached when that thread falls behind.
 SAFETY_CHECKPOINT_PAGES = 16384
 
+#: Errors after which a PostgreSQL transaction is simply retried by :meth:`Database.run`.
 _PG_RETRYABLE = (psycopg2.errors.SerializationFailure, psycopg2.errors.DeadlockDetected)
+
+#: What became of an attempted transaction (``Transaction.outcome``).
+PENDING, COMMITTING, COMMITTED, ROLLED_BACK, UNKNOWN = (
+    "pending", "committing", "committed", "rolled back", "unknown")
+
+#: Statements that only read (a transaction of nothing else needs no commit marker).
+_READ_PREFIXES = ("SELECT", "select", "Select")
 
 
 class Transaction:
     """One open database transaction. Obtain it from :meth:`Database.transaction`."""
 
-    __slots__ = ("_db", "_cursor", "engine", "name", "_after", "_on_exception", "_begin")
+    __slots__ = ("_db", "_cursor", "engine", "name", "_after", "_on_exception", "_begin",
+                 "wrote", "outcome", "marker")
 
     def __init__(self, db: "Database", cursor: Any, name: str, begin: str | None = None) -> None:
         self._db = db
@@ -59,6 +69,14 @@ class Transaction:
         # PostgreSQL: the BEGIN not sent yet. It travels with the first statement,
         # which saves the transaction a round trip of its own.
         self._begin = begin
+        #: Whether a statement other than a plain SELECT ran (such a transaction gets
+        #: a commit marker under :meth:`Database.run`).
+        self.wrote = False
+        #: PENDING until the block ends, then COMMITTED, ROLLED_BACK or UNKNOWN (the
+        #: connection dropped while COMMIT was on its way).
+        self.outcome = PENDING
+        #: ``(connection_id, serial)`` sent with COMMIT, when marked.
+        self.marker: tuple[int, int] | None = None
 
     @property
     def is_postgres(self) -> bool:
@@ -73,6 +91,7 @@ class Transaction:
     def cursor(self) -> Any:
         """The DB-API cursor underneath (SQL given to it directly is not translated)."""
         self._send_begin()
+        self.wrote = True  # unknown SQL: assume it writes
         return self._cursor
 
     def _send_begin(self) -> None:
@@ -96,6 +115,8 @@ class Transaction:
 
     def execute(self, sql: str, params: Params = ()) -> None:
         """Run one statement with ``?`` placeholders."""
+        if not self.wrote and not sql.lstrip().startswith(_READ_PREFIXES):
+            self.wrote = True
         sql = self._sql(sql)
         if self._begin is not None:
             sql, self._begin = self._begin + ";\n" + sql, None
@@ -103,6 +124,7 @@ class Transaction:
 
     def executemany(self, sql: str, rows: Iterable[Params]) -> None:
         """Run one statement once per parameter tuple of *rows* (batched on PostgreSQL)."""
+        self.wrote = True
         if self.engine == POSTGRES:
             self._send_begin()
             psycopg2.extras.execute_batch(self._cursor, self._sql(sql), list(rows), page_size=200)
@@ -164,6 +186,7 @@ class Database:
         self._closed = False
         self._applied: dict[str, int] = {}
         self._schema_lock = gevent.lock.RLock()
+        self._markers_ready = False
         self.text_is_utf8 = True  # SQLite keeps text as UTF-8; PostgreSQL: checked below
         if self.engine == SQLITE:
             self._sqlite = self._connect_sqlite()
@@ -265,9 +288,10 @@ class Database:
 
     def _new_pg_connection(self) -> Any:
         try:
-            conn = psycopg2.connect(self.config.target)
+            conn = psycopg2.connect(self.config.target,
+                                    connection_factory=markers.MarkedConnection)
         except psycopg2.OperationalError as exc:
-            raise DatabaseConfigError(
+            raise DatabaseUnavailableError(
                 f"cannot connect to PostgreSQL at {self.config.redacted()}: {str(exc).strip()}"
             ) from exc
         conn.autocommit = True  # Database.transaction sends BEGIN and COMMIT itself
@@ -289,10 +313,14 @@ class Database:
             if conn is None:
                 conn = self._new_pg_connection()
             yield conn
-        except BaseException:
+        except BaseException as exc:
             if conn is not None and (conn.closed or _connection_broken(conn)):
                 _close_quietly(conn)
                 conn = None
+                if is_connection_loss(exc):
+                    # Whatever dropped this connection (a server restart, terminated
+                    # backends) most likely dropped the idle ones too.
+                    self._drop_idle_connections()
             raise
         finally:
             if conn is not None:
@@ -302,6 +330,10 @@ class Database:
                     self._pool.append(conn)
             self._borrowed -= 1
             self._pool_slots.release()
+
+    def _drop_idle_connections(self) -> None:
+        while self._pool:
+            _close_quietly(self._pool.pop())
 
     @contextlib.contextmanager
     def raw_connection(self) -> Iterator[Any]:
@@ -397,10 +429,24 @@ class Database:
 
         After the commit (or the rollback) the callbacks queued with
         :meth:`Transaction.call_after` (or :meth:`Transaction.call_on_exception`) run.
-        Transactions do not nest on SQLite (the one connection is busy).
+        Transactions do not nest on SQLite (the one connection is busy). A block
+        cannot be run again, so a lost connection surfaces here as the driver's
+        error: use :meth:`run` for work that must survive one.
         """
         txn: Transaction | None = None
-        committed = False
+        try:
+            with self._attempt(name, read_only, marked=False) as txn:
+                yield txn
+        finally:
+            # Outside the connection, so callbacks may open transactions of their own.
+            if txn is not None:
+                txn._run_callbacks(txn.outcome == COMMITTED)
+
+    @contextlib.contextmanager
+    def _attempt(self, name: str, read_only: bool, marked: bool) -> Iterator[Transaction]:
+        """One try at a transaction; sets ``txn.outcome`` and leaves the callbacks to
+        the caller. With *marked* (PostgreSQL), a transaction that wrote commits
+        together with its commit marker (:mod:`streamrep.db.markers`)."""
         if resources.ENABLED:
             resources.acquired("database transaction")
         try:
@@ -414,9 +460,18 @@ class Database:
                     try:
                         yield txn
                         if txn.begun:
-                            cursor.execute("COMMIT")
-                        committed = True
-                    except BaseException:
+                            commit = "COMMIT"
+                            if marked and txn.wrote and not read_only:
+                                txn.marker = conn.next_marker()
+                                commit = markers.commit_with_marker(txn.marker)
+                            txn.outcome = COMMITTING
+                            cursor.execute(commit)
+                        txn.outcome = COMMITTED
+                    except BaseException as exc:
+                        # Only a connection lost while COMMIT was on its way leaves
+                        # the outcome open; any other failure rolled back.
+                        txn.outcome = (UNKNOWN if txn.outcome == COMMITTING
+                                       and is_connection_loss(exc) else ROLLED_BACK)
                         _pg_rollback(conn, cursor)
                         raise
                     finally:
@@ -435,10 +490,11 @@ class Database:
                     try:
                         yield txn
                         conn.execute("COMMIT")
-                        committed = True
+                        txn.outcome = COMMITTED
                         if not read_only and self._checkpointer is not None:
                             self._checkpointer.nudge()
                     except BaseException:
+                        txn.outcome = ROLLED_BACK
                         try:
                             conn.execute("ROLLBACK")
                         except sqlite3.Error:
@@ -450,46 +506,149 @@ class Database:
         finally:
             if resources.ENABLED:
                 resources.released("database transaction")
-            # Outside the connection, so callbacks may open transactions of their own.
-            if txn is not None:
-                txn._run_callbacks(committed)
 
-    def run(self, func: Callable[..., R], *args: Any, name: str = "txn", retries: int = 5) -> R:
-        """Run ``func(txn, *args)`` in a transaction, retrying on serialization
-        failures and deadlocks (PostgreSQL) or a busy database (SQLite)."""
-        attempt = 0
+    def run(self, func: Callable[..., R], *args: Any, name: str = "txn", retries: int = 5,
+            read_only: bool = False, reconnect_timeout: float | None = None) -> R:
+        """Run ``func(txn, *args)`` in a transaction and return its result, retrying
+        where a retry is safe:
+
+        * serialization failures and deadlocks (PostgreSQL) or a busy database
+          (SQLite): up to *retries* times;
+        * a lost PostgreSQL connection: on a new connection, with backoff, for up to
+          *reconnect_timeout* seconds (default: the URL's ``reconnect_timeout``),
+          then :class:`DatabaseUnavailableError`. When the connection dropped while
+          ``COMMIT`` was on its way, the transaction's commit marker tells whether it
+          committed: if so its result is returned, else it runs again. So a write
+          run here happens exactly once.
+
+        Every attempt's callbacks run when that attempt ends (``call_after`` on the
+        one that committed, ``call_on_exception`` on each that did not), so stream
+        IDs reserved with :meth:`IdGenerator.get_next_txn` complete either way and a
+        retry reserves new ones. *func* must not keep effects of a failed attempt
+        outside the database.
+        """
+        marked = self.engine == POSTGRES and not read_only
+        if marked and not self._markers_ready:
+            self._prepare_markers()
+        busy_attempts = 0
+        backoff: Backoff | None = None
+        while True:
+            txn: Transaction | None = None
+            result: Any = None
+            try:
+                with self._attempt(name, read_only, marked) as txn:
+                    result = func(txn, *args)
+                txn._run_callbacks(True)
+                return result  # type: ignore[no-any-return]
+            except BaseException as exc:
+                committed = False
+                if txn is not None and txn.outcome == UNKNOWN:
+                    committed = self._marker_committed(txn, name, exc, reconnect_timeout)
+                if txn is not None:
+                    txn._run_callbacks(committed)
+                if committed:
+                    logger.info("transaction %s: connection lost at COMMIT, which had "
+                                "committed", name)
+                    return result  # type: ignore[no-any-return]
+                if isinstance(exc, _PG_RETRYABLE) or is_busy(exc):
+                    if busy_attempts >= retries:
+                        raise
+                    busy_attempts += 1
+                    gevent.sleep(min(0.01 * 2 ** busy_attempts, 0.5))
+                    continue
+                if self.engine != POSTGRES or not is_connection_loss(exc):
+                    raise
+                if backoff is None:
+                    backoff = self._backoff(reconnect_timeout)
+                self._wait_to_reconnect(backoff, name, exc)
+
+    def retry(self, func: Callable[..., R], *args: Any, name: str,
+              reconnect_timeout: float | None = None) -> R:
+        """Call ``func(*args)`` (work outside :meth:`run`'s transactions, such as a
+        query on a dedicated connection that *func* reopens when closed), again
+        after a lost PostgreSQL connection, with :meth:`run`'s backoff and budget."""
+        backoff: Backoff | None = None
         while True:
             try:
-                with self.transaction(name) as txn:
-                    return func(txn, *args)
-            except _PG_RETRYABLE:
-                if attempt >= retries:
+                return func(*args)
+            except Exception as exc:
+                if self.engine != POSTGRES or not is_connection_loss(exc):
                     raise
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) and "busy" not in str(exc) or attempt >= retries:
+                if backoff is None:
+                    backoff = self._backoff(reconnect_timeout)
+                self._wait_to_reconnect(backoff, name, exc)
+
+    def _backoff(self, reconnect_timeout: float | None) -> Backoff:
+        budget = (self.config.reconnect_timeout if reconnect_timeout is None
+                  else reconnect_timeout)
+        return Backoff(budget)
+
+    def _wait_to_reconnect(self, backoff: Backoff, name: str, exc: BaseException) -> None:
+        """Sleep before the next attempt, or raise once the budget is spent."""
+        self._check_open()
+        delay = backoff.next_delay()
+        if delay is None:
+            raise DatabaseUnavailableError(
+                f"database {self.config.redacted()} unavailable for {backoff.elapsed:.0f}s "
+                f"during {name} ({first_line(exc)}); check that the server is up and "
+                "reachable (reconnect_timeout in the URL sets how long to retry)"
+            ) from exc
+        if backoff.attempts == 1:
+            logger.warning("transaction %s: database connection lost (%s); retrying on a "
+                           "new connection", name, first_line(exc))
+        gevent.sleep(delay)
+
+    def _prepare_markers(self) -> None:
+        def prepare() -> None:
+            # A handle opened with migrate=False may not have the table yet.
+            self.ensure_schema(markers.COMPONENT)
+            with self.transaction("commit_markers:prune") as txn:
+                txn.execute(markers.PRUNE_SQL)
+
+        self.retry(prepare, name="commit_markers:prepare")
+        self._markers_ready = True
+
+    def _marker_committed(self, txn: Transaction, name: str, exc: BaseException,
+                          reconnect_timeout: float | None) -> bool:
+        """Whether the transaction whose COMMIT was lost committed after all."""
+        if txn.marker is None:
+            return False  # it wrote nothing: running it again is harmless
+        marker_id, serial = txn.marker
+
+        def check(check_txn: Transaction) -> bool:
+            check_txn.execute("SET LOCAL lock_timeout = '5s'")
+            found = check_txn.fetchval(markers.CHECK_SQL, (marker_id,))
+            return found is not None and int(found) >= serial
+
+        backoff = self._backoff(reconnect_timeout)
+        while True:
+            try:
+                with self._attempt(f"{name}:outcome", False, marked=False) as check_txn:
+                    return check(check_txn)
+            except psycopg2.errors.LockNotAvailable as failure:
+                last: BaseException = failure  # the lost COMMIT is still being processed
+            except Exception as failure:
+                if not is_connection_loss(failure):
                     raise
-            attempt += 1
-            time.sleep(min(0.01 * 2**attempt, 0.5))
+                last = failure
+            self._wait_to_reconnect(backoff, f"{name} (checking whether it committed)", last)
 
     def execute(self, sql: str, params: Params = ()) -> None:
-        """Run one statement in its own transaction."""
-        with self.transaction("execute") as txn:
-            txn.execute(sql, params)
+        """Run one statement in its own transaction (:meth:`run`: retried, once)."""
+        self.run(lambda txn: txn.execute(sql, params), name="execute")
 
     def fetchall(self, sql: str, params: Params = ()) -> list[Row]:
         """Run one query in its own transaction and return its rows."""
-        with self.transaction("fetchall") as txn:
-            return txn.fetchall(sql, params)
+        return self.run(lambda txn: txn.fetchall(sql, params), name="fetchall")
 
     def fetchone(self, sql: str, params: Params = ()) -> Row | None:
         """Run one query in its own transaction and return its first row."""
-        with self.transaction("fetchone") as txn:
-            return txn.fetchone(sql, params)
+        row: Row | None = self.run(lambda txn: txn.fetchone(sql, params), name="fetchone")
+        return row
 
     def fetchval(self, sql: str, params: Params = (), default: Any = None) -> Any:
         """Run one query in its own transaction and return its first value."""
-        with self.transaction("fetchval") as txn:
-            return txn.fetchval(sql, params, default)
+        return self.run(lambda txn: txn.fetchval(sql, params, default), name="fetchval")
 
     # -- schema ----------------------------------------------------------------------
 

@@ -9,7 +9,8 @@ from urllib.parse import parse_qsl
 from streamrep.errors import DatabaseConfigError
 
 #: Query parameters streamrep reads itself (and removes before handing a URL to libpq).
-OWN_PARAMETERS = frozenset({"pool_size", "busy_timeout_ms", "background_checkpoint"})
+OWN_PARAMETERS = frozenset({"pool_size", "busy_timeout_ms", "background_checkpoint",
+                            "reconnect_timeout"})
 # Of those, the ones that may be 0 (switches).
 _SWITCHES = frozenset({"background_checkpoint"})
 
@@ -34,6 +35,9 @@ class DatabaseURL:
     original: str
     #: SQLite: checkpoint the WAL from a thread of its own rather than in commits.
     background_checkpoint: bool = True
+    #: PostgreSQL: seconds a transaction keeps retrying on new connections after its
+    #: connection dropped, before :class:`DatabaseUnavailableError`.
+    reconnect_timeout: int = 60
 
     def redacted(self) -> str:
         """The URL with any password replaced by ``***``, fit for logs and errors."""
@@ -93,6 +97,8 @@ def parse_database_url(url: str) -> DatabaseURL:
     * SQLite accepts ``background_checkpoint=0`` to leave WAL checkpoints to the
       commits that cross SQLite's threshold (default 1: a thread of the process
       runs them; see :mod:`streamrep.db.checkpoint`).
+    * PostgreSQL accepts ``reconnect_timeout=N``: seconds a transaction whose
+      connection dropped keeps retrying on new connections (default 60).
     """
     if not isinstance(url, str) or not url:
         raise DatabaseConfigError(f"a database URL must be a non-empty string, not {url!r}")
@@ -103,10 +109,11 @@ def parse_database_url(url: str) -> DatabaseURL:
     scheme, sep, rest = base.partition(":")
     scheme = scheme.lower()
     if scheme == "sqlite":
-        if rest_query:
+        if rest_query or "reconnect_timeout" in own:
             raise DatabaseConfigError(
                 f"database URL {url!r}: SQLite takes no parameters but pool_size, "
-                f"busy_timeout_ms and background_checkpoint (got {rest_query!r})"
+                f"busy_timeout_ms and background_checkpoint "
+                f"(got {rest_query or 'reconnect_timeout'!r})"
             )
         if rest.startswith("//"):
             # As everywhere else: the third slash ends the (empty) host part, so
@@ -133,7 +140,8 @@ def parse_database_url(url: str) -> DatabaseURL:
                 f"database URL {redact_url(url)}: expected postgresql://[user@]host[:port]/database"
             )
         target = "postgresql:" + rest + (f"?{rest_query}" if rest_query else "")
-        return DatabaseURL(POSTGRES, target, pool_size, busy, url)
+        return DatabaseURL(POSTGRES, target, pool_size, busy, url,
+                           reconnect_timeout=own.get("reconnect_timeout", 60))
     raise DatabaseConfigError(
         f"database URL {redact_url(url)}: unsupported scheme {scheme!r} "
         "(use sqlite:///path or postgresql://...)"

@@ -131,6 +131,12 @@ class MultiWriterIdGenerator(IdGenerator):
         return self._seq_conn
 
     def _fetch_sequence_values(self, count: int) -> list[int]:
+        # A value fetched on a connection that then dropped is simply never used: the
+        # retry takes new ones, so no sequence value is handed out twice.
+        return self.db.retry(self._fetch_sequence_values_once, count,
+                             name=f"{self.stream_name}:nextval")
+
+    def _fetch_sequence_values_once(self, count: int) -> list[int]:
         conn = self._sequence_connection()
         try:
             with conn.cursor() as cur:
@@ -217,11 +223,7 @@ class MultiWriterIdGenerator(IdGenerator):
         """
         self._require_writer()
         with self._reserve_lock:
-            conn = self._sequence_connection()
-            with conn.cursor() as cur:
-                cur.execute(f"SELECT last_value, is_called FROM {self.sequence_name}")
-                last_value, is_called = cur.fetchone()
-            current = int(last_value) if is_called else int(last_value) - 1
+            current = self.db.retry(self._sequence_current, name=f"{self.stream_name}:idle")
             with self._lock:
                 previous = int(self._tracker.position)
                 new = int(self._tracker.advance_to(current))
@@ -232,6 +234,17 @@ class MultiWriterIdGenerator(IdGenerator):
         self._schedule_persist()
         self._wake_waiters()
         return previous, new
+
+    def _sequence_current(self) -> int:
+        conn = self._sequence_connection()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"SELECT last_value, is_called FROM {self.sequence_name}")
+                last_value, is_called = cur.fetchone()
+        except Exception:
+            conn.close()
+            raise
+        return int(last_value) if is_called else int(last_value) - 1
 
     def close(self) -> None:
         """Persist the position and close the private sequence connection."""

@@ -87,7 +87,8 @@ class Stream:
         if upto_token <= from_token:
             return [], False
         assert self.db is not None
-        with self.db.transaction(f"{self.name}:get_updates_since", read_only=True) as txn:
+
+        def fetch(txn: "Transaction") -> tuple[list[StreamRow], bool]:
             rows = self.definition.fetch_rows(txn, instance, from_token, upto_token, limit + 1)
             if len(rows) <= limit:
                 return rows, False
@@ -97,6 +98,10 @@ class Stream:
             kept.extend(self.definition.fetch_rows(txn, instance, last_token - 1, last_token,
                                                    None))
             return kept, True
+
+        # Through Database.run: a dropped connection is retried, so a writer's
+        # announcement or a catch-up does not fail on it.
+        return self.db.run(fetch, name=f"{self.name}:get_updates_since", read_only=True)
 
     def __repr__(self) -> str:
         return f"<Stream {self.name} writers={list(self.writers)}>"
