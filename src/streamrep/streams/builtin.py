@@ -175,14 +175,15 @@ def add_cache_invalidation(streams: "Streams", cache_name: str, keys: Sequence[A
     stream = _writer_streams(streams, "caches")
     ts = int(time.time() * 1000) if invalidation_ts_ms is None else int(invalidation_ts_ms)
     keys_json = None if keys is None else _json(list(keys))
+    # Database.run writes the fact exactly once, on a new connection if one drops;
+    # the ID completes when the block exits, whatever the outcome.
     with stream.id_gen.get_next() as stream_id:
-        with streams.db.transaction("add_cache_invalidation") as txn:
-            txn.execute(
-                "INSERT INTO cache_invalidations"
-                " (stream_id, instance_name, cache_name, keys_json, invalidation_ts)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (stream_id, streams.instance_name, cache_name, keys_json, ts),
-            )
+        streams.db.run(lambda txn: txn.execute(
+            "INSERT INTO cache_invalidations"
+            " (stream_id, instance_name, cache_name, keys_json, invalidation_ts)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (stream_id, streams.instance_name, cache_name, keys_json, ts),
+        ), name="add_cache_invalidation")
     return int(stream_id)
 
 
@@ -192,16 +193,15 @@ def add_account_data(streams: "Streams", user_id: str, data_type: str,
     stream = _writer_streams(streams, "account_data")
     content_json = _json(dict(content))
     with stream.id_gen.get_next() as stream_id:
-        with streams.db.transaction("add_account_data") as txn:
-            txn.execute(
-                "INSERT INTO account_data (stream_id, instance_name, user_id, room_id,"
-                " account_data_type, content_json) VALUES (?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (user_id, room_id, account_data_type) DO UPDATE SET"
-                " stream_id = excluded.stream_id, instance_name = excluded.instance_name,"
-                " content_json = excluded.content_json",
-                (stream_id, streams.instance_name, user_id, room_id or "", data_type,
-                 content_json),
-            )
+        streams.db.run(lambda txn: txn.execute(
+            "INSERT INTO account_data (stream_id, instance_name, user_id, room_id,"
+            " account_data_type, content_json) VALUES (?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (user_id, room_id, account_data_type) DO UPDATE SET"
+            " stream_id = excluded.stream_id, instance_name = excluded.instance_name,"
+            " content_json = excluded.content_json",
+            (stream_id, streams.instance_name, user_id, room_id or "", data_type,
+             content_json),
+        ), name="add_account_data")
     return int(stream_id)
 
 
@@ -213,13 +213,12 @@ def send_to_device(streams: "Streams",
         raise StreamIdError("send_to_device needs at least one message")
     stream = _writer_streams(streams, "to_device")
     with stream.id_gen.get_next() as stream_id:
-        with streams.db.transaction("send_to_device") as txn:
-            txn.executemany(
-                "INSERT INTO device_inbox (stream_id, instance_name, user_id, device_id,"
-                " message_json) VALUES (?, ?, ?, ?, ?)",
-                [(stream_id, streams.instance_name, user, device, _json(dict(message)))
-                 for user, device, message in messages],
-            )
+        streams.db.run(lambda txn: txn.executemany(
+            "INSERT INTO device_inbox (stream_id, instance_name, user_id, device_id,"
+            " message_json) VALUES (?, ?, ?, ?, ?)",
+            [(stream_id, streams.instance_name, user, device, _json(dict(message)))
+             for user, device, message in messages],
+        ), name="send_to_device")
     return int(stream_id)
 
 
@@ -229,16 +228,15 @@ def add_receipt(streams: "Streams", room_id: str, receipt_type: str, user_id: st
     """Record a receipt (replacing the user's previous one in that room and thread)."""
     stream = _writer_streams(streams, "receipts")
     with stream.id_gen.get_next() as stream_id:
-        with streams.db.transaction("add_receipt") as txn:
-            txn.execute(
-                "INSERT INTO receipts (stream_id, instance_name, room_id, receipt_type,"
-                " user_id, thread_id, event_id, data_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (room_id, receipt_type, user_id, thread_id) DO UPDATE SET"
-                " stream_id = excluded.stream_id, instance_name = excluded.instance_name,"
-                " event_id = excluded.event_id, data_json = excluded.data_json",
-                (stream_id, streams.instance_name, room_id, receipt_type, user_id,
-                 thread_id or "", event_id, _json(dict(data or {}))),
-            )
+        streams.db.run(lambda txn: txn.execute(
+            "INSERT INTO receipts (stream_id, instance_name, room_id, receipt_type,"
+            " user_id, thread_id, event_id, data_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (room_id, receipt_type, user_id, thread_id) DO UPDATE SET"
+            " stream_id = excluded.stream_id, instance_name = excluded.instance_name,"
+            " event_id = excluded.event_id, data_json = excluded.data_json",
+            (stream_id, streams.instance_name, room_id, receipt_type, user_id,
+             thread_id or "", event_id, _json(dict(data or {}))),
+        ), name="add_receipt")
     return int(stream_id)
 
 
