@@ -6,9 +6,11 @@ import os
 import signal
 import sys
 
+from typing import Any
+
 import click
 
-from streamrep.cli._common import freeze_startup_heap
+from streamrep.cli._common import freeze_startup_heap, use_cooperative_sockets
 from streamrep.config import DEFAULT_INSTANCE, DEFAULT_LISTEN, config_from_click, config_option
 
 
@@ -30,14 +32,20 @@ def working_directory_database() -> str:
 @click.option("--instance-name", default=DEFAULT_INSTANCE, show_default=True,
               help="This process's name as a stream writer.")
 @click.option("--metrics-listen", default=None, help="HOST:PORT to serve Prometheus /metrics on.")
+@click.option("--redis", "redis_url", default=None, metavar="URL",
+              help="Publish this instance's writers through Redis pub/sub instead of running the hub.")
 @click.option("--log-level", default="INFO", show_default=True)
 @click.pass_context
 def serve(ctx: click.Context, config_path: str | None, db: str, listen: str, server_name: str,
-          instance_name: str, metrics_listen: str | None, log_level: str) -> None:
+          instance_name: str, metrics_listen: str | None, redis_url: str | None, log_level: str) -> None:
     """Run the replication hub until SIGTERM or SIGINT.
 
     Workers connect to it and follow every stream; writer processes announce to it.
     On SIGTERM/SIGINT every peer gets ``ERROR server stopping`` before the hub exits.
+
+    With ``--redis`` (or ``replication.redis`` in the file) there is no hub: this
+    instance publishes its own writers' facts through Redis and answers every
+    ``REPLICATE`` with their positions, until SIGTERM or SIGINT.
     """
     import gevent
 
@@ -51,8 +59,12 @@ def serve(ctx: click.Context, config_path: str | None, db: str, listen: str, ser
     config = config_from_click(ctx, config_path, {
         "db": "database", "listen": "listen", "server_name": "server_name",
         "instance_name": "instance_name", "metrics_listen": "metrics_listen",
-        "log_level": "logging.level",
-    }, check_own_ports=True)
+        "log_level": "logging.level", "redis_url": "replication.redis.url",
+    }, check_own_ports=redis_url is None)
+    if config.redis is not None:
+        use_cooperative_sockets()
+        _serve_redis(config)
+        return
     setup_logging(config.logging.level, config.logging.format)
     database = open_database(config.database)
     streams = Streams(database, config.instance_name,
@@ -79,4 +91,44 @@ def serve(ctx: click.Context, config_path: str | None, db: str, listen: str, ser
         streams.close()
         database.close()
     click.echo("streamrep hub stopped", err=True)
+    sys.exit(0)
+
+
+def _serve_redis(config: Any) -> None:
+    """This instance's writers, published through Redis, until SIGTERM or SIGINT."""
+    import gevent
+    import gevent.event
+
+    import streamrep.events.streams  # noqa: F401  (registers the events and backfill streams)
+    from streamrep.db import open_database
+    from streamrep.logsetup import setup_logging
+    from streamrep.replication.registry_source import RegistrySource
+    from streamrep.replication.transport.redis import RedisReplication, advance_publisher, describe_url
+    from streamrep.streams import Streams
+
+    setup_logging(config.logging.level, config.logging.format)
+    database = open_database(config.database)
+    instance = config.instance_name
+    streams = Streams(database, instance, {name: list(ws) for name, ws in config.stream_writers.items()})
+    source = RegistrySource(streams)
+    own = [name for name in source.stream_names() if instance in streams.writers_of(name)]
+    link = RedisReplication(
+        config.redis.url, server_name=config.server_name, instance_name=instance,
+        writer_positions=lambda: [(name, instance, source.current_token(name, instance)) for name in own],
+        ping_interval=config.keepalive.ping_interval, ping_timeout=config.keepalive.timeout)
+    streams.add_listener(advance_publisher(link, source))
+    stop = gevent.event.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        gevent.signal_handler(signum, stop.set)
+    link.start()
+    freeze_startup_heap()
+    click.echo(f"streamrep {instance} of {config.server_name} publishing through Redis "
+               f"{describe_url(config.redis.url)}", err=True)
+    try:
+        stop.wait()
+    finally:
+        link.stop()
+        streams.close()
+        database.close()
+    click.echo(f"streamrep {instance} stopped", err=True)
     sys.exit(0)

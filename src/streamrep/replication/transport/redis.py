@@ -42,7 +42,10 @@ from streamrep.replication.follower import Handler, StreamFollower
 from streamrep.replication.source import StreamSource
 from streamrep.replication.transport.redis_format import EchoFilter, channel_for, channels
 
-__all__ = ["RedisReplication", "RedisUnavailableError", "describe_url", "DEFAULT_MAX_QUEUED_COMMANDS"]
+__all__ = [
+    "RedisReplication", "RedisUnavailableError", "advance_publisher", "describe_url",
+    "DEFAULT_MAX_QUEUED_COMMANDS",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -446,3 +449,30 @@ class RedisReplication:
                     return True
                 gevent.sleep(0.005)
         return False
+
+
+def advance_publisher(link: RedisReplication, source: StreamSource) -> Callable[[str, str, list[int], int], None]:
+    """A ``Streams`` position listener publishing this process's committed facts
+    on *link*, read back from *source* from the last position it published."""
+    published: dict[tuple[str, str], int] = {}
+
+    def listener(stream: str, instance: str, visible: list[int], position: int) -> None:
+        key = (stream, instance)
+        start = published.get(key)
+        if start is None:
+            start = published[key] = min(visible) - 1 if visible else position
+        published[key] = max(start, position)
+        if not link.connected:
+            return  # the next subscription announces the position instead
+        while start < position:
+            rows, limited = source.updates(stream, instance, start, position, 5000)
+            if not rows:
+                break
+            link.announce(stream, instance, rows)
+            start = rows[-1][0]
+            if not limited:
+                break
+        if start < position:
+            link.announce_position(stream, instance, start, position)
+
+    return listener
