@@ -1,0 +1,163 @@
+"""The sans-IO replication protocol: commands and times in, actions out. No sockets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streamrep.replication import commands as C
+from streamrep.replication.protocol import (
+    BusSession,
+    CatchUp,
+    ClientSession,
+    Close,
+    ConnectionSettings,
+    Fact,
+    FillGap,
+    FollowerState,
+    GapUnfilled,
+    HubState,
+    Publish,
+    Received,
+    Relay,
+    Send,
+)
+
+SETTINGS = ConnectionSettings(ping_interval=1.0, ping_timeout=3.0, max_queued_commands=100)
+
+
+def lines(text: str) -> list[Any]:
+    return C.new_decoder(100_000).feed(text.encode())
+
+
+def sent(actions: list[Any]) -> bytes:
+    return b"".join(a.data for a in actions if type(a) in (Send, Publish, Relay))
+
+
+def test_client_greeting_and_facts_once_in_order() -> None:
+    follower = FollowerState(can_fill=True)
+    session = ClientSession(SETTINGS, client_name="w1", server_name="hs", follower=follower, now=0.0)
+    greeting = session.greeting([("caches", "w1", 4)])
+    assert sent(greeting) == b"NAME w1\nPING 0\nPOSITION caches w1 4 4\nREPLICATE\n".replace(
+        b"PING 0", sent(greeting).split(b"\n")[1])
+    out = session.receive(lines(
+        "SERVER hs\nPOSITION events m 5 5\n"
+        'RDATA events m batch ["a"]\nRDATA events m 6 ["b"]\nRDATA events m 6 ["b"]\n'
+        "POSITION events m 9 10\nRDATA events m 11 [\"c\"]\n"), now=1.0)
+    assert out == [
+        Fact("events", "m", 6, [["a"], ["b"]], 5),
+        FillGap("events", "m", 6, 10),
+        Fact("events", "m", 11, [["c"]], 10),
+    ]
+    assert follower.positions[("events", "m")] == 11
+    # A handler that failed on the first two: rewinding puts the position back.
+    follower.rewind_unfinished(out)
+    assert follower.positions[("events", "m")] == 5
+
+
+def test_client_refuses_a_wrong_server_and_server_only_commands_from_it() -> None:
+    session = ClientSession(SETTINGS, client_name="w1", server_name="hs", now=0.0)
+    assert session.receive(lines("SERVER other\n"), now=0.0) == [
+        Close("wrong_server", "expected server hs, found other")]
+    session = ClientSession(SETTINGS, client_name="w1", now=0.0)
+    [close] = session.receive(lines("NAME x\n"), now=0.0)
+    assert close == Close("protocol_error", "NAME is not accepted from a server")
+
+
+def test_gap_without_database_is_reported_not_skipped() -> None:
+    follower = FollowerState()
+    out: list[Any] = []
+    follower.position("events", "m", 2, 2, out)
+    follower.position("events", "m", 4, 4, out)
+    assert out == [GapUnfilled("events", "m", 2, 4)]
+    assert follower.positions[("events", "m")] == 2
+    follower.skip_gap(out[0])
+    assert follower.positions[("events", "m")] == 4
+
+
+def test_keepalive_is_data() -> None:
+    session = ClientSession(SETTINGS, client_name="w1", now=0.0)
+    assert session.tick(0.5, idle=True) == []
+    [ping] = session.tick(1.0, idle=True)
+    assert type(ping) is Send and ping.name == "PING"
+    assert session.tick(1.5, idle=True) == []
+    session.receive(lines("PING 1\n"), now=2.0)
+    assert session.tick(5.5, idle=False) == [Close("timeout", "no command received for 3 seconds")]
+
+
+def _hub(**kwargs: Any) -> HubState:
+    return HubState("hs", SETTINGS, readable=["caches"], **kwargs)
+
+
+def test_hub_relays_a_writers_fact_once_and_answers_replicate() -> None:
+    hub = _hub(stream_writers={"caches": ["w1"]}, stored_position=lambda s, i: 10)
+    hub.load_positions([("caches", "w1", 3)])
+    worker = hub.new_peer("worker", now=0.0)
+    writer = hub.new_peer("writer", now=0.0)
+    assert sent(worker.receive(lines("NAME worker\nREPLICATE\n"), now=0.0)) == b"POSITION caches w1 3 3\n"
+    out = writer.receive(lines('NAME w1\nRDATA caches w1 batch ["a"]\nRDATA caches w1 4 ["b"]\n'
+                               'RDATA caches w1 4 ["b"]\n'), now=0.0)
+    assert out == [Publish("caches", b'RDATA caches w1 batch ["a"]\nRDATA caches w1 4 ["b"]\n', 2, "RDATA")]
+    assert worker.wants("caches") and hub.positions[("caches", "w1")] == 4
+
+
+def test_hub_refuses_who_may_not_say_what() -> None:
+    hub = _hub(stream_writers={"caches": ["w1"]}, stored_position=lambda s, i: 10)
+    cases = {
+        'RDATA caches w1 1 ["x"]\n': "send NAME before writing caches",
+        'NAME evil\nRDATA caches w1 101 ["x"]\n': "evil cannot write as w1",
+        'NAME main\n': "NAME main is this hub's own instance",
+        'NAME evil\nPOSITION caches evil 0 1\n': "evil is not a configured writer of caches",
+        'NAME w1\nPOSITION caches w1 105 9000000000000000000\n':
+            "caches/w1 token 9000000000000000000 is past what the database holds (10)",
+    }
+    for text, why in cases.items():
+        peer = hub.new_peer("p", now=0.0)
+        assert peer.receive(lines(text), now=0.0)[-1] == Close("refused", why), text
+        hub.peer_lost(peer)
+    first = hub.new_peer("a", now=0.0)
+    assert sent(first.receive(lines("NAME w1\nPOSITION caches w1 0 0\n"), now=0.0)) == b""
+    second = hub.new_peer("b", now=0.0)
+    assert second.receive(lines("NAME w1\nPOSITION caches w1 0 0\n"), now=0.0) == [
+        Close("refused", "writer w1 is already connected (a)")]
+    first.closing("timeout")
+    hub.peer_lost(first)
+    third = hub.new_peer("c", now=0.0)
+    assert not third.receive(lines("NAME w1\nPOSITION caches w1 0 0\n"), now=0.0)
+
+
+def test_hub_bounds_batches_and_the_handshake() -> None:
+    hub = _hub()
+    peer = hub.new_peer("p", now=0.0)
+    flood = "NAME w1\n" + 'RDATA caches w1 batch ["x"]\n' * 101
+    assert peer.receive(lines(flood), now=0.0)[-1] == Close(
+        "refused", "more than 100 batch rows without a token")
+    silent = hub.new_peer("q", now=0.0)
+    assert silent.tick(9.0, idle=False) == []
+    assert silent.tick(10.5, idle=False) == [
+        Close("handshake_timeout", "no NAME received within 10 seconds")]
+
+
+def test_hub_catch_up_and_gap_fill_are_actions() -> None:
+    hub = _hub()
+    hub.load_positions([("caches", "w1", 3)])
+    peer = hub.new_peer("p", now=0.0)
+    out = peer.receive(lines("NAME p\nREPLICATE caches 1\n"), now=0.0)
+    assert out == [CatchUp("caches", 1)] and not peer.wants("caches")
+    peer.catch_up_done("caches")
+    assert peer.wants("caches")
+    writer = hub.new_peer("w", now=0.0)
+    assert writer.receive(lines("NAME w1\nPOSITION caches w1 7 8\n"), now=0.0) == [
+        FillGap("caches", "w1", 3, 7, then_token=8)]
+
+
+def test_bus_answers_replicate_ignores_echoes_and_follows_others() -> None:
+    follower = FollowerState(can_fill=True)
+    bus = BusSession(SETTINGS, instances=["w1"], follower=follower, now=0.0)
+    assert sent(bus.announce([("caches", "w1", 5)])) == b"REPLICATE\nPOSITION caches w1 5 5\n"
+    assert sent(bus.rows("caches", "w1", [(6, b'["a"]')])) == b'RDATA caches w1 6 ["a"]\n'
+    out = bus.receive(lines('REPLICATE\nRDATA caches w1 6 ["a"]\nPOSITION caches w2 0 0\n'
+                            'RDATA caches w2 1 ["b"]\nUSER_IP @u:x ["t","ip","ua",null,1]\n'), now=0.0)
+    assert out[0] == Send(b"POSITION caches w1 6 6\n", 1, "POSITION")
+    assert out[1] == Fact("caches", "w2", 1, [["b"]], 0)
+    assert type(out[2]) is Received and out[2].command.NAME == "USER_IP"
+    assert len(out) == 3
