@@ -77,7 +77,6 @@ __all__ = [
 _group_rdata = C.group_rdata
 _rdata_rows = C.rdata_rows
 _loads = orjson.loads
-_RUN: type = tuple
 _ALL = "ALL"
 
 
@@ -615,7 +614,7 @@ class ClientSession(Session):
         for item in _group_rdata(commands):
             if self.closed:
                 return
-            if type(item) is _RUN:
+            if type(item) is tuple:
                 on_run(item[0], item[1], item[2], item[3], out)
                 continue
             handler = handlers.get(item.NAME)
@@ -954,7 +953,7 @@ class HubPeer(Session):
             for item in _group_rdata(commands):
                 if self.closed:
                     return
-                if type(item) is _RUN:
+                if type(item) is tuple:
                     self._rdata_run(item[0], item[1], item[2], item[3], out)
                     continue
                 if self._relay:
@@ -1191,7 +1190,7 @@ class BusSession(Session):
         handlers = self._handlers
         follower = self.follower
         for item in _group_rdata(commands):
-            if type(item) is _RUN:
+            if type(item) is tuple:
                 if follower is not None and self._allowed(item[0], item[1]):
                     follower.rdata_run(item[0], item[1], item[2], item[3], out)
                 continue
