@@ -7,6 +7,7 @@
 * :class:`MultiWriterIdGenerator`: several writers on PostgreSQL, IDs from a sequence,
   positions persisted in ``stream_positions``.
 * :func:`make_id_generator`: the right one for a configuration.
+* :class:`WriterLease`: one live process per writer instance and stream.
 
 See docs/idgen.md.
 """
@@ -17,6 +18,7 @@ from typing import Sequence
 
 from streamrep.db import Database
 from streamrep.idgen.base import BackingTable, IdGenerator, PositionListener
+from streamrep.idgen.lease import WriterLease
 from streamrep.idgen.multi import MultiWriterIdGenerator
 from streamrep.idgen.sequences import SequenceRepair, check_sequence, repair_sequences
 from streamrep.idgen.single import StreamIdGenerator
@@ -30,6 +32,7 @@ __all__ = [
     "PositionListener",
     "SequenceRepair",
     "StreamIdGenerator",
+    "WriterLease",
     "WriterPositions",
     "check_sequence",
     "make_id_generator",

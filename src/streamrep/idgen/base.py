@@ -62,6 +62,9 @@ class IdGenerator(abc.ABC):
         self._advanced = gevent.event.Event()
         self._tracker: CompletionTracker = CompletionTracker(0)
         self._positions: WriterPositions = WriterPositions({w: 0 for w in self.writers})
+        #: Called before each reservation; raises to refuse it (a writer lease that
+        #: may have passed to another process, see :mod:`streamrep.idgen.lease`).
+        self.write_guard: Callable[[], None] | None = None
 
     # -- positions -------------------------------------------------------------------
 
@@ -135,6 +138,8 @@ class IdGenerator(abc.ABC):
         return tracked * self._sign
 
     def _reserve_counted(self, count: int) -> list[int]:
+        if self.write_guard is not None:
+            self.write_guard()
         tracked = self._reserve(count)
         if resources.ENABLED:
             resources.acquired("stream ID in flight", len(tracked))
