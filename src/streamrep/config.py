@@ -211,6 +211,8 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     #: Replication through Redis (``replication.redis``), None: through the hub.
     redis: RedisConfig | None = None
+    #: Seconds a writer's lease lives without renewal (see streamrep.idgen.lease).
+    writer_lease_ttl: float = 30.0
     #: The file it came from, if any.
     source: str | None = None
 
@@ -348,6 +350,7 @@ def _set_dotted(data: dict[str, Any], key: str, value: object) -> None:
 _TOP_KEYS = (
     "server_name", "database", "listen", "instance_name", "instance_map", "stream_writers",
     "metrics_listen", "keepalive", "backpressure", "logging", "replication",
+    "writer_lease_ttl",
 )
 _REPLICATION_KEYS = ("redis",)
 _REDIS_KEYS = ("url",)
@@ -630,6 +633,8 @@ def _validate(data: dict[str, Any], problems: _Problems, source: str | None) -> 
             bound[addr] = key
 
     redis = _redis(data, problems)
+    lease_ttl = _number(data.get("writer_lease_ttl", 30.0), "writer_lease_ttl", problems,
+                        float, 1, 30.0)
 
     if problems.lines or listen is None or not isinstance(server_name, str):
         return None
@@ -645,6 +650,7 @@ def _validate(data: dict[str, Any], problems: _Problems, source: str | None) -> 
         backpressure=backpressure,
         logging=LoggingConfig(level=level.upper(), format=fmt),
         redis=redis,
+        writer_lease_ttl=lease_ttl,
         source=source,
     )
 
