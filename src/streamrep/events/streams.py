@@ -28,9 +28,10 @@ from typing import Any, Sequence
 
 from streamrep.db import Database
 from streamrep.events import schema
+from streamrep.events.orderings import backfill_position, live_position
 from streamrep.events.store import EventStore
 from streamrep.idgen import BackingTable
-from streamrep.streams import StreamDefinition, register_stream
+from streamrep.streams import RowFormat, StreamDefinition, register_stream
 
 __all__ = [
     "EVENTS_STREAM",
@@ -72,14 +73,12 @@ def _backfill_row(row: Sequence[Any]) -> list[Any]:
 
 def current_events_token(db: Database) -> int:
     """The highest position on the ``events`` stream."""
-    return max(int(db.fetchval("SELECT MAX(stream_ordering) FROM events", (), 0)),
-               int(db.fetchval("SELECT MAX(stream_id) FROM current_state_delta_stream", (), 0)),
-               0)
+    return live_position(db)
 
 
 def current_backfill_token(db: Database) -> int:
     """The highest position on the ``backfill`` stream (``-MIN(stream_ordering)``)."""
-    return max(-int(db.fetchval("SELECT MIN(stream_ordering) FROM events", (), 0)), 0)
+    return backfill_position(db)
 
 
 def get_events_stream_rows(db: Database, from_token: int, to_token: int,
@@ -247,14 +246,24 @@ EVENTS_STREAM_DEFINITION = EventsStream(
     tables=(BackingTable("events", "stream_ordering", None),
             BackingTable("current_state_delta_stream", "stream_id", None)),
     schema_component=schema.COMPONENT,
-    row_fields=("kind", "data"),
+    row=RowFormat.tagged({
+        "ev": (("event_id", "string"), ("room_id", "string"), ("type", "string"),
+               ("state_key", "string|null"), ("redacts", "string|null"),
+               ("relates_to", "string|null"), ("membership", "string|null"),
+               ("rejected", "boolean"), ("outlier", "boolean")),
+        "state": (("room_id", "string"), ("type", "string"), ("state_key", "string"),
+                  ("event_id", "string|null")),
+        "state-all": (("room_id", "string"),),
+    }),
 )
 BACKFILL_STREAM_DEFINITION = BackfillStream(
     BACKFILL_STREAM,
     tables=(BackingTable("events", "stream_ordering", None),),
     negative=True,
     schema_component=schema.COMPONENT,
-    row_fields=("event_id", "room_id", "type", "state_key", "redacts", "relates_to"),
+    row=RowFormat.flat(("event_id", "string"), ("room_id", "string"), ("type", "string"),
+                       ("state_key", "string|null"), ("redacts", "string|null"),
+                       ("relates_to", "string|null")),
 )
 
 register_stream(EVENTS_STREAM_DEFINITION)

@@ -6,7 +6,7 @@ Built-in streams (``caches``, ``account_data``, ``to_device``, ``receipts``,
 See docs/streams.md for every row format.
 """
 
-from streamrep.streams.definition import Stream, StreamDefinition, StreamRow
+from streamrep.streams.definition import RowFormat, Stream, StreamDefinition, StreamRow
 from streamrep.streams.registry import (
     Streams,
     get_stream_definition,
@@ -19,6 +19,7 @@ from streamrep.streams.memory import InMemoryStream
 
 __all__ = [
     "InMemoryStream",
+    "RowFormat",
     "Stream",
     "StreamDefinition",
     "StreamRow",

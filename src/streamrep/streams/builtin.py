@@ -3,8 +3,8 @@
 
 Row formats (the JSON list in each RDATA; docs/streams.md has the full table):
 
-* ``caches``: ``[cache_name, keys or null, invalidation_ts_ms]``
-* ``account_data``: ``[user_id, room_id or null, account_data_type]``
+* ``caches``: ``[cache_func, keys or null, invalidation_ts]`` (milliseconds)
+* ``account_data``: ``[user_id, room_id or null, data_type]``
 * ``to_device``: ``[entity]`` (one row per recipient user of a fact)
 * ``receipts``: ``[room_id, receipt_type, user_id, event_id, thread_id or null, data]``
 * ``typing``: ``[room_id, [user_id, ...]]``
@@ -21,7 +21,7 @@ import orjson
 from streamrep.db import Migration, Transaction, register_schema
 from streamrep.errors import StreamIdError
 from streamrep.idgen import BackingTable
-from streamrep.streams.definition import StreamDefinition, StreamRow
+from streamrep.streams.definition import RowFormat, StreamDefinition, StreamRow
 from streamrep.streams.memory import InMemoryStream
 from streamrep.streams.registry import register_stream
 
@@ -75,7 +75,7 @@ def _check_limit(limit: int | None) -> str:
 
 @dataclass(frozen=True)
 class CachesStream(StreamDefinition):
-    """Cache invalidations: ``[cache_name, keys or null, invalidation_ts_ms]``."""
+    """Cache invalidations: ``[cache_func, keys or null, invalidation_ts]``."""
 
     def fetch_rows(self, txn: Transaction, instance: str, from_token: int, upto_token: int,
                    limit: int | None) -> list[StreamRow]:
@@ -91,7 +91,7 @@ class CachesStream(StreamDefinition):
 
 @dataclass(frozen=True)
 class AccountDataStream(StreamDefinition):
-    """Account data changes: ``[user_id, room_id or null, account_data_type]``."""
+    """Account data changes: ``[user_id, room_id or null, data_type]``."""
 
     def fetch_rows(self, txn: Transaction, instance: str, from_token: int, upto_token: int,
                    limit: int | None) -> list[StreamRow]:
@@ -138,22 +138,29 @@ class ReceiptsStream(StreamDefinition):
 
 CACHES = CachesStream(
     "caches", (BackingTable("cache_invalidations"),), "cache_invalidation_stream_seq",
-    schema_component=SCHEMA, row_fields=("cache_name", "keys", "invalidation_ts_ms"),
+    schema_component=SCHEMA,
+    row=RowFormat.flat(("cache_func", "string"), ("keys", "array|null"),
+                       ("invalidation_ts", "integer")),
 )
 ACCOUNT_DATA = AccountDataStream(
     "account_data", (BackingTable("account_data"),), "account_data_sequence",
-    schema_component=SCHEMA, row_fields=("user_id", "room_id", "account_data_type"),
+    schema_component=SCHEMA,
+    row=RowFormat.flat(("user_id", "string"), ("room_id", "string|null"),
+                       ("data_type", "string")),
 )
 TO_DEVICE = ToDeviceStream(
     "to_device", (BackingTable("device_inbox"),), "device_inbox_sequence",
-    schema_component=SCHEMA, row_fields=("entity",),
+    schema_component=SCHEMA, row=RowFormat.flat(("entity", "string")),
 )
 RECEIPTS = ReceiptsStream(
     "receipts", (BackingTable("receipts"),), "receipts_sequence",
     schema_component=SCHEMA,
-    row_fields=("room_id", "receipt_type", "user_id", "event_id", "thread_id", "data"),
+    row=RowFormat.flat(("room_id", "string"), ("receipt_type", "string"),
+                       ("user_id", "string"), ("event_id", "string"),
+                       ("thread_id", "string|null"), ("data", "object")),
 )
-TYPING = InMemoryStream.Definition("typing", row_fields=("room_id", "user_ids"))
+TYPING = InMemoryStream.Definition(
+    "typing", row=RowFormat.flat(("room_id", "string"), ("user_ids", "string[]")))
 
 for _definition in (CACHES, ACCOUNT_DATA, TO_DEVICE, RECEIPTS, TYPING):
     register_stream(_definition)

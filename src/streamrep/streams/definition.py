@@ -1,8 +1,9 @@
 """What a stream is: its name, backing tables, writers and row format.
 
-A :class:`StreamDefinition` is static (registered once per process, see
-:mod:`streamrep.streams.registry`); a :class:`Stream` binds one to a database, an
-instance and an ID generator, and answers :meth:`Stream.get_updates_since`.
+A :class:`StreamDefinition` is static (a process serves a
+:class:`~streamrep.streams.StreamSet` of them, built at start-up); a :class:`Stream`
+binds one to a database, an instance and an ID generator, and answers
+:meth:`Stream.get_updates_since`.
 
 Tokens always increase, also for streams whose stored IDs decrease (backfill): the
 definition translates in :meth:`StreamDefinition.fetch_rows`.
@@ -12,16 +13,58 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from streamrep import _impl
 from streamrep.errors import StreamIdError
 from streamrep.idgen import BackingTable, IdGenerator
 
 if TYPE_CHECKING:
+    from streamrep._pure import rowcheck as _rowcheck
     from streamrep.db import Database, Transaction
+else:
+    _rowcheck = _impl.load("rowcheck")
 
 #: One stream row: ``(token, row)`` where ``row`` is the JSON-able list sent in RDATA.
 StreamRow = tuple[int, list[Any]]
+
+#: One field of a row: its name and JSON kind (see :class:`RowFormat`).
+RowField = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class RowFormat:
+    """The fields of a stream's rows, each with its JSON kind.
+
+    Rows are a flat JSON array of ``fields``, or, with ``variants``, ``[kind, data]``
+    where the ``kind`` string selects the fields of the array ``data``. Kinds:
+    ``string``, ``string|null``, ``integer``, ``boolean``, ``object``, ``array``,
+    ``array|null``, ``string[]`` and ``any``.
+    """
+
+    fields: tuple[RowField, ...] = ()
+    variants: tuple[tuple[str, tuple[RowField, ...]], ...] = ()
+
+    @classmethod
+    def flat(cls, *fields: RowField) -> "RowFormat":
+        """Rows that are the JSON array of *fields*."""
+        return cls(fields=tuple(fields))
+
+    @classmethod
+    def tagged(cls, variants: Mapping[str, Sequence[RowField]]) -> "RowFormat":
+        """Rows ``[kind, data]``; *variants* maps each kind to the fields of ``data``."""
+        return cls(variants=tuple((kind, tuple(fields)) for kind, fields in variants.items()))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The names of a row's top-level fields."""
+        return ("kind", "data") if self.variants else tuple(name for name, _ in self.fields)
+
+    def shape(self, stream: str) -> "_rowcheck.RowShape":
+        """The compiled check of rows of *stream* in this format."""
+        if self.variants:
+            return _rowcheck.RowShape(stream, variants=dict(self.variants))
+        return _rowcheck.RowShape(stream, self.fields)
 
 
 @dataclass(frozen=True)
@@ -34,7 +77,8 @@ class StreamDefinition(abc.ABC):
       stream always has a single writer).
     * ``negative``: stored IDs decrease (backfill); tokens are their negations.
     * ``schema_component``: the migration component that creates the tables.
-    * ``row_fields``: names of the fields of a row, for documentation and tools.
+    * ``row``: the :class:`RowFormat` of its rows; a relay refuses rows that do not
+      fit it (None: every row is refused).
     """
 
     name: str
@@ -42,7 +86,32 @@ class StreamDefinition(abc.ABC):
     sequence_name: str | None = None
     negative: bool = False
     schema_component: str | None = None
-    row_fields: tuple[str, ...] = field(default=())
+    row: RowFormat | None = None
+    _shape: Any = field(init=False, repr=False, compare=False, hash=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.row is not None:
+            object.__setattr__(self, "_shape", self.row.shape(self.name))
+
+    @property
+    def row_fields(self) -> tuple[str, ...]:
+        """The names of a row's top-level fields."""
+        return () if self.row is None else self.row.names
+
+    def check_row(self, row_json: bytes) -> str | None:
+        """None when the raw JSON *row_json* fits this stream's row format, else one
+        sentence naming what is wrong. Checked in place, without decoding, for rows
+        in the common compact form."""
+        if self._shape is None:
+            return f"stream {self.name!r} declares no row format"
+        return _rowcheck.check_row(self._shape, row_json)
+
+    def check_rows(self, commands: Sequence[Any]) -> str | None:
+        """The first error of :meth:`check_row` over the ``row_json`` of each RDATA
+        command in *commands*, or None."""
+        if self._shape is None:
+            return f"stream {self.name!r} declares no row format" if commands else None
+        return _rowcheck.check_rows(self._shape, commands)
 
     @property
     def in_memory(self) -> bool:

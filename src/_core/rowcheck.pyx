@@ -1,0 +1,303 @@
+# cython: language_level=3
+"""Stream row shapes, compiled (twin of ``streamrep._pure.rowcheck``).
+
+A row in the common compact form (no whitespace, ASCII strings without escapes,
+integers of at most 18 digits) is checked in place on its raw bytes, allocating
+nothing. Any other row, and every row that does not fit, is decoded and explained
+by the pure twin, so both implementations accept the same rows and return the same
+messages.
+"""
+
+cimport cython
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from libc.string cimport memcmp
+
+from streamrep._pure import rowcheck as _ref
+
+__all__ = list(_ref.__all__)
+
+KINDS = _ref.KINDS
+
+cdef enum Kind:
+    K_STRING = 0
+    K_STRING_OR_NULL
+    K_INTEGER
+    K_BOOLEAN
+    K_OBJECT
+    K_ARRAY
+    K_ARRAY_OR_NULL
+    K_STRING_ARRAY
+    K_ANY
+
+# Nesting deeper than this is left to the decoder.
+cdef enum:
+    MAX_DEPTH = 32
+
+
+@cython.final
+cdef class RowShape:
+    """The shape of one stream's rows.
+
+    *fields* is a sequence of ``(name, kind)`` for rows that are a flat JSON array;
+    *variants* maps each ``kind`` tag to such a sequence for rows ``[tag, [fields]]``
+    (give one or the other). *name* (the stream) starts every message.
+    """
+
+    cdef readonly str name
+    cdef readonly tuple fields
+    cdef readonly dict variants
+    # One Kind per field, as bytes so the check reads them through a char pointer.
+    cdef bytes _kinds
+    # The UTF-8 tags and their shapes, in the same order.
+    cdef tuple _tags
+    cdef tuple _shapes
+
+    def __init__(self, str name, fields=(), variants=None):
+        if variants is not None and fields:
+            raise ValueError("a row shape has fields or variants, not both")
+        self.name = name
+        self.fields = tuple((str(field), str(kind)) for field, kind in fields)
+        for field, kind in self.fields:
+            if kind not in KINDS:
+                raise ValueError(f"field {field!r} of {name!r} has unknown kind {kind!r} "
+                                 f"(known: {', '.join(KINDS)})")
+        self._kinds = bytes([KINDS.index(kind) for _field, kind in self.fields])
+        self.variants = None
+        self._tags = ()
+        self._shapes = ()
+        if variants is not None:
+            if not variants:
+                raise ValueError("a tagged row shape needs at least one variant")
+            self.variants = {str(tag): RowShape(f"{name} {tag}", shape)
+                             for tag, shape in variants.items()}
+            self._tags = tuple(tag.encode() for tag in self.variants)
+            self._shapes = tuple(self.variants.values())
+
+    def __repr__(self):
+        if self.variants is not None:
+            return f"RowShape({self.name!r}, variants={sorted(self.variants)!r})"
+        return f"RowShape({self.name!r}, {list(self.fields)!r})"
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef bint _skip_string(const char** cursor, const char* end) noexcept nogil:
+    """Past a compact string at ``cursor[0]``; False when the decoder must decide."""
+    cdef const char* p = cursor[0]
+    cdef unsigned char c
+    if p >= end or p[0] != c'"':
+        return False
+    p += 1
+    while p < end:
+        c = <unsigned char>p[0]
+        if c == c'"':
+            cursor[0] = p + 1
+            return True
+        if c == c'\\' or c < 0x20 or c >= 0x80:
+            return False
+        p += 1
+    return False
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef bint _skip_word(const char** cursor, const char* end, const char* word,
+                     Py_ssize_t size) noexcept nogil:
+    if end - cursor[0] >= size and memcmp(cursor[0], word, size) == 0:
+        cursor[0] += size
+        return True
+    return False
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef bint _skip_integer(const char** cursor, const char* end) noexcept nogil:
+    cdef const char* p = cursor[0]
+    cdef const char* start
+    if p < end and p[0] == c'-':
+        p += 1
+    start = p
+    while p < end and c'0' <= p[0] <= c'9':
+        p += 1
+        if p - start > 18:
+            return False
+    if p == start or (p - start > 1 and start[0] == c'0'):
+        return False
+    if p < end and (p[0] == c'.' or p[0] == c'e' or p[0] == c'E'):
+        return False
+    cursor[0] = p
+    return True
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef bint _skip_value(const char** cursor, const char* end, int depth) noexcept nogil:
+    """Past any compact JSON value; False when the decoder must decide."""
+    cdef const char* p = cursor[0]
+    cdef char c
+    if p >= end or depth > MAX_DEPTH:
+        return False
+    c = p[0]
+    if c == c'"':
+        return _skip_string(cursor, end)
+    if c == c'n':
+        return _skip_word(cursor, end, b"null", 4)
+    if c == c't':
+        return _skip_word(cursor, end, b"true", 4)
+    if c == c'f':
+        return _skip_word(cursor, end, b"false", 5)
+    if c == c'-' or (c'0' <= c <= c'9'):
+        return _skip_integer(cursor, end)
+    if c == c'[':
+        p += 1
+        if p < end and p[0] == c']':
+            cursor[0] = p + 1
+            return True
+        while True:
+            if not _skip_value(&p, end, depth + 1) or p >= end:
+                return False
+            if p[0] == c']':
+                cursor[0] = p + 1
+                return True
+            if p[0] != c',':
+                return False
+            p += 1
+    if c == c'{':
+        p += 1
+        if p < end and p[0] == c'}':
+            cursor[0] = p + 1
+            return True
+        while True:
+            if not _skip_string(&p, end) or p >= end or p[0] != c':':
+                return False
+            p += 1
+            if not _skip_value(&p, end, depth + 1) or p >= end:
+                return False
+            if p[0] == c'}':
+                cursor[0] = p + 1
+                return True
+            if p[0] != c',':
+                return False
+            p += 1
+    return False
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef bint _skip_strings(const char** cursor, const char* end) noexcept nogil:
+    """Past a compact array of strings."""
+    cdef const char* p = cursor[0]
+    if p >= end or p[0] != c'[':
+        return False
+    p += 1
+    if p < end and p[0] == c']':
+        cursor[0] = p + 1
+        return True
+    while True:
+        if not _skip_string(&p, end) or p >= end:
+            return False
+        if p[0] == c']':
+            cursor[0] = p + 1
+            return True
+        if p[0] != c',':
+            return False
+        p += 1
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef bint _skip_kind(const char** cursor, const char* end, char kind) noexcept nogil:
+    """Past a value of *kind*; False when it is not one (or the decoder must decide)."""
+    cdef const char* p = cursor[0]
+    if p >= end:
+        return False
+    if kind == K_STRING:
+        return _skip_string(cursor, end)
+    if kind == K_STRING_OR_NULL:
+        return _skip_word(cursor, end, b"null", 4) or _skip_string(cursor, end)
+    if kind == K_INTEGER:
+        return (p[0] == c'-' or c'0' <= p[0] <= c'9') and _skip_integer(cursor, end)
+    if kind == K_BOOLEAN:
+        return _skip_word(cursor, end, b"true", 4) or _skip_word(cursor, end, b"false", 5)
+    if kind == K_OBJECT:
+        return p[0] == c'{' and _skip_value(cursor, end, 1)
+    if kind == K_ARRAY:
+        return p[0] == c'[' and _skip_value(cursor, end, 1)
+    if kind == K_ARRAY_OR_NULL:
+        return _skip_word(cursor, end, b"null", 4) or (p[0] == c'[' and _skip_value(cursor, end, 1))
+    if kind == K_STRING_ARRAY:
+        return _skip_strings(cursor, end)
+    return _skip_value(cursor, end, 1)
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef bint _fits_flat(const char** cursor, const char* end, const char* kinds,
+                     Py_ssize_t count) noexcept nogil:
+    """Past an array of exactly *count* values of *kinds*."""
+    cdef const char* p = cursor[0]
+    cdef Py_ssize_t i
+    if p >= end or p[0] != c'[':
+        return False
+    p += 1
+    if count == 0:
+        if p < end and p[0] == c']':
+            cursor[0] = p + 1
+            return True
+        return False
+    for i in range(count):
+        if not _skip_kind(&p, end, kinds[i]) or p >= end:
+            return False
+        if p[0] != (c']' if i == count - 1 else c','):
+            return False
+        p += 1
+    cursor[0] = p
+    return True
+
+
+cdef bint _fits(RowShape shape, const char* p, const char* end):
+    """Whether the compact row ``p[:end]`` fits *shape* (False: ask the twin)."""
+    cdef const char* tag_start
+    cdef Py_ssize_t tag_size, i
+    cdef bytes tag
+    cdef RowShape variant
+    if shape.variants is None:
+        return (_fits_flat(&p, end, PyBytes_AS_STRING(shape._kinds),
+                           PyBytes_GET_SIZE(shape._kinds)) and p == end)
+    if p >= end or p[0] != c'[':
+        return False
+    p += 1
+    tag_start = p + 1
+    if not _skip_string(&p, end) or p >= end or p[0] != c',':
+        return False
+    tag_size = p - tag_start - 1
+    p += 1
+    for i in range(len(shape._tags)):
+        tag = <bytes>shape._tags[i]
+        if PyBytes_GET_SIZE(tag) == tag_size and memcmp(PyBytes_AS_STRING(tag), tag_start,
+                                                        tag_size) == 0:
+            variant = <RowShape>shape._shapes[i]
+            return (_fits_flat(&p, end, PyBytes_AS_STRING(variant._kinds),
+                               PyBytes_GET_SIZE(variant._kinds))
+                    and p + 1 == end and p[0] == c']')
+    return False
+
+
+def check_row(RowShape shape, row_json):
+    """None when the JSON row *row_json* has *shape*, else what is wrong."""
+    if type(row_json) is not bytes:
+        row_json = bytes(row_json)
+    cdef const char* p = PyBytes_AS_STRING(row_json)
+    if _fits(shape, p, p + PyBytes_GET_SIZE(row_json)):
+        return None
+    return _ref.check_row(shape, row_json)
+
+
+def check_rows(RowShape shape, commands):
+    """The first error of :func:`check_row` over the ``row_json`` of each command."""
+    cdef object error
+    for command in commands:
+        error = check_row(shape, command.row_json)
+        if error is not None:
+            return error
+    return None
