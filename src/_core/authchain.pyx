@@ -1,0 +1,346 @@
+# cython: language_level=3
+"""Auth chains over a room's auth DAG with dense integer event IDs (compiled core).
+
+Same API and results as :mod:`streamrep._pure.authchain`; see there for the
+definitions. Edges live in one growing int32 buffer with a (start, count) pair per
+event; walks use an epoch-stamped visit array and a counter array kept between calls,
+so a query touches only the events it reaches and allocates one stack.
+"""
+
+from cpython.array cimport array, clone
+from libc.stdint cimport int32_t, int64_t, uint32_t
+from libc.stdlib cimport free, malloc, qsort, realloc
+from libc.string cimport memset
+
+cimport cython
+
+__all__ = ["AuthGraph"]
+
+cdef array _Q_TEMPLATE = array("q")
+cdef int64_t _MAX_NODE = 2**31 - 2
+
+
+cdef int _cmp_int32(const void* a, const void* b) noexcept nogil:
+    cdef int32_t x = (<const int32_t*>a)[0]
+    cdef int32_t y = (<const int32_t*>b)[0]
+    return (x > y) - (x < y)
+
+
+cdef array _sorted_array(int32_t* buf, Py_ssize_t count):
+    qsort(buf, count, sizeof(int32_t), _cmp_int32)
+    cdef array out = clone(_Q_TEMPLATE, count, False)
+    cdef Py_ssize_t k
+    for k in range(count):
+        out.data.as_longlongs[k] = buf[k]
+    return out
+
+
+cdef int32_t _node(object value) except -1:
+    cdef int64_t node = value
+    if node < 0 or node > _MAX_NODE:
+        raise ValueError(f"event number {node} outside 0..{_MAX_NODE}")
+    return <int32_t>node
+
+
+cdef class AuthGraph:
+    """The auth edges of one room's events."""
+
+    cdef int32_t* _start
+    cdef int32_t* _count
+    cdef uint32_t* _stamp
+    cdef int32_t* _tally
+    cdef int32_t* _edges
+    cdef Py_ssize_t _nodes
+    cdef Py_ssize_t _cap
+    cdef Py_ssize_t _n_edges
+    cdef Py_ssize_t _edge_cap
+    cdef uint32_t _epoch
+
+    def __cinit__(self):
+        self._start = NULL
+        self._count = NULL
+        self._stamp = NULL
+        self._tally = NULL
+        self._edges = NULL
+        self._nodes = 0
+        self._cap = 0
+        self._n_edges = 0
+        self._edge_cap = 0
+        self._epoch = 0
+
+    def __dealloc__(self):
+        free(self._start)
+        free(self._count)
+        free(self._stamp)
+        free(self._tally)
+        free(self._edges)
+
+    @property
+    def node_count(self):
+        """One more than the highest event number mentioned so far."""
+        return self._nodes
+
+    cdef int _grow(self, Py_ssize_t node) except -1:
+        cdef Py_ssize_t cap, old
+        if node < self._nodes:
+            return 0
+        if node >= self._cap:
+            cap = max(64, self._cap * 2, node + 1)
+            self._start = <int32_t*>_realloc(self._start, cap * sizeof(int32_t))
+            self._count = <int32_t*>_realloc(self._count, cap * sizeof(int32_t))
+            self._stamp = <uint32_t*>_realloc(self._stamp, cap * sizeof(uint32_t))
+            self._tally = <int32_t*>_realloc(self._tally, cap * sizeof(int32_t))
+            old = self._cap
+            memset(self._stamp + old, 0, (cap - old) * sizeof(uint32_t))
+            memset(self._tally + old, 0, (cap - old) * sizeof(int32_t))
+            self._cap = cap
+        memset(self._start + self._nodes, 0, (node + 1 - self._nodes) * sizeof(int32_t))
+        memset(self._count + self._nodes, 0, (node + 1 - self._nodes) * sizeof(int32_t))
+        self._nodes = node + 1
+        return 0
+
+    cdef uint32_t _next_epoch(self):
+        self._epoch += 1
+        if self._epoch == 0:
+            memset(self._stamp, 0, self._cap * sizeof(uint32_t))
+            self._epoch = 1
+        return self._epoch
+
+    def set_auth_events(self, node, auth):
+        """Record event *node*'s auth events (replacing any recorded before)."""
+        cdef int32_t n = _node(node)
+        cdef list parents = [_node(p) for p in auth]
+        cdef Py_ssize_t k = len(parents), i, highest = n
+        for i in range(k):
+            if <int32_t>parents[i] > highest:
+                highest = <int32_t>parents[i]
+        self._grow(highest)
+        if self._n_edges + k > self._edge_cap:
+            cap = max(256, self._edge_cap * 2, self._n_edges + k)
+            self._edges = <int32_t*>_realloc(self._edges, cap * sizeof(int32_t))
+            self._edge_cap = cap
+        for i in range(k):
+            self._edges[self._n_edges + i] = <int32_t>parents[i]
+        self._start[n] = <int32_t>self._n_edges
+        self._count[n] = <int32_t>k
+        self._n_edges += k
+
+    def auth_events(self, node):
+        """The auth events recorded for *node*."""
+        cdef int32_t n = _node(node)
+        cdef array out
+        cdef int32_t i
+        if n >= self._nodes:
+            return clone(_Q_TEMPLATE, 0, False)
+        out = clone(_Q_TEMPLATE, self._count[n], False)
+        for i in range(self._count[n]):
+            out.data.as_longlongs[i] = self._edges[self._start[n] + i]
+        return out
+
+    cdef int32_t* _stack(self, Py_ssize_t extra=0) except NULL:
+        cdef int32_t* stack = <int32_t*>malloc((self._nodes + extra + 1) * sizeof(int32_t))
+        if stack == NULL:
+            raise MemoryError()
+        return stack
+
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
+    cdef Py_ssize_t _walk(self, int32_t* stack, Py_ssize_t depth, uint32_t epoch,
+                          int32_t* out, Py_ssize_t n_out, bint tally) noexcept:
+        """Walk up from the stacked nodes, stamping with *epoch*; newly stamped nodes
+        are appended to *out* (when tallying: only on their first tally)."""
+        cdef int32_t node, p
+        cdef int32_t j, end
+        cdef int32_t* edges = self._edges
+        cdef uint32_t* stamp = self._stamp
+        while depth > 0:
+            depth -= 1
+            node = stack[depth]
+            end = self._start[node] + self._count[node]
+            for j in range(self._start[node], end):
+                p = edges[j]
+                if stamp[p] != epoch:
+                    stamp[p] = epoch
+                    stack[depth] = p
+                    depth += 1
+                    if tally:
+                        self._tally[p] += 1
+                        if self._tally[p] == 1:
+                            out[n_out] = p
+                            n_out += 1
+                    else:
+                        out[n_out] = p
+                        n_out += 1
+        return n_out
+
+    def auth_chain(self, roots):
+        """Every event reachable from *roots* along auth edges."""
+        cdef list nodes = sorted({_node(value) for value in roots})
+        cdef Py_ssize_t depth = 0, n_out = 0
+        cdef uint32_t epoch
+        cdef int32_t r
+        cdef int32_t* stack = self._stack(len(nodes))
+        cdef int32_t* out = self._stack()
+        try:
+            epoch = self._next_epoch()
+            for r in nodes:
+                if r < self._nodes:
+                    # A root is pushed here and maybe once more when another reaches it.
+                    stack[depth] = r
+                    depth += 1
+            n_out = self._walk(stack, depth, epoch, out, 0, False)
+            return _sorted_array(out, n_out)
+        finally:
+            free(stack)
+            free(out)
+
+    def auth_chain_difference(self, sets):
+        """Events in the full auth chain of some but not all of *sets*."""
+        cdef list groups = [[_node(value) for value in roots] for roots in sets]
+        cdef Py_ssize_t k = len(groups), depth, n_touched = 0, n_out = 0, i
+        cdef uint32_t epoch
+        cdef int32_t r
+        if k < 2:
+            return clone(_Q_TEMPLATE, 0, False)
+        cdef int32_t* stack = self._stack()
+        cdef int32_t* touched = self._stack()
+        cdef int32_t* tally = self._tally
+        cdef uint32_t* stamp = self._stamp
+        try:
+            for group in groups:
+                epoch = self._next_epoch()
+                depth = 0
+                for r in group:
+                    if r < self._nodes and stamp[r] != epoch:
+                        stamp[r] = epoch
+                        stack[depth] = r
+                        depth += 1
+                        tally[r] += 1
+                        if tally[r] == 1:
+                            touched[n_touched] = r
+                            n_touched += 1
+                n_touched = self._walk(stack, depth, epoch, touched, n_touched, True)
+            for i in range(n_touched):
+                r = touched[i]
+                if tally[r] < k:
+                    touched[n_out] = r
+                    n_out += 1
+                tally[r] = 0
+            # Roots never described count as reached only by their own set.
+            return _merge_unknown(_sorted_array(touched, n_out), groups, self._nodes, k)
+        finally:
+            free(stack)
+            free(touched)
+
+    def conflicted_subgraph(self, conflicted):
+        """Events on some auth path between two of *conflicted* (those included)."""
+        cdef list targets = [_node(value) for value in conflicted]
+        cdef Py_ssize_t depth = 0, n_anc = 0, i, total, n_found = 0
+        cdef uint32_t up, down
+        cdef int32_t r, node, p, j, pos
+        cdef int32_t* stack = self._stack()
+        cdef int32_t* anc = self._stack()
+        cdef int32_t* found = self._stack()
+        cdef int32_t* offsets = NULL
+        cdef int32_t* children = NULL
+        cdef int32_t* fill = NULL
+        cdef int32_t* tally = self._tally
+        cdef uint32_t* stamp = self._stamp
+        extra = sorted({t for t in targets if t >= self._nodes})
+        try:
+            up = self._next_epoch()
+            for r in targets:
+                if r < self._nodes and stamp[r] != up:
+                    stamp[r] = up
+                    stack[depth] = r
+                    depth += 1
+                    anc[n_anc] = r
+                    n_anc += 1
+            n_anc = self._walk(stack, depth, up, anc, n_anc, False)
+            # Position of each ancestor (+1) in tally, then children lists in CSR form.
+            for i in range(n_anc):
+                tally[anc[i]] = <int32_t>(i + 1)
+            offsets = <int32_t*>_calloc32(n_anc + 1)
+            total = 0
+            for i in range(n_anc):
+                node = anc[i]
+                for j in range(self._start[node], self._start[node] + self._count[node]):
+                    p = self._edges[j]
+                    if stamp[p] == up:
+                        offsets[tally[p]] += 1
+                        total += 1
+            for i in range(n_anc):
+                offsets[i + 1] += offsets[i]
+            children = <int32_t*>_calloc32(total + 1)
+            fill = <int32_t*>_calloc32(n_anc + 1)
+            for i in range(n_anc):
+                node = anc[i]
+                for j in range(self._start[node], self._start[node] + self._count[node]):
+                    p = self._edges[j]
+                    if stamp[p] == up:
+                        pos = tally[p] - 1
+                        children[offsets[pos] + fill[pos]] = node
+                        fill[pos] += 1
+            down = self._next_epoch()
+            depth = 0
+            for r in targets:
+                if r < self._nodes and stamp[r] != down:
+                    stamp[r] = down
+                    stack[depth] = r
+                    depth += 1
+            n_found = 0
+            while depth > 0:
+                depth -= 1
+                node = stack[depth]
+                found[n_found] = node
+                n_found += 1
+                pos = tally[node] - 1
+                for j in range(offsets[pos], offsets[pos + 1]):
+                    p = children[j]
+                    if stamp[p] != down:
+                        stamp[p] = down
+                        stack[depth] = p
+                        depth += 1
+            for i in range(n_anc):
+                tally[anc[i]] = 0
+            result = _sorted_array(found, n_found)
+            if extra:
+                merged = sorted(set(result.tolist()) | set(extra))
+                return array("q", merged)
+            return result
+        finally:
+            free(stack)
+            free(anc)
+            free(found)
+            free(offsets)
+            free(children)
+            free(fill)
+
+
+cdef void* _realloc(void* ptr, size_t size) except NULL:
+    cdef void* out = realloc(ptr, size)
+    if out == NULL:
+        raise MemoryError()
+    return out
+
+
+cdef void* _calloc32(Py_ssize_t count) except NULL:
+    cdef void* out = malloc(count * sizeof(int32_t) + 4)
+    if out == NULL:
+        raise MemoryError()
+    memset(out, 0, count * sizeof(int32_t) + 4)
+    return out
+
+
+cdef object _merge_unknown(array found, list groups, Py_ssize_t nodes, Py_ssize_t k):
+    # Events beyond node_count have no auth events: a set reaches them only by
+    # naming them, so they are in the difference unless every set names them.
+    counts = {}
+    for group in groups:
+        for r in set(group):
+            if r >= nodes:
+                counts[r] = counts.get(r, 0) + 1
+    extra = [r for r, c in counts.items() if c < k]
+    if not extra:
+        return found
+    return array("q", sorted(set(found.tolist()) | set(extra)))

@@ -1,0 +1,72 @@
+"""A room's auth DAG keyed by event ID, over the compiled auth chain core.
+
+:class:`AuthIndex` interns event IDs into dense integers once and keeps the edges
+in :class:`streamrep._core.authchain.AuthGraph` (or its pure twin), so auth chain
+questions walk integer arrays instead of loading events.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+from streamrep import _impl
+
+if TYPE_CHECKING:
+    from streamrep._pure import authchain as _authchain
+else:
+    _authchain = _impl.load("authchain")
+
+__all__ = ["AuthIndex"]
+
+
+class AuthIndex:
+    """Auth edges of one room's events, by event ID."""
+
+    def __init__(self) -> None:
+        self._numbers: dict[str, int] = {}
+        self._ids: list[str] = []
+        self._described: set[int] = set()
+        self._graph = _authchain.AuthGraph()
+
+    def __len__(self) -> int:
+        return len(self._described)
+
+    def __contains__(self, event_id: object) -> bool:
+        number = self._numbers.get(event_id) if isinstance(event_id, str) else None
+        return number is not None and number in self._described
+
+    def _number(self, event_id: str) -> int:
+        number = self._numbers.get(event_id)
+        if number is None:
+            number = len(self._ids)
+            self._numbers[event_id] = number
+            self._ids.append(event_id)
+        return number
+
+    def add(self, event_id: str, auth_ids: Iterable[str]) -> None:
+        """Record *event_id*'s auth events. Recording an event again changes nothing."""
+        number = self._number(event_id)
+        if number in self._described:
+            return
+        self._graph.set_auth_events(number, [self._number(a) for a in auth_ids])
+        self._described.add(number)
+
+    def _names(self, numbers: Iterable[int]) -> set[str]:
+        ids = self._ids
+        return {ids[n] for n in numbers}
+
+    def _lookup(self, event_ids: Iterable[str]) -> list[int]:
+        return [self._number(e) for e in event_ids]
+
+    def auth_chain(self, event_ids: Iterable[str]) -> set[str]:
+        """The auth chain of *event_ids* (every event reachable along auth edges)."""
+        return self._names(self._graph.auth_chain(self._lookup(event_ids)))
+
+    def auth_chain_difference(self, state_sets: Sequence[Iterable[str]]) -> set[str]:
+        """Events in the full auth chain of some, but not all, of *state_sets*."""
+        return self._names(self._graph.auth_chain_difference(
+            [self._lookup(s) for s in state_sets]))
+
+    def conflicted_subgraph(self, conflicted: Iterable[str]) -> set[str]:
+        """Events on an auth path between two *conflicted* events, those included."""
+        return self._names(self._graph.conflicted_subgraph(self._lookup(conflicted)))

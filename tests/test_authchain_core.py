@@ -1,0 +1,101 @@
+"""The auth chain core, compiled and pure: fixed graphs, bad input, and agreement."""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.support.impls import IMPLEMENTATIONS, core_module
+
+
+def graph(impl_kind: str, edges: dict[int, list[int]]) -> Any:
+    g = core_module("authchain", impl_kind).AuthGraph()
+    for node, parents in edges.items():
+        g.set_auth_events(node, parents)
+    return g
+
+
+# 0 create; 1 creator join; 2 power levels; 3 join rules; 4, 5 members; 6 ban by 1.
+ROOM = {0: [], 1: [0], 2: [0, 1], 3: [0, 1, 2], 4: [0, 2, 3], 5: [0, 2, 3], 6: [0, 1, 2, 5]}
+
+
+def test_the_compiled_core_loaded() -> None:
+    if "compiled" in IMPLEMENTATIONS:
+        assert type(core_module("authchain", "compiled").AuthGraph()).__module__ == \
+            "streamrep._core.authchain"
+
+
+def test_auth_chain(impl_kind: str) -> None:
+    g = graph(impl_kind, ROOM)
+    assert g.auth_chain([6]) == array("q", [0, 1, 2, 3, 5])
+    assert g.auth_chain([4, 5]) == array("q", [0, 1, 2, 3])
+    assert g.auth_chain([0]) == array("q")
+    assert g.auth_chain([]) == array("q")
+    assert g.auth_events(6) == array("q", [0, 1, 2, 5])
+    assert g.node_count == 7
+
+
+def test_auth_chain_difference(impl_kind: str) -> None:
+    g = graph(impl_kind, ROOM)
+    # {4} vs {6}: full chains {0,1,2,3,4} and {0,1,2,3,5,6}.
+    assert g.auth_chain_difference([[4], [6]]) == array("q", [4, 5, 6])
+    assert g.auth_chain_difference([[4, 6], [6, 4]]) == array("q")
+    assert g.auth_chain_difference([[4], [5], [6]]) == array("q", [4, 5, 6])
+    assert g.auth_chain_difference([[4]]) == array("q")
+    assert g.auth_chain_difference([]) == array("q")
+
+
+def test_conflicted_subgraph(impl_kind: str) -> None:
+    g = graph(impl_kind, ROOM)
+    # Paths from 6 down to 2: 6 -> 2, 6 -> 5 -> 2, 6 -> 5 -> 3 -> 2.
+    assert g.conflicted_subgraph([2, 6]) == array("q", [2, 3, 5, 6])
+    assert g.conflicted_subgraph([1, 4]) == array("q", [1, 2, 3, 4])
+    assert g.conflicted_subgraph([4]) == array("q", [4])
+
+
+def test_events_never_described(impl_kind: str) -> None:
+    g = graph(impl_kind, {1: [0]})
+    assert g.auth_chain_difference([[1], [9]]) == array("q", [0, 1, 9])
+    assert g.auth_chain([9]) == array("q")
+    assert g.conflicted_subgraph([9, 1]) == array("q", [1, 9])
+
+
+def test_replacing_auth_events(impl_kind: str) -> None:
+    g = graph(impl_kind, {2: [0], 1: [0]})
+    g.set_auth_events(2, [1])
+    assert g.auth_chain([2]) == array("q", [0, 1])
+
+
+@pytest.mark.parametrize("bad", [-1, 2**31, 2**40])
+def test_rejects_numbers_out_of_range(impl_kind: str, bad: int) -> None:
+    g = graph(impl_kind, {})
+    with pytest.raises(ValueError, match="outside"):
+        g.set_auth_events(bad, [])
+    with pytest.raises(ValueError, match="outside"):
+        g.set_auth_events(0, [bad])
+    with pytest.raises(ValueError, match="outside"):
+        g.auth_chain_difference([[0], [bad]])
+
+
+dags = st.integers(1, 40).flatmap(lambda n: st.lists(
+    st.lists(st.integers(0, n - 1), max_size=4), min_size=n, max_size=n))
+
+
+@settings(max_examples=150, deadline=None)
+@given(dags, st.lists(st.lists(st.integers(0, 45), max_size=5), max_size=5),
+       st.lists(st.integers(0, 45), max_size=6))
+def test_compiled_and_pure_agree(parents: list[list[int]], sets: list[list[int]],
+                                 roots: list[int]) -> None:
+    if len(IMPLEMENTATIONS) < 2:
+        pytest.skip("only the pure implementation is in use")
+    # Keep it a DAG: an event's auth events come before it.
+    edges = {i: [p for p in ps if p < i] for i, ps in enumerate(parents)}
+    c, p = graph("compiled", edges), graph("pure", edges)
+    assert c.node_count == p.node_count
+    assert c.auth_chain(roots) == p.auth_chain(roots)
+    assert c.auth_chain_difference(sets) == p.auth_chain_difference(sets)
+    assert c.conflicted_subgraph(roots) == p.conflicted_subgraph(roots)

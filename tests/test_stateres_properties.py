@@ -1,0 +1,99 @@
+"""Properties of state resolution over random forked rooms, and the reference's view."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamrep.matrix import auth
+from streamrep.matrix.errors import AuthRejection, StateResolutionError
+from streamrep.matrix.room_versions import ROOM_VERSIONS, StateResAlgorithm, room_version
+from streamrep.matrix.stateres import InMemoryEventSource, resolve_state
+
+from tests.support import stateres_build as build
+from tests.support.stateres_random import forked_room
+from tests.test_stateres_scenarios import run_oracle
+
+VERSIONS = sorted(ROOM_VERSIONS, key=int)
+cases = st.builds(forked_room, st.sampled_from(VERSIONS), st.integers(0, 10**6),
+                  members=st.integers(3, 8), forks=st.integers(2, 4),
+                  per_fork=st.integers(1, 8))
+
+
+@settings(max_examples=60, deadline=None)
+@given(cases, st.randoms(use_true_random=False))
+def test_order_of_state_sets_does_not_matter(case: dict[str, Any], rnd: Any) -> None:
+    shuffled = list(case["state_sets"])
+    rnd.shuffle(shuffled)
+    assert build.explicit_state(dict(case, state_sets=shuffled)) == build.explicit_state(case)
+
+
+@settings(max_examples=40, deadline=None)
+@given(cases)
+def test_a_single_state_resolves_to_itself(case: dict[str, Any]) -> None:
+    one = case["state_sets"][:1]
+    assert build.as_rows(build.explicit_state(dict(case, state_sets=one))) == sorted(one[0])
+    twice = one * 2
+    assert build.as_rows(build.explicit_state(dict(case, state_sets=twice))) == sorted(one[0])
+
+
+@settings(max_examples=60, deadline=None)
+@given(cases)
+def test_resolved_events_pass_auth_and_rejected_never_win(case: dict[str, Any]) -> None:
+    room, source, id_of = build.explicit_source(case)
+    version = room_version(case["room_version"])
+    sets = [{(t, k): id_of[n] for t, k, n in s} for s in case["state_sets"]]
+    resolved = resolve_state(room, version, sets, source)
+    events = build.events_by_id(source)
+    unconflicted = set.intersection(*(set(s.items()) for s in sets))
+    for key, event_id in resolved.items():
+        if (key, event_id) in unconflicted:
+            continue
+        assert key == events[event_id].key
+        if version.state_res is not StateResAlgorithm.V1:
+            assert not source.is_rejected(event_id), (key, event_id)
+            # Not rejected means it passed the rules against its own auth events.
+            auth.authorize(events[event_id], version, events, source.rejected)
+
+
+def test_events_of_another_room_are_refused() -> None:
+    case = forked_room("10", 7, forks=2, per_fork=3)
+    room, source, id_of = build.explicit_source(case)
+    sets = [{(t, k): id_of[n] for t, k, n in s} for s in case["state_sets"]]
+    if len({frozenset(s.items()) for s in sets}) == 1:
+        pytest.skip("the seed produced no conflict")
+    with pytest.raises(StateResolutionError, match="belongs to room"):
+        resolve_state("!elsewhere:example.org", room_version("10"), sets, source)
+
+
+def test_empty_input_resolves_to_empty_state() -> None:
+    assert resolve_state("!r:x", room_version("12"), [], InMemoryEventSource()) == {}
+
+
+def test_rejections_are_typed() -> None:
+    case = forked_room("11", 3, forks=3, per_fork=8)
+    room, source, _ = build.explicit_source(case)
+    events = build.events_by_id(source)
+    seen = 0
+    for spec in case["events"]:
+        if spec.get("rejected"):
+            event = events[build.event_id_for(spec["id"], "11")]
+            with pytest.raises(AuthRejection) as info:
+                auth.authorize(event, room_version("11"), events, source.rejected)
+            assert info.value.reason.value
+            seen += 1
+    assert seen > 0
+
+
+def test_reference_agrees_on_random_forked_rooms() -> None:
+    generated = [forked_room(v, seed, members=6, forks=forks, per_fork=7)
+                 for v, seed, forks in itertools.product(
+                     ["1", "2", "6", "8", "10", "11", "12"], range(6), [2, 3])]
+    answers = run_oracle({"explicit": generated})
+    for case in generated:
+        mine = build.as_rows(build.explicit_state(case))
+        assert answers["explicit"][case["name"]] == mine, case["name"]
