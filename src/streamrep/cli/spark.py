@@ -1,4 +1,4 @@
-"""``streamrep spark reconstruct``: full state of every state group, in bulk.
+"""``streamrep spark reconstruct`` and ``compress``: the state tables, in bulk.
 
 Runs the Spark job (``local[*]`` on 127.0.0.1 unless ``--master`` says
 otherwise) or, with ``--single-process``, the same pipeline without Spark.
@@ -116,3 +116,90 @@ def _run_spark(source: Any, options: Any, master: str | None, shuffle_partitions
         return reconstruct_spark(session, source, options, jdbc_partitions=jdbc_partitions)
     finally:
         session.stop()
+
+
+@spark.command("compress")
+@click.option("--input", "input_dir", type=click.Path(file_okay=False, exists=True),
+              help="Directory with state_groups, state_group_edges and state_groups_state "
+                   "(and event_to_state_groups for --find-unreferenced) as CSV or Parquet.")
+@click.option("--jdbc-url", metavar="URL",
+              help="Read the tables from PostgreSQL instead (postgresql:// or jdbc:postgresql://).")
+@click.option("--db", "db_url", metavar="URL",
+              help="With --single-process: read from this database (postgresql:// or sqlite:///).")
+@click.option("--output", required=True, type=click.Path(file_okay=False),
+              help="Directory for the new tables and the change set (Parquet).")
+@click.option("--master", default=None,
+              help="Spark master URL (default local[*], bound to 127.0.0.1).")
+@click.option("--max-depth", default=100, type=click.IntRange(min=1), show_default=True,
+              help="Longest chain of prev groups any group may have after compression.")
+@click.option("--candidates", default=16, type=click.IntRange(min=0), show_default=True,
+              help="Earlier groups of its room a snapshot considers as its new prev.")
+@click.option("--find-unreferenced", is_flag=True,
+              help="Also list groups no event references and no referenced group needs, "
+                   "for deletion.")
+@click.option("--split-threshold", default=200_000, type=click.IntRange(min=1), show_default=True,
+              help="Rooms (and trees) with more groups than this are split into units.")
+@click.option("--shuffle-partitions", default=None, type=click.IntRange(min=1),
+              help="spark.sql.shuffle.partitions (default twice the local cores, at least 4).")
+@click.option("--jdbc-partitions", default=None, type=click.IntRange(min=1),
+              help="Range partitions per table for JDBC reads (default from the row count).")
+@click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE", help="Extra Spark settings.")
+@click.option("--single-process", is_flag=True, help="Run without Spark, in this process.")
+@click.option("--overwrite", is_flag=True, help="Replace a non-empty output directory.")
+def compress(input_dir: str | None, jdbc_url: str | None, db_url: str | None, output: str,
+             master: str | None, max_depth: int, candidates: int, find_unreferenced: bool,
+             split_threshold: int, shuffle_partitions: int | None, jdbc_partitions: int | None,
+             confs: tuple[str, ...], single_process: bool, overwrite: bool) -> None:
+    """Choose shorter deltas for every state group, verify every changed group's
+    full state, and write the new tables and the change set as Parquet.
+
+    Nothing is written to the database: ``streamrep state apply-compression``
+    does that from the change set."""
+    from streamrep.errors import StateCorruptionError, StateVerificationError
+    from streamrep.spark.compress import CompressOptions
+    from streamrep.spark.options import Source
+
+    if db_url and not single_process:
+        raise click.UsageError("--db is for --single-process; the Spark job takes --jdbc-url")
+    database = jdbc_url or db_url
+    if (input_dir is None) == (database is None):
+        raise click.UsageError("give exactly one of --input and --jdbc-url (or --db)")
+    conf: dict[str, str] = {}
+    for item in confs:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"--conf expects KEY=VALUE, not {item!r}")
+        conf[key] = value
+    try:
+        source = Source(input_dir=input_dir, db_url=database)
+        options = CompressOptions(
+            output=output, max_depth=max_depth, candidates=candidates,
+            split_threshold=split_threshold, find_unreferenced=find_unreferenced,
+            overwrite=overwrite,
+        )
+        if single_process:
+            from streamrep.spark.compress_local import compress_local
+
+            result = compress_local(source, options)
+        else:
+            from streamrep.spark.compress_job import compress_spark
+            from streamrep.spark.job import build_session
+
+            click.echo(f"reading {source.describe()} with Spark ({master or 'local[*]'})", err=True)
+            session = build_session(master, app_name="streamrep-compress-state",
+                                    shuffle_partitions=shuffle_partitions, conf=conf)
+            try:
+                result = compress_spark(session, source, options, jdbc_partitions=jdbc_partitions)
+            finally:
+                session.stop()
+    except StateCorruptionError as exc:
+        click.echo(f"error: StateCorruptionError: {exc}", err=True)
+        sys.exit(3)
+    except StateVerificationError as exc:
+        click.echo(f"error: StateVerificationError: {exc} (nothing was written to the database)",
+                   err=True)
+        sys.exit(4)
+    except StreamrepError as exc:
+        click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(2)
+    click.echo(result.summary())

@@ -36,3 +36,41 @@ def export(db_url: str, out_dir: str, overwrite: bool) -> None:
         raise click.ClickException(str(exc).strip()) from None
     for table, (rows, seconds) in report.items():
         click.echo(f"{table}: {rows} rows in {seconds:.2f}s")
+
+
+@state.command("apply-compression")
+@click.option("--db", "db_url", required=True, metavar="URL",
+              help="Database URL (postgresql://... or sqlite:///path).")
+@click.option("--changes", "changes_dir", required=True, type=click.Path(file_okay=False, exists=True),
+              help="Output directory of `streamrep spark compress`.")
+@click.option("--batch-groups", default=1000, type=click.IntRange(min=1), show_default=True,
+              help="Groups per transaction.")
+@click.option("--no-verify", is_flag=True,
+              help="Do not walk each rewritten group's chain before committing.")
+def apply_compression(db_url: str, changes_dir: str, batch_groups: int, no_verify: bool) -> None:
+    """Write a compression change set to the database, one unit at a time in
+    short transactions; groups changed since the compress run are skipped.
+
+    Safe to stop at any point and run again."""
+    import sqlite3
+    import sys
+
+    import psycopg2
+
+    from streamrep.errors import ConfigError, StateVerificationError
+    from streamrep.spark.compress_apply import apply_compression as apply
+
+    try:
+        report = apply(db_url, changes_dir, batch_groups=batch_groups, verify=not no_verify,
+                       after_transaction=None)
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except StateVerificationError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(4)
+    except (psycopg2.Error, sqlite3.Error) as exc:
+        click.echo(f"error: the database refused the change set ({str(exc).strip().splitlines()[0]}); "
+                   "check the URL and that the state tables exist, then run again", err=True)
+        sys.exit(5)
+    click.echo(report.summary())

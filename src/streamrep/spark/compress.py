@@ -1,0 +1,643 @@
+"""Arrow-level steps of state compression, shared by Spark and the local mode.
+
+Nothing here imports PySpark. Compression works on **units**: all trees of one
+room (a snapshot of a room may then become a delta over the room's earlier
+groups), or, for a room with more groups than the split threshold, a share of
+its trees; a single tree above the threshold is cut by branch as
+reconstruction cuts it, its root copied into every piece and left as it is.
+
+Per batch of whole units (:func:`compress_units`):
+
+1. the delta rows are interned and every group's full state expanded by the
+   compiled state core;
+2. the compression core plans a new prev and delta per group;
+3. the new tables are expanded again and the digest of every changed group's
+   full state compared with the old one (any difference raises
+   :class:`~streamrep.errors.StateVerificationError` naming the groups);
+4. with ``find_unreferenced``, groups no event references and no referenced
+   group reaches through the new prev pointers are listed for deletion.
+
+Output per batch: the new ``state_group_edges`` and ``state_groups_state`` rows
+and the change set (:data:`CHANGES_SCHEMA`, :data:`CHANGE_ROWS_SCHEMA`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from streamrep import _impl
+from streamrep.errors import StateCorruptionError, StateVerificationError
+from streamrep.spark.batches import (
+    TOPOLOGY_SCHEMA,
+    _bool_numpy,
+    _int64_numpy,
+    _Interned,
+    _string_table,
+    assign_trees,
+)
+
+if TYPE_CHECKING:
+    from streamrep._pure import compress as _core_compress
+    from streamrep._pure import state as _core_state
+else:
+    _core_compress = _impl.load("compress")
+    _core_state = _impl.load("state")
+
+__all__ = [
+    "CompressOptions",
+    "CompressResult",
+    "UNIT_TOPOLOGY_SCHEMA",
+    "UNITS_SCHEMA",
+    "CHANGES_SCHEMA",
+    "CHANGE_ROWS_SCHEMA",
+    "EDGES_SCHEMA",
+    "NEW_STATE_SCHEMA",
+    "REPORT_SCHEMA",
+    "OUTPUT_TABLES",
+    "assign_units",
+    "compress_units",
+    "write_units",
+]
+
+
+@dataclass(frozen=True)
+class CompressOptions:
+    """What the compression job does and where it writes."""
+
+    output: str
+    max_depth: int = 100
+    candidates: int = 16
+    split_threshold: int = 200_000
+    find_unreferenced: bool = False
+    overwrite: bool = False
+
+
+@dataclass
+class CompressResult:
+    """Counts, the longest chains before and after, and phase timings (seconds)."""
+
+    output: str
+    groups: int = 0
+    changed_groups: int = 0
+    unreferenced_groups: int = 0
+    rows_before: int = 0
+    rows_after: int = 0
+    max_depth_before: int = 0
+    max_depth_after: int = 0
+    verified_groups: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def add(self, report: pa.Table) -> None:
+        """Add up the per-task reports (:data:`REPORT_SCHEMA`)."""
+        for name in ("groups", "changed_groups", "unreferenced_groups", "rows_before",
+                     "rows_after", "verified_groups"):
+            setattr(self, name, getattr(self, name) + int(pc.sum(report.column(name)).as_py() or 0))
+        for name in ("max_depth_before", "max_depth_after"):
+            setattr(self, name, max(getattr(self, name), int(pc.max(report.column(name)).as_py() or 0)))
+
+    def summary(self) -> str:
+        phases = ", ".join(f"{k} {v:.2f}s" for k, v in self.timings.items())
+        saved = self.rows_before - self.rows_after
+        share = 100.0 * saved / self.rows_before if self.rows_before else 0.0
+        line = (f"{self.groups} groups, {self.changed_groups} changed; state_groups_state "
+                f"{self.rows_before} -> {self.rows_after} rows (-{share:.1f}%); longest chain "
+                f"{self.max_depth_before} -> {self.max_depth_after} hops; verified "
+                f"{self.verified_groups} groups")
+        if self.unreferenced_groups:
+            line += f"; {self.unreferenced_groups} unreferenced groups to delete"
+        return f"{line}; written to {self.output} ({phases})"
+
+
+#: Input of :func:`assign_units`: :data:`TOPOLOGY_SCHEMA` (wanted unused) plus
+#: the room, the group's own event and whether an event references it.
+UNIT_TOPOLOGY_SCHEMA = pa.schema(
+    list(TOPOLOGY_SCHEMA)
+    + [("room_id", pa.string()), ("group_event_id", pa.string()), ("referenced", pa.bool_())]
+)
+
+#: Output of :func:`assign_units`. ``home`` is False on the extra copies of a
+#: split tree's root; ``fixed`` marks those roots (left as they are).
+UNITS_SCHEMA = pa.schema(
+    [
+        ("unit", pa.int64()),
+        ("state_group", pa.int64()),
+        ("prev_state_group", pa.int64()),
+        ("room_id", pa.string()),
+        ("group_event_id", pa.string()),
+        ("referenced", pa.bool_()),
+        ("home", pa.bool_()),
+        ("fixed", pa.bool_()),
+        ("children", pa.int64()),
+    ]
+)
+
+#: Rows handed to :func:`compress_units`: the units joined with the delta rows
+#: (``type`` null on the one row of a group without delta rows).
+UNIT_ROWS_SCHEMA = pa.schema(
+    list(UNITS_SCHEMA) + [("type", pa.string()), ("state_key", pa.string()), ("event_id", pa.string())]
+)
+
+#: One row per changed group (``action`` "rewrite") or group to delete
+#: (``action`` "delete"). ``old_*`` is what the group looked like when read:
+#: applying re-checks it. ``children`` is how many groups had it as prev.
+CHANGES_SCHEMA = pa.schema(
+    [
+        ("unit", pa.int64()),
+        ("state_group", pa.int64()),
+        ("action", pa.string()),
+        ("room_id", pa.string()),
+        ("group_event_id", pa.string()),
+        ("old_prev", pa.int64()),
+        ("new_prev", pa.int64()),
+        ("old_rows", pa.int64()),
+        ("new_rows", pa.int64()),
+        ("children", pa.int64()),
+        ("depth", pa.int64()),
+        ("state_digest", pa.string()),
+    ]
+)
+
+#: The delta rows of each changed group: ``delete`` (what it had) and
+#: ``insert`` (what it gets). Deleted groups have only ``delete`` rows.
+CHANGE_ROWS_SCHEMA = pa.schema(
+    [
+        ("unit", pa.int64()),
+        ("state_group", pa.int64()),
+        ("op", pa.string()),
+        ("room_id", pa.string()),
+        ("type", pa.string()),
+        ("state_key", pa.string()),
+        ("event_id", pa.string()),
+    ]
+)
+
+#: The new ``state_group_edges`` and ``state_groups_state`` (every kept group).
+EDGES_SCHEMA = pa.schema([("state_group", pa.int64()), ("prev_state_group", pa.int64())])
+NEW_STATE_SCHEMA = pa.schema(
+    [("state_group", pa.int64()), ("room_id", pa.string()), ("type", pa.string()),
+     ("state_key", pa.string()), ("event_id", pa.string())]
+)
+
+#: Output folder name -> schema.
+OUTPUT_TABLES: dict[str, pa.Schema] = {
+    "state_group_edges": EDGES_SCHEMA,
+    "state_groups_state": NEW_STATE_SCHEMA,
+    "changes": CHANGES_SCHEMA,
+    "change_rows": CHANGE_ROWS_SCHEMA,
+}
+
+#: What each batch (and each Spark task) reports.
+REPORT_SCHEMA = pa.schema(
+    [
+        ("groups", pa.int64()),
+        ("changed_groups", pa.int64()),
+        ("unreferenced_groups", pa.int64()),
+        ("rows_before", pa.int64()),
+        ("rows_after", pa.int64()),
+        ("max_depth_before", pa.int64()),
+        ("max_depth_after", pa.int64()),
+        ("verified_groups", pa.int64()),
+    ]
+)
+
+
+# --- units ----------------------------------------------------------------------
+
+
+def _mix(values: np.ndarray) -> np.ndarray:
+    mixed: np.ndarray = (values.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(33)
+    return mixed
+
+
+def assign_units(topology: pa.Table, split_threshold: int = 200_000) -> pa.Table:
+    """Group the trees into units (rooms, or shares of giant rooms).
+
+    *topology* has :data:`UNIT_TOPOLOGY_SCHEMA`. Checks it with the core
+    (duplicates, missing prev groups, cycles raise StateCorruptionError naming
+    the groups) and returns :data:`UNITS_SCHEMA` rows.
+    """
+    marked = topology.select(TOPOLOGY_SCHEMA.names).set_column(
+        2, "wanted", pa.array(np.ones(topology.num_rows, dtype=np.bool_))
+    )
+    trees = assign_trees(marked, split_threshold)
+    if trees.num_rows == 0:
+        return UNITS_SCHEMA.empty_table()
+    ids = _int64_numpy(topology.column("state_group"))
+    order = np.argsort(ids, kind="stable")
+    sorted_ids = ids[order]
+
+    def lookup(groups: np.ndarray) -> np.ndarray:
+        return order[np.searchsorted(sorted_ids, groups)]
+
+    t_group = _int64_numpy(trees.column("state_group"))
+    t_root = _int64_numpy(trees.column("root"))
+    t_piece = _int64_numpy(trees.column("piece"))
+    t_home = _bool_numpy(trees.column("wanted"))
+    t_prev = _int64_numpy(trees.column("prev_state_group"), fill=-1)
+    at = lookup(t_group)
+    room_text = topology.column("room_id").combine_chunks().take(pa.array(lookup(t_root)))
+    room_code = pc.dictionary_encode(room_text.fill_null("")).indices
+    room_num = _int64_numpy(room_code)
+    room_size = np.bincount(room_num, weights=t_home.astype(np.float64)).astype(np.int64)
+    shares = np.maximum(1, -(-room_size // max(1, split_threshold)))
+    split_tree = np.isin(t_root, t_root[t_piece > 0]) if (t_piece > 0).any() else np.zeros(len(t_root), np.bool_)
+    share = (_mix(t_root ^ (t_piece << np.int64(40))) % shares[room_num].astype(np.uint64)).astype(np.int64)
+    share = np.where(shares[room_num] > 1, share, 0)
+    unit_key = room_num * np.int64(1 << 20) + share
+    _, unit = np.unique(unit_key, return_inverse=True)
+    unit = unit.astype(np.int64)
+    fixed = split_tree & (t_group == t_root)
+
+    # A split root copied into two pieces of the same unit is kept once.
+    keep_order = np.lexsort((~t_home, t_group, unit))
+    first = np.r_[True, (unit[keep_order][1:] != unit[keep_order][:-1])
+                  | (t_group[keep_order][1:] != t_group[keep_order][:-1])]
+    rows = keep_order[first]
+    rows.sort()
+
+    prev_all = _int64_numpy(topology.column("prev_state_group"), fill=-1)
+    has_prev = prev_all[prev_all != -1]
+    child_counts = np.zeros(len(ids), dtype=np.int64)
+    if len(has_prev):
+        np.add.at(child_counts, lookup(has_prev), 1)
+    referenced = _bool_numpy(topology.column("referenced"))
+    return pa.table(
+        [
+            pa.array(unit[rows]),
+            pa.array(t_group[rows]),
+            pa.array(t_prev[rows], mask=t_prev[rows] == -1),
+            room_text.take(pa.array(rows)),
+            topology.column("group_event_id").combine_chunks().take(pa.array(at[rows])),
+            pa.array(referenced[at[rows]]),
+            pa.array(t_home[rows]),
+            pa.array(fixed[rows]),
+            pa.array(child_counts[at[rows]]),
+        ],
+        schema=UNITS_SCHEMA,
+    )
+
+
+# --- compressing batches of whole units -------------------------------------------
+
+
+@dataclass
+class UnitsOutput:
+    """The tables one batch of units produces, and its report."""
+
+    tables: dict[str, pa.Table]
+    report: dict[str, int]
+
+
+def _digests(groups: np.ndarray, wanted: np.ndarray, out: tuple[Any, Any, Any],
+             interned: _Interned) -> np.ndarray:
+    """Hex digest (object array) of the full state of each wanted group."""
+    out_groups, out_keys, out_events = out
+    digest_groups, hexes = _core_state.digest_states(
+        out_groups, out_keys, out_events, interned.stride,
+        _string_table(interned.types), _string_table(interned.state_keys),
+        _string_table(interned.events),
+    )
+    result = np.full(len(groups), _core_state.EMPTY_STATE_DIGEST, dtype=object)
+    ids = np.frombuffer(digest_groups, dtype=np.int64) if len(digest_groups) else np.zeros(0, np.int64)
+    text = bytes(hexes)
+    for pos, gid in enumerate(ids.tolist()):
+        result[gid] = text[64 * pos:64 * pos + 64].decode("ascii")
+    chosen: np.ndarray = result[wanted]
+    return chosen
+
+
+def _strings(interned: _Interned, keys: np.ndarray, events: np.ndarray) -> list[pa.Array]:
+    stride = interned.stride
+    type_ids = keys // stride
+    return [
+        interned.types.take(pa.array(type_ids)),
+        interned.state_keys.take(pa.array(keys - type_ids * stride)),
+        interned.events.take(pa.array(events)),
+    ]
+
+
+def compress_units(segment: pa.Table, options: CompressOptions) -> UnitsOutput:
+    """Plan, verify and produce the output of rows of whole units.
+
+    *segment* has :data:`UNIT_ROWS_SCHEMA` columns sorted by ``unit,
+    state_group``.
+    """
+    n_rows = segment.num_rows
+    units_all = _int64_numpy(segment.column("unit"))
+    g_all = _int64_numpy(segment.column("state_group"))
+    starts = np.flatnonzero(np.r_[True, (g_all[1:] != g_all[:-1]) | (units_all[1:] != units_all[:-1])])
+    n = len(starts)
+    unit = units_all[starts]
+    groups = g_all[starts]
+    prevs = _int64_numpy(segment.column("prev_state_group"), fill=-1)[starts]
+    home = _bool_numpy(segment.column("home"))[starts]
+    fixed = _bool_numpy(segment.column("fixed"))[starts]
+    referenced = _bool_numpy(segment.column("referenced"))[starts]
+    children = _int64_numpy(segment.column("children"))[starts]
+    head = segment.take(pa.array(starts))
+    room_ids = head.column("room_id").combine_chunks()
+    group_events = head.column("group_event_id").combine_chunks()
+
+    # Prev groups as batch indices, looked up within the unit.
+    span = int(groups.max() - groups.min() + 1) if n else 1
+    base = int(groups.min()) if n else 0
+    unit_rank = unit - (int(unit.min()) if n else 0)
+    if n and (int(unit_rank.max()) + 1) * span >= (1 << 62):
+        raise StateCorruptionError("state group IDs span too wide a range to compress in one batch")
+    composite = unit_rank * span + (groups - base)
+    parent = np.full(n, -1, dtype=np.int64)
+    has_prev = prevs != -1
+    wanted_keys = unit_rank[has_prev] * span + (prevs[has_prev] - base)
+    found = np.searchsorted(composite, wanted_keys)
+    found_ok = (found < n) & (composite[np.minimum(found, n - 1)] == wanted_keys) if n else found
+    if not np.all(found_ok):
+        bad = groups[has_prev][~found_ok]
+        shown = ", ".join(str(g) for g in bad[:10].tolist())
+        err = StateCorruptionError(f"state groups whose prev group is not in their unit: {shown}")
+        err.groups = tuple(int(g) for g in bad)  # type: ignore[attr-defined]
+        raise err
+    parent[has_prev] = found
+
+    type_col = segment.column("type").combine_chunks()
+    has_row = _bool_numpy(type_col.is_valid())
+    cumulative = np.concatenate([[0], np.cumsum(has_row, dtype=np.int64)])
+    offsets = cumulative[np.r_[starts, n_rows]]
+    delta = segment.filter(pa.array(has_row))
+    for column in ("state_key", "event_id"):
+        if delta.column(column).null_count:
+            bad = pc.unique(delta.filter(pc.is_null(delta.column(column))).column("state_group"))
+            named = tuple(sorted(bad.to_pylist()))
+            err = StateCorruptionError(
+                f"state_groups_state rows with a null {column} in groups "
+                + ", ".join(str(g) for g in named[:10])
+            )
+            err.groups = named  # type: ignore[attr-defined]
+            raise err
+    interned = _Interned(delta)
+    local = np.arange(n, dtype=np.int64)
+    try:
+        full = _core_state.expand_groups(local, parent, offsets, interned.keys, interned.event_ids)
+    except StateCorruptionError as exc:
+        named = tuple(int(groups[i]) for i in getattr(exc, "groups", ()) if 0 <= i < n)
+        key = getattr(exc, "key", None)
+        if key is not None and named:
+            message = (f"state group {named[0]} has key {interned.key_text(key)} more than once "
+                       "in state_groups_state")
+        else:
+            message = f"{exc} (batch indices; state groups {', '.join(str(g) for g in named[:10])})"
+        err = StateCorruptionError(message)
+        err.groups = named  # type: ignore[attr-defined]
+        raise err from None
+    full_groups = np.frombuffer(full[0], dtype=np.int64) if len(full[0]) else np.zeros(0, np.int64)
+    full_offsets = np.concatenate([[0], np.cumsum(np.bincount(full_groups, minlength=n))]).astype(np.int64)
+
+    new_parent_a, depth_a, new_off_a, new_keys_a, new_events_a = _core_compress.plan_compression(
+        parent, unit, full_offsets, full[1], full[2], fixed.view(np.uint8),
+        options.max_depth, options.candidates,
+    )
+    new_parent = np.frombuffer(new_parent_a, dtype=np.int64) if n else np.zeros(0, np.int64)
+    depth = np.frombuffer(depth_a, dtype=np.int64) if n else np.zeros(0, np.int64)
+    new_offsets = np.frombuffer(new_off_a, dtype=np.int64)
+    new_keys = np.frombuffer(new_keys_a, dtype=np.int64) if len(new_keys_a) else np.zeros(0, np.int64)
+    new_events = np.frombuffer(new_events_a, dtype=np.int64) if len(new_events_a) else np.zeros(0, np.int64)
+    old_sizes = np.diff(offsets)
+    new_sizes = np.diff(new_offsets)
+    changed = (new_parent != parent) | (new_sizes != old_sizes)
+    changed &= ~fixed
+
+    # Groups to delete: not referenced, not reached from a referenced group
+    # through the new prev pointers (fixed roots are always kept).
+    unreferenced = np.zeros(n, dtype=np.bool_)
+    if options.find_unreferenced:
+        kept = referenced | fixed
+        frontier = np.flatnonzero(kept)
+        while len(frontier):
+            up = new_parent[frontier]
+            up = up[up >= 0]
+            up = up[~kept[up]]
+            kept[up] = True
+            frontier = np.unique(up)
+        unreferenced = ~kept
+    changed &= ~unreferenced
+
+    # Verification: the full state of every changed group, from the new tables.
+    verified = 0
+    if changed.any():
+        wanted = changed.view(np.uint8)
+        before = _core_state.expand_groups(local, parent, offsets, interned.keys, interned.event_ids, wanted)
+        after = _core_state.expand_groups(local, new_parent, new_offsets, new_keys, new_events, wanted)
+        old_digest = _digests(groups, changed, before, interned)
+        new_digest = _digests(groups, changed, after, interned)
+        differ = old_digest != new_digest
+        if differ.any():
+            bad = groups[changed][differ]
+            raise StateVerificationError(
+                f"the compressed tables give {len(bad)} state groups a different full state: "
+                + ", ".join(str(g) for g in bad[:20].tolist()),
+                tuple(int(g) for g in bad),
+            )
+        verified = int(changed.sum())
+        digest_of_changed = new_digest
+    else:
+        digest_of_changed = np.zeros(0, dtype=object)
+
+    tables: dict[str, pa.Table] = {}
+    out_home = home & ~unreferenced
+    # New state_group_edges and state_groups_state of every kept group.
+    edge_rows = out_home & (new_parent >= 0)
+    tables["state_group_edges"] = pa.table(
+        [pa.array(groups[edge_rows]), pa.array(groups[new_parent[edge_rows]])], schema=EDGES_SCHEMA
+    )
+    row_owner = np.repeat(local, new_sizes)
+    row_keep = out_home[row_owner]
+    strings = _strings(interned, new_keys[row_keep], new_events[row_keep])
+    tables["state_groups_state"] = pa.table(
+        [pa.array(groups[row_owner[row_keep]]), room_ids.take(pa.array(row_owner[row_keep]))] + strings,
+        schema=NEW_STATE_SCHEMA,
+    )
+
+    # The change set.
+    listed = (changed & home) | (unreferenced & home)
+    idx = np.flatnonzero(listed)
+    is_delete = unreferenced[idx]
+    digest_by_index = np.full(n, None, dtype=object)
+    digest_by_index[np.flatnonzero(changed)] = digest_of_changed
+    new_prev_ids = np.where(new_parent[idx] >= 0, groups[np.maximum(new_parent[idx], 0)], -1)
+    tables["changes"] = pa.table(
+        [
+            pa.array(unit[idx]),
+            pa.array(groups[idx]),
+            pa.array(np.where(is_delete, "delete", "rewrite").tolist(), pa.string()),
+            room_ids.take(pa.array(idx)),
+            group_events.take(pa.array(idx)),
+            pa.array(prevs[idx], mask=prevs[idx] == -1),
+            pa.array(new_prev_ids, mask=(new_prev_ids == -1) | is_delete),
+            pa.array(old_sizes[idx]),
+            pa.array(np.where(is_delete, 0, new_sizes[idx])),
+            pa.array(children[idx]),
+            pa.array(np.where(is_delete, -1, depth[idx])),
+            pa.array(digest_by_index[idx].tolist(), pa.string()),
+        ],
+        schema=CHANGES_SCHEMA,
+    )
+    old_owner = np.repeat(local, old_sizes)
+    old_take = listed[old_owner]
+    new_take = (changed & home)[row_owner]
+    old_strings = _strings(interned, interned.keys[old_take], interned.event_ids[old_take])
+    new_strings = _strings(interned, new_keys[new_take], new_events[new_take])
+    deletes = pa.table(
+        [pa.array(unit[old_owner[old_take]]), pa.array(groups[old_owner[old_take]]),
+         pa.array(["delete"] * int(old_take.sum()), pa.string()),
+         room_ids.take(pa.array(old_owner[old_take]))] + old_strings,
+        schema=CHANGE_ROWS_SCHEMA,
+    )
+    inserts = pa.table(
+        [pa.array(unit[row_owner[new_take]]), pa.array(groups[row_owner[new_take]]),
+         pa.array(["insert"] * int(new_take.sum()), pa.string()),
+         room_ids.take(pa.array(row_owner[new_take]))] + new_strings,
+        schema=CHANGE_ROWS_SCHEMA,
+    )
+    tables["change_rows"] = pa.concat_tables([deletes, inserts])
+
+    old_depth = _depths(parent)
+    report = {
+        "groups": int(home.sum()),
+        "changed_groups": int((changed & home).sum()),
+        "unreferenced_groups": int((unreferenced & home).sum()),
+        "rows_before": int(old_sizes[home].sum()),
+        "rows_after": int(new_sizes[out_home].sum()),
+        "max_depth_before": int(old_depth.max()) if n else 0,
+        "max_depth_after": int(depth[~unreferenced].max()) if (~unreferenced).any() else 0,
+        "verified_groups": verified,
+    }
+    return UnitsOutput(tables, report)
+
+
+def _depths(parent: np.ndarray) -> np.ndarray:
+    """Hops to the root of every group (``parent`` acyclic, -1 for roots)."""
+    n = len(parent)
+    idx = np.arange(n, dtype=np.int64)
+    has = parent >= 0
+    ptr = np.where(has, parent, idx)
+    depth = has.astype(np.int64)
+    for _ in range(max(1, math.ceil(math.log2(n + 1))) + 2):
+        nxt = ptr[ptr]
+        if np.array_equal(nxt, ptr):
+            break
+        depth = depth + depth[ptr]
+        ptr = nxt
+    return depth
+
+
+def unit_batches(batches: Iterable[pa.RecordBatch], batch_rows: int = 500_000) -> Iterator[pa.Table]:
+    """Tables of whole units out of record batches sorted by ``unit, state_group``."""
+    pending: list[pa.RecordBatch] = []
+    held = 0
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        pending.append(batch)
+        held += batch.num_rows
+        if held < batch_rows:
+            continue
+        table = pa.Table.from_batches(pending).combine_chunks()
+        units = _int64_numpy(table.column("unit"))
+        split = int(np.searchsorted(units, units[-1], side="left"))
+        if split > 0:
+            yield table.slice(0, split)
+        rest = table.slice(split)
+        pending = rest.to_batches()
+        held = rest.num_rows
+    if pending:
+        yield pa.Table.from_batches(pending).combine_chunks()
+
+
+class OutputWriter:
+    """One Parquet file per output table, written as batches come."""
+
+    def __init__(self, output: str, part: str) -> None:
+        import pyarrow.fs as pafs
+
+        self.fs: Any
+        self.root: str
+        self.fs, self.root = pafs.FileSystem.from_uri(output) if "://" in output else (
+            pafs.LocalFileSystem(), os.path.abspath(output))
+        self.part = part
+        self.writers: dict[str, Any] = {}
+        self.partials: dict[str, str] = {}
+
+    def write(self, tables: dict[str, pa.Table]) -> None:
+        import pyarrow.parquet as pq
+
+        for name, table in tables.items():
+            if name not in self.writers:
+                self.fs.create_dir(f"{self.root}/{name}/_temporary", recursive=True)
+                partial = f"{self.root}/{name}/_temporary/{self.part}.parquet"
+                self.partials[name] = partial
+                self.writers[name] = pq.ParquetWriter(
+                    partial, OUTPUT_TABLES[name], filesystem=self.fs, compression="zstd"
+                )
+            self.writers[name].write_table(table.cast(OUTPUT_TABLES[name]))
+
+    def close(self) -> None:
+        """Close every file and move it into place (a retried attempt replaces it whole)."""
+        for name, writer in self.writers.items():
+            writer.close()
+            self.fs.move(self.partials[name], f"{self.root}/{name}/{self.part.split('-attempt')[0]}.parquet")
+        self.writers.clear()
+
+
+def write_units(batches: Iterable[pa.RecordBatch], output: str, part: str,
+                options: CompressOptions) -> pa.RecordBatch:
+    """The ``mapInArrow`` body: compress sorted rows of whole units, write the
+    output tables under *output* as ``<table>/<part>.parquet``, report."""
+    totals = {name: 0 for name in REPORT_SCHEMA.names}
+    writer = OutputWriter(output, part)
+    try:
+        for table in unit_batches(batches):
+            produced = compress_units(table, options)
+            writer.write(produced.tables)
+            for name, value in produced.report.items():
+                if name.startswith("max_"):
+                    totals[name] = max(totals[name], value)
+                else:
+                    totals[name] += value
+    finally:
+        writer.close()
+    return pa.RecordBatch.from_arrays([pa.array([totals[n]], pa.int64()) for n in REPORT_SCHEMA.names],
+                                      schema=REPORT_SCHEMA)
+
+
+def finish_output(output: str) -> None:
+    """Drop the attempts' scratch folders, create empty tables where no task
+    wrote one, and mark the output complete."""
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    fs: Any
+    root: str
+    fs, root = pafs.FileSystem.from_uri(output) if "://" in output else (
+        pafs.LocalFileSystem(), os.path.abspath(output))
+    for name, schema in OUTPUT_TABLES.items():
+        folder = f"{root}/{name}"
+        fs.create_dir(folder, recursive=True)
+        scratch = f"{folder}/_temporary"
+        if fs.get_file_info(scratch).type != pafs.FileType.NotFound:
+            fs.delete_dir(scratch)
+        files = fs.get_file_info(pafs.FileSelector(folder))
+        if not any(f.path.endswith(".parquet") for f in files):
+            pq.write_table(schema.empty_table(), f"{folder}/part-empty.parquet", filesystem=fs)
+    with fs.open_output_stream(f"{root}/_SUCCESS"):
+        pass
+
+
+def elapsed(clock: float) -> float:
+    return time.perf_counter() - clock

@@ -1,0 +1,386 @@
+"""Writing a compression change set to a live database, safely and resumably.
+
+The change set (``streamrep spark compress`` output: ``changes/`` and
+``change_rows/``) is applied one unit (a room, or a share of a giant one) at a
+time, in transactions of at most ``batch_groups`` groups. Each transaction:
+
+1. locks ``state_group_edges`` and ``event_to_state_groups`` against writers
+   (PostgreSQL ``SHARE ROW EXCLUSIVE``, held for the transaction only; SQLite
+   ``BEGIN IMMEDIATE``), so no group gains a child or a reference meanwhile;
+2. reads the current prev, delta rows, children and references of its groups
+   and sorts each group into: as read (apply it), already rewritten (a rerun:
+   nothing to do), or changed since (skip it: its prev or rows differ, it
+   gained a child, or, for a deletion, it is now referenced or needed);
+3. rewrites (or deletes) the groups to apply;
+4. recomputes the full state of every rewritten group by walking its chain in
+   SQL and compares its digest with the one the job verified; a difference
+   rolls the transaction back and stops.
+
+A compressed group's full state never changes, so every committed transaction
+leaves the tables consistent: stopping at any point (even SIGKILL) and rerunning
+is safe, and the rerun finds the committed groups already rewritten.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from streamrep import _impl
+from streamrep.db.url import POSTGRES, parse_database_url
+from streamrep.errors import ConfigError, StateVerificationError
+
+__all__ = ["ApplyReport", "apply_compression", "read_change_set"]
+
+log = logging.getLogger("streamrep.state.compress")
+
+#: Groups per transaction.
+DEFAULT_BATCH_GROUPS = 1000
+
+#: A multiset of delta rows ``(type, state_key, event_id)``.
+Rows = Counter[tuple[str, str, str]]
+
+
+@dataclass
+class ApplyReport:
+    """What an apply run did."""
+
+    rows_before: int = 0
+    rows_after: int = 0
+    rewritten: int = 0
+    already_rewritten: int = 0
+    deleted: int = 0
+    already_deleted: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    verified: int = 0
+    transactions: int = 0
+    seconds: float = 0.0
+
+    def skip(self, reason: str, count: int = 1) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + count
+
+    def summary(self) -> str:
+        skipped = sum(self.skipped.values())
+        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(self.skipped.items()))
+        return (
+            f"state_groups_state {self.rows_before} -> {self.rows_after} rows; rewrote "
+            f"{self.rewritten} groups ({self.already_rewritten} already), deleted {self.deleted} "
+            f"({self.already_deleted} already), skipped {skipped}"
+            + (f" ({reasons})" if reasons else "")
+            + f"; verified {self.verified} groups in {self.transactions} transactions, "
+            f"{self.seconds:.2f}s"
+        )
+
+
+@dataclass
+class Change:
+    """One group of the change set."""
+
+    group: int
+    action: str  # "rewrite" or "delete"
+    room_id: str
+    old_prev: int | None
+    new_prev: int | None
+    children: int
+    digest: str | None
+    old_rows: Rows = field(default_factory=Counter)
+    new_rows: Rows = field(default_factory=Counter)
+
+
+def read_change_set(directory: str) -> dict[int, list[Change]]:
+    """The change set under *directory*, by unit."""
+    for name in ("changes", "change_rows"):
+        if not os.path.isdir(os.path.join(directory, name)):
+            raise ConfigError(f"{directory} has no {name}/: give the output directory of "
+                              "`streamrep spark compress`")
+    if not os.path.exists(os.path.join(directory, "_SUCCESS")):
+        raise ConfigError(f"{directory} is not a complete compression output (no _SUCCESS)")
+    changes = ds.dataset(os.path.join(directory, "changes"), format="parquet").to_table()
+    rows = ds.dataset(os.path.join(directory, "change_rows"), format="parquet").to_table()
+    by_group: dict[int, Change] = {}
+    units: dict[int, list[Change]] = defaultdict(list)
+    columns = {name: changes.column(name).to_pylist() for name in changes.column_names}
+    for i, group in enumerate(columns["state_group"]):
+        change = Change(group, columns["action"][i], columns["room_id"][i], columns["old_prev"][i],
+                        columns["new_prev"][i], columns["children"][i], columns["state_digest"][i])
+        by_group[group] = change
+        units[columns["unit"][i]].append(change)
+    for group, op, t, s, e in zip(*(rows.column(c).to_pylist()
+                                     for c in ("state_group", "op", "type", "state_key", "event_id"))):
+        owner = by_group.get(group)
+        if owner is None:
+            raise ConfigError(f"{directory}: change_rows has rows of group {group}, which changes lacks")
+        (owner.old_rows if op == "delete" else owner.new_rows)[(t, s, e)] += 1
+    return dict(units)
+
+
+class _Store:
+    """The few statements apply needs, for PostgreSQL or SQLite."""
+
+    def __init__(self, url: str) -> None:
+        parsed = parse_database_url(url)
+        self.postgres = parsed.engine == POSTGRES
+        if self.postgres:
+            import psycopg2
+
+            self.conn: Any = psycopg2.connect(parsed.target)
+        else:
+            self.conn = sqlite3.connect(parsed.target, isolation_level=None)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def query(self, sql: str, groups: Sequence[int]) -> list[tuple[Any, ...]]:
+        """Run *sql* whose ``{groups}`` stands for the list of *groups*."""
+        cur = self.conn.cursor()
+        if self.postgres:
+            cur.execute(sql.format(groups="ANY(%s)"), (list(groups),))
+        else:
+            marks = ",".join("?" * len(groups)) or "NULL"
+            cur.execute(sql.replace("= {groups}", f"IN ({marks})"), list(groups))
+        return list(cur.fetchall())
+
+    def delete(self, sql: str, groups: Sequence[int]) -> None:
+        """Run a statement without results whose ``{groups}`` stands for *groups*."""
+        cur = self.conn.cursor()
+        if self.postgres:
+            cur.execute(sql.format(groups="ANY(%s)"), (list(groups),))
+        else:
+            marks = ",".join("?" * len(groups))
+            cur.execute(sql.replace("= {groups}", f"IN ({marks})"), list(groups))
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        cur = self.conn.cursor()
+        cur.execute(sql if self.postgres else sql.replace("%s", "?"), params)
+
+    def insert(self, table: str, columns: str, rows: list[tuple[Any, ...]]) -> None:
+        if not rows:
+            return
+        cur = self.conn.cursor()
+        if self.postgres:
+            from psycopg2.extras import execute_values
+
+            execute_values(cur, f"INSERT INTO {table} ({columns}) VALUES %s", rows, page_size=1000)
+        else:
+            marks = ",".join("?" * len(rows[0]))
+            cur.executemany(f"INSERT INTO {table} ({columns}) VALUES ({marks})", rows)
+
+    def begin(self) -> None:
+        if self.postgres:
+            self.execute("LOCK TABLE state_group_edges, event_to_state_groups IN SHARE ROW EXCLUSIVE MODE")
+        else:
+            self.conn.execute("BEGIN IMMEDIATE")
+
+    def commit(self) -> None:
+        self.conn.commit() if self.postgres else self.conn.execute("COMMIT")
+
+    def rollback(self) -> None:
+        self.conn.rollback() if self.postgres else self.conn.execute("ROLLBACK")
+
+    def count_rows(self) -> int:
+        cur = self.conn.cursor()
+        cur.execute("SELECT count(*) FROM state_groups_state")
+        value = int(cur.fetchone()[0])
+        if self.postgres:
+            self.conn.commit()
+        return value
+
+
+#: Full states of many groups at once by walking their chains (PostgreSQL).
+_POSTGRES_WALK_MANY = """
+WITH RECURSIVE chain(origin, state_group, hops) AS (
+    SELECT g, g, 0 FROM unnest(%s::bigint[]) AS g
+    UNION ALL
+    SELECT c.origin, e.prev_state_group, c.hops + 1
+    FROM state_group_edges e JOIN chain c ON e.state_group = c.state_group
+    WHERE c.hops < 100000
+)
+SELECT DISTINCT ON (c.origin, s.type, s.state_key) c.origin, s.type, s.state_key, s.event_id
+FROM state_groups_state s JOIN chain c ON s.state_group = c.state_group
+ORDER BY c.origin, s.type, s.state_key, c.hops
+"""
+
+
+def _full_states(store: _Store, groups: Sequence[int]) -> dict[int, dict[tuple[str, str], str]]:
+    states: dict[int, dict[tuple[str, str], str]] = {g: {} for g in groups}
+    if store.postgres:
+        cur = store.conn.cursor()
+        cur.execute(_POSTGRES_WALK_MANY, (list(groups),))
+        for origin, t, s, e in cur.fetchall():
+            states[origin][(t, s)] = e
+        return states
+    from streamrep.spark.verify import walk_state_sql
+
+    for g in groups:
+        states[g] = walk_state_sql(store.conn, "sqlite", g)
+    return states
+
+
+def _chunks(items: list[Change], size: int) -> Iterable[list[Change]]:
+    for lo in range(0, len(items), size):
+        yield items[lo:lo + size]
+
+
+def _leaves_first(deletes: list[Change]) -> list[Change]:
+    """Deletions ordered so a group comes before the group it has as prev."""
+    by_group = {c.group: c for c in deletes}
+    depth: dict[int, int] = {}
+    for c in deletes:
+        chain, g = [], c.group
+        while g in by_group and g not in depth:
+            chain.append(g)
+            prev = by_group[g].old_prev
+            if prev is None:
+                break
+            g = prev
+        base = depth.get(g, -1) if g not in chain else -1
+        for h in reversed(chain):
+            base += 1
+            depth[h] = base
+    return sorted(deletes, key=lambda c: -depth[c.group])
+
+
+def apply_compression(
+    db_url: str, changes_dir: str, batch_groups: int = DEFAULT_BATCH_GROUPS, verify: bool = True,
+    after_transaction: Callable[[int], None] | None = None,
+) -> ApplyReport:
+    """Apply the change set in *changes_dir* to the database at *db_url*.
+
+    Returns what was done; raises StateVerificationError (after rolling back
+    the transaction) when a rewritten group's walked state differs from the
+    state the job verified. *after_transaction* is called with the number of
+    committed transactions after each commit (progress reporting).
+    """
+    units = read_change_set(changes_dir)
+    digest_state = _impl.load("state").digest_state
+    clock = time.perf_counter()
+    store = _Store(db_url)
+    report = ApplyReport()
+    try:
+        report.rows_before = store.count_rows()
+        for unit in sorted(units):
+            changes = units[unit]
+            rewrites = [c for c in changes if c.action == "rewrite"]
+            deletes = _leaves_first([c for c in changes if c.action == "delete"])
+            # Expected children: a group keeps its unchanged children; the
+            # change set says which changed groups point at it before and after.
+            listed = {c.group for c in rewrites} | {c.group for c in deletes}
+            old_listed_children: Counter[int] = Counter(c.old_prev for c in changes if c.old_prev is not None)
+            unlisted_children = {c.group: c.children - old_listed_children[c.group] for c in changes}
+            for batch in list(_chunks(rewrites, batch_groups)) + list(_chunks(deletes, batch_groups)):
+                _apply_batch(store, batch, listed, unlisted_children, report, verify, digest_state)
+                report.transactions += 1
+                if after_transaction is not None:
+                    after_transaction(report.transactions)
+        report.rows_after = store.count_rows()
+    finally:
+        store.close()
+    report.seconds = time.perf_counter() - clock
+    return report
+
+
+def _apply_batch(store: _Store, batch: list[Change], listed: set[int], unlisted_children: dict[int, int],
+                 report: ApplyReport, verify: bool, digest_state: Callable[[Any], str]) -> None:
+    groups = [c.group for c in batch]
+    store.begin()
+    try:
+        prevs: dict[int, list[int]] = defaultdict(list)
+        for g, p in store.query("SELECT state_group, prev_state_group FROM state_group_edges "
+                                "WHERE state_group = {groups}", groups):
+            prevs[g].append(p)
+        rows: dict[int, Rows] = defaultdict(Counter)
+        for g, t, s, e in store.query("SELECT state_group, type, state_key, event_id FROM "
+                                      "state_groups_state WHERE state_group = {groups}", groups):
+            rows[g][(t, s, e)] += 1
+        children: dict[int, list[int]] = defaultdict(list)
+        for c, p in store.query("SELECT state_group, prev_state_group FROM state_group_edges "
+                                "WHERE prev_state_group = {groups}", groups):
+            children[p].append(c)
+        targets = sorted(set(groups) | {c.new_prev for c in batch if c.new_prev is not None})
+        exists = {g for (g,) in store.query("SELECT id FROM state_groups WHERE id = {groups}", targets)}
+        referenced: set[int] = set()
+        if any(c.action == "delete" for c in batch):
+            referenced = {g for (g,) in store.query(
+                "SELECT DISTINCT state_group FROM event_to_state_groups WHERE state_group = {groups}", groups)}
+
+        def as_read(c: Change) -> bool:
+            current = prevs.get(c.group, [])
+            return current == ([] if c.old_prev is None else [c.old_prev]) and rows.get(c.group, Counter()) == c.old_rows
+
+        def new_children(c: Change) -> bool:
+            # Children not managed by the change set beyond those it had.
+            unmanaged = [x for x in children.get(c.group, []) if x not in listed]
+            return len(unmanaged) > unlisted_children.get(c.group, 0)
+
+        to_rewrite: list[Change] = []
+        to_delete: list[Change] = []
+        for c in batch:
+            if c.action == "rewrite":
+                if c.group not in exists:
+                    report.skip("group no longer exists")
+                elif c.new_prev is not None and c.new_prev not in exists:
+                    report.skip("new prev group no longer exists")
+                elif as_read(c):
+                    if new_children(c):
+                        report.skip("gained a child")
+                    else:
+                        to_rewrite.append(c)
+                elif prevs.get(c.group, []) == ([] if c.new_prev is None else [c.new_prev]) and \
+                        rows.get(c.group, Counter()) == c.new_rows:
+                    report.already_rewritten += 1
+                else:
+                    report.skip("changed since compress")
+            else:
+                if c.group not in exists:
+                    report.already_deleted += 1
+                elif not as_read(c):
+                    report.skip("changed since compress")
+                elif c.group in referenced:
+                    report.skip("now referenced by an event")
+                else:
+                    to_delete.append(c)
+        # A group may go only if all its children go with it.
+        deleting = {c.group for c in to_delete}
+        while True:
+            blocked = {c.group for c in to_delete
+                       if any(x not in deleting for x in children.get(c.group, []))}
+            if not blocked:
+                break
+            report.skip("needed by a group that stays", len(blocked))
+            to_delete = [c for c in to_delete if c.group not in blocked]
+            deleting -= blocked
+
+        touched = [c.group for c in to_rewrite] + [c.group for c in to_delete]
+        if touched:
+            store.delete("DELETE FROM state_groups_state WHERE state_group = {groups}", touched)
+            store.delete("DELETE FROM state_group_edges WHERE state_group = {groups}", touched)
+        if to_delete:
+            store.delete("DELETE FROM state_groups WHERE id = {groups}", [c.group for c in to_delete])
+        store.insert("state_group_edges", "state_group, prev_state_group",
+                     [(c.group, c.new_prev) for c in to_rewrite if c.new_prev is not None])
+        store.insert("state_groups_state", "state_group, room_id, type, state_key, event_id",
+                     [(c.group, c.room_id, t, s, e) for c in to_rewrite
+                      for (t, s, e), n in c.new_rows.items() for _ in range(n)])
+        if verify and to_rewrite:
+            states = _full_states(store, [c.group for c in to_rewrite])
+            bad = [c.group for c in to_rewrite if digest_state(states[c.group]) != c.digest]
+            if bad:
+                raise StateVerificationError(
+                    f"after rewriting, {len(bad)} state groups walk to a different full state than "
+                    f"the compress job verified: {', '.join(str(g) for g in bad[:20])}; the "
+                    "transaction was rolled back", tuple(bad))
+            report.verified += len(to_rewrite)
+        store.commit()
+    except BaseException:
+        store.rollback()
+        raise
+    report.rewritten += len(to_rewrite)
+    report.deleted += len(to_delete)

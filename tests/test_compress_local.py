@@ -1,0 +1,253 @@
+"""State compression without Spark: the single-process job and applying its change set.
+
+Every check is against a brute-force walk of every group's chain: after
+compressing (and applying), each group's full state is what it was, rows fall
+and no chain exceeds the bound.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pytest
+from click.testing import CliRunner
+
+from streamrep.cli import main
+from streamrep.errors import StateCorruptionError
+from streamrep.spark import Source
+from streamrep.spark.compress import CompressOptions
+from streamrep.spark.compress_apply import apply_compression
+from streamrep.spark.compress_local import compress_local
+from streamrep.spark.tables import read_db_table
+from support.state_forest import Forest, corrupt_forest, load_database, make_forest
+
+
+@pytest.fixture(scope="module")
+def forest() -> Forest:
+    # Snapshots, chains up to 100 hops, forks, a fan-out of 150 children; a
+    # few groups no event references.
+    made = make_forest(1500, seed=5, rooms=4, fan_out=150)
+    made.event_to_state_groups = [(e, g) for e, g in made.event_to_state_groups if g % 97 != 0]
+    return made
+
+
+@pytest.fixture(scope="module")
+def parquet_dir(forest: Forest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = str(tmp_path_factory.mktemp("parquet"))
+    forest.write_parquet(path)
+    return path
+
+
+def compressed_forest(forest: Forest, output: str) -> Forest:
+    """*forest* with its edges and delta rows replaced by the job's new tables."""
+    edges = ds.dataset(os.path.join(output, "state_group_edges"), format="parquet").to_table()
+    state = ds.dataset(os.path.join(output, "state_groups_state"), format="parquet").to_table()
+    kept = set(edges.column("state_group").to_pylist()) | set(state.column("state_group").to_pylist())
+    return Forest(
+        groups=[g for g in forest.groups if g[0] in kept or not _deleted(output, g[0])],
+        edges=list(zip(*(edges.column(c).to_pylist() for c in ("state_group", "prev_state_group")))),
+        state=list(zip(*(state.column(c).to_pylist()
+                         for c in ("state_group", "room_id", "type", "state_key", "event_id")))),
+        event_to_state_groups=forest.event_to_state_groups,
+    )
+
+
+def _deleted(output: str, group: int) -> bool:
+    changes = ds.dataset(os.path.join(output, "changes"), format="parquet").to_table()
+    deleted = {g for g, a in zip(changes.column("state_group").to_pylist(), changes.column("action").to_pylist())
+               if a == "delete"}
+    return group in deleted
+
+
+def chain_lengths(forest: Forest) -> dict[int, int]:
+    prev = dict(forest.edges)
+    lengths = {}
+    for g, _, _ in forest.groups:
+        hops, v = 0, g
+        while v in prev:
+            v = prev[v]
+            hops += 1
+            assert hops <= len(forest.groups), f"cycle through {g}"
+        lengths[g] = hops
+    return lengths
+
+
+@pytest.mark.parametrize("max_depth, split_threshold", [(100, 200_000), (10, 200_000), (100, 120)])
+def test_compress_keeps_every_state(forest: Forest, parquet_dir: str, tmp_path: Path,
+                                    max_depth: int, split_threshold: int) -> None:
+    out = str(tmp_path / "out")
+    result = compress_local(Source(input_dir=parquet_dir),
+                            CompressOptions(out, max_depth=max_depth, split_threshold=split_threshold))
+    after = compressed_forest(forest, out)
+    assert after.brute_force() == forest.brute_force()
+    assert len(after.state) == result.rows_after and result.rows_before == len(forest.state)
+    if max_depth >= result.max_depth_before:
+        assert result.rows_after < result.rows_before
+    # A bound below the input's own chains costs rows, but holds.
+    assert max(chain_lengths(after).values()) == result.max_depth_after <= max_depth
+    assert result.verified_groups == result.changed_groups > 0
+
+
+def test_find_unreferenced(forest: Forest, parquet_dir: str, tmp_path: Path) -> None:
+    out = str(tmp_path / "out")
+    result = compress_local(Source(input_dir=parquet_dir), CompressOptions(out, find_unreferenced=True))
+    referenced = {g for _, g in forest.event_to_state_groups}
+    after = compressed_forest(forest, out)
+    kept = {g for g, _, _ in after.groups}
+    assert referenced <= kept
+    deleted = {g for g, _, _ in forest.groups} - kept
+    assert len(deleted) == result.unreferenced_groups > 0
+    assert not deleted & referenced
+    truth = forest.brute_force(sorted(referenced))
+    assert after.brute_force(sorted(referenced)) == truth
+
+
+@pytest.mark.parametrize("kind, named", [("cycle", "cycle"), ("missing", "888888888"),
+                                          ("dupkey", "more than once")])
+def test_corrupt_input_is_refused_naming_groups(forest: Forest, tmp_path: Path, kind: str, named: str) -> None:
+    bad = corrupt_forest(forest, kind, at=20, missing_group=888_888_888)
+    bad.write_parquet(str(tmp_path / "in"))
+    with pytest.raises(StateCorruptionError, match=named) as info:
+        compress_local(Source(input_dir=str(tmp_path / "in")), CompressOptions(str(tmp_path / "out")))
+    if kind == "dupkey":
+        assert str(forest.state[20][0]) in str(info.value)
+    if kind == "cycle":
+        assert str(forest.edges[20][0]) in str(info.value)
+
+
+def test_cli_compress_single_process(parquet_dir: str, tmp_path: Path) -> None:
+    out = str(tmp_path / "out")
+    result = CliRunner().invoke(main, ["spark", "compress", "--input", parquet_dir, "--output", out,
+                                       "--single-process", "--max-depth", "50"])
+    assert result.exit_code == 0, result.output
+    assert "longest chain 100 -> " in result.output
+    assert os.path.exists(os.path.join(out, "_SUCCESS"))
+    again = CliRunner().invoke(main, ["spark", "compress", "--input", parquet_dir, "--output", out,
+                                      "--single-process"])
+    assert again.exit_code == 2 and "not empty" in again.output
+
+
+# --- applying to a database ---------------------------------------------------------
+
+
+def db_forest(url: str) -> Forest:
+    tables = {name: read_db_table(url, name) for name in
+              ("state_groups", "state_group_edges", "state_groups_state", "event_to_state_groups")}
+    rows = {name: list(zip(*(t.column(c).to_pylist() for c in t.column_names))) for name, t in tables.items()}
+    return Forest(rows["state_groups"], rows["state_group_edges"], rows["state_groups_state"],
+                  rows["event_to_state_groups"])
+
+
+def compress_db(url: str, out: str, **kwargs: object) -> None:
+    compress_local(Source(db_url=url), CompressOptions(out, **kwargs))  # type: ignore[arg-type]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def loaded_url(request: pytest.FixtureRequest, forest: Forest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path}/state.db"
+    else:
+        url = request.getfixturevalue("pg_url")
+    load_database(url, forest)
+    return url
+
+
+def test_apply_keeps_every_state_and_reruns_as_a_no_op(forest: Forest, loaded_url: str, tmp_path: Path) -> None:
+    out = str(tmp_path / "out")
+    compress_db(loaded_url, out, find_unreferenced=True)
+    report = apply_compression(loaded_url, out, batch_groups=200)
+    after = db_forest(loaded_url)
+    referenced = sorted({g for _, g in forest.event_to_state_groups})
+    assert after.brute_force(referenced) == forest.brute_force(referenced)
+    assert report.rows_before == len(forest.state) > report.rows_after == len(after.state)
+    assert max(chain_lengths(after).values()) <= 100
+    assert report.deleted > 0 and report.rewritten > 0 and report.verified == report.rewritten
+    assert not report.skipped
+    again = apply_compression(loaded_url, out)
+    assert again.rewritten == 0 and again.deleted == 0
+    assert again.already_rewritten == report.rewritten and again.already_deleted == report.deleted
+    assert again.rows_after == report.rows_after
+
+
+@pytest.mark.postgres
+def test_group_gaining_a_child_is_skipped(forest: Forest, pg_url: str, tmp_path: Path) -> None:
+    import psycopg2
+
+    load_database(pg_url, forest)
+    out = str(tmp_path / "out")
+    compress_db(pg_url, out, find_unreferenced=True)
+    changes = ds.dataset(os.path.join(out, "changes"), format="parquet").to_table().to_pylist()
+    rewrite = next(c for c in changes if c["action"] == "rewrite" and c["new_prev"] is not None)
+    delete = next(c for c in changes if c["action"] == "delete")
+    # Meanwhile the server creates children of both (and references the deleted one).
+    new_child, other_child = 900_000_001, 900_000_002
+    with psycopg2.connect(pg_url) as conn, conn.cursor() as cur:
+        for child, parent in ((new_child, rewrite["state_group"]), (other_child, delete["state_group"])):
+            cur.execute("INSERT INTO state_groups VALUES (%s, %s, %s)", (child, rewrite["room_id"], "$new"))
+            cur.execute("INSERT INTO state_group_edges VALUES (%s, %s)", (child, parent))
+            cur.execute("INSERT INTO state_groups_state VALUES (%s, %s, 'm.room.topic', '', '$t')",
+                        (child, rewrite["room_id"]))
+    conn.close()
+    before = db_forest(pg_url).brute_force()
+    report = apply_compression(pg_url, out)
+    assert report.skipped.get("gained a child") == 1
+    assert report.skipped.get("needed by a group that stays", 0) >= 1
+    after = db_forest(pg_url)
+    assert after.brute_force() .keys() >= {new_child, other_child}
+    survivors = sorted({g for g, _, _ in after.groups})
+    assert after.brute_force(survivors) == {g: before[g] for g in survivors}
+    prev = dict(after.edges)
+    assert prev[rewrite["state_group"]] == rewrite["old_prev"]
+
+
+@pytest.mark.postgres
+def test_apply_killed_mid_way_and_rerun_ends_consistent(forest: Forest, pg_url: str, tmp_path: Path) -> None:
+    load_database(pg_url, forest)
+    out = str(tmp_path / "out")
+    compress_db(pg_url, out, find_unreferenced=True)
+    before = forest.brute_force(sorted({g for _, g in forest.event_to_state_groups}))
+    # SIGKILL inside the fourth transaction, after its writes, before its commit.
+    script = textwrap.dedent(f"""
+        import os, signal
+        from streamrep.spark import compress_apply
+        commits = 0
+        original = compress_apply._Store.commit
+        def commit(self):
+            global commits
+            commits += 1
+            if commits == 4:
+                os.kill(os.getpid(), signal.SIGKILL)
+            original(self)
+        compress_apply._Store.commit = commit
+        compress_apply.apply_compression({pg_url!r}, {out!r}, batch_groups=50)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    middle = db_forest(pg_url)
+    assert middle.brute_force(sorted(before)) == before
+    report = apply_compression(pg_url, out, batch_groups=50)
+    assert report.already_rewritten > 0 and report.rewritten > 0
+    after = db_forest(pg_url)
+    assert after.brute_force(sorted(before)) == before
+    assert max(chain_lengths(after).values()) <= 100
+    assert report.rows_after == len(after.state) < len(forest.state)
+
+
+def test_cli_apply_compression(forest: Forest, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/state.db"
+    load_database(url, forest)
+    out = str(tmp_path / "out")
+    runner = CliRunner()
+    result = runner.invoke(main, ["spark", "compress", "--db", url, "--output", out, "--single-process"])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(main, ["state", "apply-compression", "--db", url, "--changes", out])
+    assert result.exit_code == 0, result.output
+    assert f"state_groups_state {len(forest.state)} -> " in result.output
+    assert db_forest(url).brute_force() == forest.brute_force()
+    missing = runner.invoke(main, ["state", "apply-compression", "--db", url, "--changes", str(tmp_path)])
+    assert missing.exit_code == 2 and "no changes/" in missing.output
