@@ -62,6 +62,8 @@ class PeerSettings:
     connection: ConnectionSettings = field(default_factory=ConnectionSettings)
     #: replicate through this Redis server instead of the hub
     redis_url: str | None = None
+    #: seconds a writer's lease lives without renewal
+    writer_lease_ttl: float = 30.0
 
 
 def peer_settings(config_path: str | None, connect: str | None, db: str | None,
@@ -98,6 +100,7 @@ def peer_settings(config_path: str | None, connect: str | None, db: str | None,
         default_writer=config.instance_name,
         connection=ConnectionSettings.from_config(config),
         redis_url=config.redis.url if config.redis is not None else None,
+        writer_lease_ttl=config.writer_lease_ttl,
     )
 
 

@@ -11,6 +11,13 @@ import click
 from streamrep.cli._common import freeze_startup_heap, peer_settings, use_cooperative_sockets
 from streamrep.config import config_option
 
+#: Exit statuses besides 0 (done) and 1 (persisted, not announced): another process
+#: holds this writer's lease; the lease was lost while writing; the database stayed
+#: away longer than its reconnect_timeout.
+EXIT_LEASE_HELD = 3
+EXIT_LEASE_LOST = 4
+EXIT_DATABASE_UNAVAILABLE = 5
+
 #: Streams ``write`` can fill with synthetic facts.
 WRITABLE_STREAMS = ("caches", "account_data", "to_device", "receipts")
 
@@ -64,6 +71,9 @@ def write(config_path: str | None, connect: str | None, redis_url: str | None, d
     import gevent
 
     from streamrep.db import open_database
+    from streamrep.errors import (DatabaseUnavailableError, WriterLeaseHeldError,
+                                  WriterLeaseLostError)
+    from streamrep.idgen import WriterLease
     from streamrep.replication import ReplicationClient
     from streamrep.replication.registry_source import RegistrySource
     from streamrep.streams import Streams
@@ -78,7 +88,18 @@ def write(config_path: str | None, connect: str | None, redis_url: str | None, d
     if stream not in WRITABLE_STREAMS:
         raise click.BadParameter(f"{stream} (writable: {', '.join(WRITABLE_STREAMS)})", param_hint="--stream")
     database = open_database(settings.database)
+    # One process per writer instance: a second one is refused here, naming the first.
+    # Once lost, the lease refuses the next stream ID (WriterLeaseLostError below).
+    lease = WriterLease(database, instance_name, [stream], ttl=settings.writer_lease_ttl)
+    try:
+        lease.acquire()
+    except (WriterLeaseHeldError, DatabaseUnavailableError) as exc:
+        database.close()
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_LEASE_HELD if isinstance(exc, WriterLeaseHeldError)
+                 else EXIT_DATABASE_UNAVAILABLE)
     streams = Streams(database, instance_name, {stream: writers or [instance_name]})
+    lease.guard([streams.generator(stream)])
     source = RegistrySource(streams, [stream])
     persist = _fact_writer(streams, stream, instance_name, rows_per_fact)
     announced = {"upto": source.current_token(stream, instance_name)}
@@ -99,27 +120,39 @@ def write(config_path: str | None, connect: str | None, redis_url: str | None, d
             settings=settings.connection, writer_positions=positions,
         )
 
+    def announce_upto(position: int) -> None:
+        start = announced["upto"]
+        if not client.connected:
+            # The next connection announces the position instead.
+            announced["upto"] = max(start, position)
+            return
+        while start < position:
+            rows, limited = source.updates(stream, instance_name, start, position, 5000)
+            if not rows:
+                break
+            client.announce(stream, instance_name, rows)
+            # Moved only past what was sent: a read that fails leaves the rest to
+            # the next advance (or the final one below), so no fact stays behind.
+            start = announced["upto"] = rows[-1][0]
+            if not limited:
+                break
+        announced["upto"] = max(announced["upto"], position)
+
     def on_advance(stream_name: str, instance: str, visible: list[int], position: int) -> None:
         if stream_name != stream or instance != instance_name:
             return
-        start = announced["upto"]
-        announced["upto"] = position
-        if not client.connected:
-            return  # the next connection announces the position instead
-        while start < position:
-            rows, limited = source.updates(stream, instance, start, position, 5000)
-            if not rows:
-                break
-            client.announce(stream, instance, rows)
-            start = rows[-1][0]
-            if not limited:
-                break
+        try:
+            announce_upto(position)
+        except Exception as exc:
+            click.echo(f"write: announcing up to token {position} failed ({exc}); "
+                       "retrying with the next fact", err=True)
 
     streams.add_listener(on_advance)
     client.start()
     freeze_startup_heap()
     started = time.monotonic()
     last_report = started
+    code = 0
     try:
         for i in range(count):
             persist(i)
@@ -133,6 +166,7 @@ def write(config_path: str | None, connect: str | None, redis_url: str | None, d
                 last_report = now
                 click.echo(f"write: {i + 1}/{count} persisted, hub {'up' if client.connected else 'down'}", err=True)
         persisted_at = time.monotonic()
+        announce_upto(streams.current_token(stream, instance_name))
         ok = client.flush(announce_timeout)
         click.echo(
             f"write: {count} facts persisted in {persisted_at - started:.2f}s"
@@ -140,8 +174,14 @@ def write(config_path: str | None, connect: str | None, redis_url: str | None, d
             f" {'announced' if ok else 'NOT announced (hub unreachable)'}",
             err=True,
         )
+        code = 0 if ok else 1
+    except (WriterLeaseLostError, DatabaseUnavailableError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        code = (EXIT_LEASE_LOST if isinstance(exc, WriterLeaseLostError)
+                else EXIT_DATABASE_UNAVAILABLE)
     finally:
         client.stop()
         streams.close()
+        lease.release()
         database.close()
-    sys.exit(0 if ok else 1)
+    sys.exit(code)
