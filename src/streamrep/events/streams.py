@@ -28,7 +28,6 @@ from typing import Any, Sequence
 
 from streamrep.db import Database
 from streamrep.events import schema
-from streamrep.events.orderings import backfill_position, live_position
 from streamrep.events.store import EventStore
 from streamrep.idgen import BackingTable
 from streamrep.streams import RowFormat, StreamDefinition, register_stream
@@ -73,12 +72,14 @@ def _backfill_row(row: Sequence[Any]) -> list[Any]:
 
 def current_events_token(db: Database) -> int:
     """The highest position on the ``events`` stream."""
-    return live_position(db)
+    return max(int(db.fetchval("SELECT MAX(stream_ordering) FROM events", (), 0)),
+               int(db.fetchval("SELECT MAX(stream_id) FROM current_state_delta_stream", (), 0)),
+               0)
 
 
 def current_backfill_token(db: Database) -> int:
     """The highest position on the ``backfill`` stream (``-MIN(stream_ordering)``)."""
-    return backfill_position(db)
+    return max(-int(db.fetchval("SELECT MIN(stream_ordering) FROM events", (), 0)), 0)
 
 
 def get_events_stream_rows(db: Database, from_token: int, to_token: int,
