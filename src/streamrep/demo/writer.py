@@ -45,7 +45,9 @@ from streamrep.db import Database
 from streamrep.demo.processes import emit
 from streamrep.demo.streams import EVENT_STREAMS, demo_streams, stream_names
 from streamrep.demo.workload import Op, Workload
+from streamrep.errors import DatabaseUnavailableError, WriterLeaseHeldError
 from streamrep.events import EventStore
+from streamrep.idgen import WriterLease
 from streamrep.logsetup import get_logger, setup_logging
 from streamrep.replication import ConnectionSettings, ReplicationClient
 
@@ -67,7 +69,11 @@ class DemoWriter:
         self.db = Database.open(config.database)
         self.streams = demo_streams(self.db, instance, config.stream_writers)
         self.own = [s for s in stream_names() if instance in config.writers_of(s)]
+        # One process per writer instance (WriterLeaseHeldError names the other one).
+        self.lease = WriterLease(self.db, instance, self.own, ttl=config.writer_lease_ttl)
+        self.lease.acquire()
         self.streams.open_all(stream_names())
+        self.lease.guard([self.streams.generator(s) for s in self.own])
         self.streams.add_listener(self._advanced)
         self.store: EventStore | None = None
         if "events" in self.own:
@@ -242,7 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     workload = Workload(args.seed, args.rooms, events=args.events == "yes",
                         prefix=args.id_prefix + ("" if args.events == "yes"
                                                  else f"{args.instance_name}-"))
-    writer = DemoWriter(config, args.instance_name, workload)
+    try:
+        writer = DemoWriter(config, args.instance_name, workload)
+    except (WriterLeaseHeldError, DatabaseUnavailableError) as exc:
+        emit("error", name=args.instance_name, message=str(exc))
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
     stop = gevent.event.Event()
     stop_handler: Callable[[], None] = stop.set
     gevent.signal_handler(signal.SIGTERM, stop_handler)
@@ -263,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
              **{f"ops_{label}": n for label, n in sorted(writer.ops.items())})
     if writer.store is not None:
         writer.store.close()
+    writer.lease.release()
     writer.db.close()
     return code
 
