@@ -9,7 +9,8 @@ import gevent.socket
 
 from streamrep.replication import ConnectionSettings
 from streamrep.replication import commands as C
-from streamrep.replication.connection import DisconnectReason, ReplicationConnection
+from streamrep.replication.protocol import DisconnectReason
+from streamrep.replication.transport.tcp_connection import TcpConnection as ReplicationConnection
 
 LINES = 2_000
 

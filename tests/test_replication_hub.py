@@ -161,7 +161,7 @@ def test_unknown_stream_and_server_from_client_are_refused(hub: ReplicationHub) 
         (b"FROBNICATE now\n", "unknown command"),
         (b"POSITION caches main x 3\n", "POSITION"),
         (b"RDATA caches main 3\n", "RDATA"),
-        (b"RDATA caches main 3 [1, oops]\n", "not valid JSON"),
+        (b"NAME w\nRDATA caches w 3 [1, oops]\n", "not valid JSON"),
         (b"\x00\xff\xfe garbage \x81\n", "ERROR "),
         (b"RDATA caches main 3 [" + b"1," * 20000 + b"1]\n", "too long"),
     ],

@@ -58,7 +58,8 @@ def test_replication_connection_is_counted_until_its_socket_closes(monkeypatch: 
     import gevent.socket
 
     from streamrep.replication import ConnectionSettings
-    from streamrep.replication.connection import DisconnectReason, ReplicationConnection
+    from streamrep.replication.protocol import DisconnectReason
+    from streamrep.replication.transport.tcp_connection import TcpConnection as ReplicationConnection
 
     monkeypatch.setattr(resources, "ENABLED", True)
     base = resources.live()

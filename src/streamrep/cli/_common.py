@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import click
 
-from streamrep.replication.connection import ConnectionSettings
+from streamrep.replication.protocol import ConnectionSettings
 
 from streamrep.config import load_config, parse_address, report_and_exit
 from streamrep.errors import ConfigError

@@ -1,31 +1,33 @@
-"""A reader's bookkeeping of every writer's position (sans-IO).
+"""A reader's facts handed to the application, exactly once and in order per writer.
 
-:class:`StreamFollower` turns the ``RDATA`` and ``POSITION`` commands a worker
-receives into calls of the application's handler, one per fact, exactly once and
-in token order per writer:
+:class:`StreamFollower` carries out the reader actions of the protocol
+(:class:`~streamrep.replication.protocol.Fact` and
+:class:`~streamrep.replication.protocol.FillGap`) against the application's
+handler and its database (a :class:`~streamrep.replication.source.StreamSource`);
+the bookkeeping itself (positions, ``batch`` rows, replays, gaps) is the
+protocol's :class:`~streamrep.replication.protocol.FollowerState`.
 
 * ``RDATA`` rows with the token ``batch`` wait until the row carrying the real
   token arrives; the position only advances on that final row.
 * A fact whose token is not past the writer's position has been delivered
   already (a replay after a reconnect) and is dropped.
 * A ``POSITION`` whose ``prev_token`` is ahead of what this reader has seen
-  reveals a gap: the missed facts are fetched with the stream source's
-  ``updates`` (the database) and delivered before the position moves. Without a
-  source the gap cannot be filled here and :meth:`on_position` says so; the
-  client then resynchronises through the hub.
+  reveals a gap: the missed facts are read from the source (the database) and
+  delivered before the position moves. Without a source :meth:`on_position`
+  says so; the TCP client then resynchronises through the hub.
+* A handler that raises leaves the position before its fact, so the fact comes
+  again after the reconnect: a failing handler is retried, never skipped.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping
 
-import orjson
-
-from streamrep.replication.commands import rdata_rows
+from streamrep.replication.protocol import Action, Fact, FillGap, FollowerState, GapUnfilled, group_facts
 from streamrep.replication.source import StreamSource
 
-__all__ = ["StreamFollower", "Handler", "group_facts"]
+__all__ = ["StreamFollower", "Handler", "group_facts", "FETCH_LIMIT"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,25 +38,14 @@ Handler = Callable[[str, str, int, list[Any]], None]
 FETCH_LIMIT = 1000
 
 
-def group_facts(rows: Sequence[tuple[int, bytes]]) -> list[tuple[int, list[Any]]]:
-    """Group ``(token, row_json)`` rows (token order) into facts ``(token, rows)``."""
-    facts: list[tuple[int, list[Any]]] = []
-    for token, row_json in rows:
-        row = orjson.loads(row_json)
-        if facts and facts[-1][0] == token:
-            facts[-1][1].append(row)
-        else:
-            facts.append((token, [row]))
-    return facts
-
-
 class StreamFollower:
     """Per-writer positions of one reader, and delivery of facts to its handler.
 
     *streams* limits which streams are followed (None: all). *start_from* gives
     where to start for a writer seen for the first time: a token per stream or
     per ``(stream, instance)``; without one the reader starts at the writer's
-    current position.
+    current position. ``state`` is the protocol's bookkeeping, shared with the
+    transport's session.
     """
 
     def __init__(
@@ -66,147 +57,117 @@ class StreamFollower:
     ) -> None:
         self.handler = handler
         self.source = source
-        self.streams = frozenset(streams) if streams is not None else None
-        self.start_from: dict[Any, int] = dict(start_from or {})
-        self.positions: dict[tuple[str, str], int] = {}
-        self._pending: dict[tuple[str, str], list[Any]] = {}
+        self.state = FollowerState(streams, start_from, can_fill=source is not None)
         #: facts delivered, for progress reports
         self.delivered = 0
 
-    def follows(self, stream: str) -> bool:
-        return self.streams is None or stream in self.streams
+    @property
+    def positions(self) -> dict[tuple[str, str], int]:
+        """``{(stream, instance): token}`` of the last fact taken (or position reached)."""
+        return self.state.positions
 
-    def _base(self, key: tuple[str, str]) -> int | None:
-        pos = self.positions.get(key)
-        if pos is not None:
-            return pos
-        base = self.start_from.get(key)
-        if base is None:
-            base = self.start_from.get(key[0])
-        return base
+    @property
+    def streams(self) -> frozenset[str] | None:
+        return self.state.streams
+
+    @property
+    def start_from(self) -> dict[Any, int]:
+        return self.state.start_from
+
+    def follows(self, stream: str) -> bool:
+        return self.state.follows(stream)
 
     def connection_lost(self) -> None:
         """Forget half-received batches: the hub resends whole facts."""
-        self._pending.clear()
+        self.state.connection_lost()
 
-    # --- commands ------------------------------------------------------------------------
+    def resume_tokens(self) -> dict[str, int]:
+        """Per stream, the token to resume from through the hub."""
+        return self.state.resume_tokens()
+
+    # --- carrying out the protocol's actions -----------------------------------------------
+
+    def run(self, actions: list[Action]) -> list[Action]:
+        """Carry out every :class:`Fact` and :class:`FillGap` of *actions*, in order;
+        return the other actions, in order, for the transport.
+
+        If the handler (or the source) raises, the positions go back to before
+        the first fact not taken, and the exception propagates.
+        """
+        rest: list[Action] = []
+        for index, action in enumerate(actions):
+            kind = type(action)
+            try:
+                if kind is Fact:
+                    assert isinstance(action, Fact)
+                    self.handler(action.stream, action.instance, action.token, action.rows)
+                    self.delivered += 1
+                elif kind is FillGap:
+                    assert isinstance(action, FillGap)
+                    self._fill(action)
+                else:
+                    rest.append(action)
+            except BaseException:
+                self.state.rewind_unfinished(actions[index + 1:])
+                if kind is Fact:
+                    assert isinstance(action, Fact)
+                    self.state.rewind(action.stream, action.instance, action.prev)
+                raise
+        return rest
+
+    def _fill(self, gap: FillGap) -> None:
+        source = self.source
+        assert source is not None, "FillGap needs a source"
+        stream, instance = gap.stream, gap.instance
+        from_token = gap.from_token
+        try:
+            while from_token < gap.upto_token:
+                # Limited answers end at a whole stream ID (the source's contract).
+                rows, limited = source.updates(stream, instance, from_token, gap.upto_token, FETCH_LIMIT)
+                if not rows:
+                    break
+                for fact in self.state.gap_facts(stream, instance, from_token, rows):
+                    self.handler(stream, instance, fact.token, fact.rows)
+                    self.delivered += 1
+                    from_token = fact.token
+                if not limited:
+                    break
+        except BaseException:
+            self.state.rewind(stream, instance, from_token)
+            raise
+
+    # --- feeding commands by hand (tests, embedding) -----------------------------------------
 
     def on_rdata(self, stream: str, instance: str, token: int | None, row: Any) -> None:
         """One ``RDATA`` row; *token* None means ``batch``."""
-        if self.streams is not None and stream not in self.streams:
-            return
-        key = (stream, instance)
-        if token is None:
-            waiting = self._pending.get(key)
-            if waiting is None:
-                self._pending[key] = [row]
-            else:
-                waiting.append(row)
-            return
-        pending = self._pending.pop(key, None)
-        base = self._base(key)
-        if base is not None and token <= base:
-            return
-        rows = pending + [row] if pending else [row]
-        # The position moves only once the handler has taken the fact: if it
-        # raises, the connection drops and the fact comes again on resume.
-        self.handler(stream, instance, token, rows)
-        self.positions[key] = token
-        self.delivered += 1
+        out: list[Action] = []
+        self.state.rdata(stream, instance, token, row, out)
+        self.run(out)
 
     def on_rdata_run(self, stream: str, instance: str, token: int | None, commands: list[Any]) -> None:
         """Consecutive ``RDATA`` commands of one writer, all ``batch`` but the last,
-        whose token is *token* (None: every one is ``batch``, the fact goes on in
-        a later read).
-
-        The same as :meth:`on_rdata` for each, with the bookkeeping done once per
-        fact; rows of a fact that is dropped (already delivered, or of a stream not
-        followed) are never decoded.
-        """
-        if self.streams is not None and stream not in self.streams:
-            return
-        key = (stream, instance)
-        if token is None:
-            waiting = self._pending.get(key)
-            rows = rdata_rows(commands)
-            if waiting is None:
-                self._pending[key] = rows
-            else:
-                waiting.extend(rows)
-            return
-        pending = self._pending.pop(key, None)
-        pos = self.positions.get(key)
-        base = pos if pos is not None else self._base(key)
-        if base is not None and token <= base:
-            return
-        if pending:
-            pending.extend(rdata_rows(commands))
-            rows = pending
-        else:
-            rows = rdata_rows(commands)
-        self.handler(stream, instance, token, rows)
-        self.positions[key] = token
-        self.delivered += 1
+        whose token is *token* (None: the fact goes on in a later read)."""
+        out: list[Action] = []
+        self.state.rdata_run(stream, instance, token, commands, out)
+        self.run(out)
 
     def on_position(self, stream: str, instance: str, prev_token: int, new_token: int) -> bool:
         """A ``POSITION``. Returns False when a gap needs filling and there is no
         source to fill it from (the position is then left alone)."""
-        if self.streams is not None and stream not in self.streams:
-            return True
-        key = (stream, instance)
-        self._pending.pop(key, None)
-        base = self._base(key)
-        if base is None:
-            self.positions[key] = new_token
-            return True
-        if prev_token > base:
-            if self.source is None:
-                return False
-            self._fill(stream, instance, base, new_token)
-        if new_token > self.positions.get(key, base):
-            self.positions[key] = new_token
-        elif key not in self.positions:
-            self.positions[key] = base
+        out: list[Action] = []
+        self.state.position(stream, instance, prev_token, new_token, out)
+        if any(type(action) is GapUnfilled for action in out):
+            return False
+        self.run(out)
         return True
 
     def catch_up(self, stream: str, instance: str, upto_token: int) -> None:
         """Deliver facts from this reader's position up to *upto_token* from the source."""
         key = (stream, instance)
-        base = self._base(key)
+        base = self.state.base(key)
         if base is None or self.source is None:
             return
-        self._fill(stream, instance, base, upto_token)
         if upto_token > self.positions.get(key, base):
             self.positions[key] = upto_token
+        self.run([FillGap(stream, instance, base, upto_token)])
 
-    def _fill(self, stream: str, instance: str, from_token: int, upto_token: int) -> None:
-        assert self.source is not None
-        key = (stream, instance)
-        while from_token < upto_token:
-            # Limited answers end at a whole stream ID (the source's contract).
-            rows, limited = self.source.updates(stream, instance, from_token, upto_token, FETCH_LIMIT)
-            if not rows:
-                break
-            facts = group_facts(rows)
-            for token, fact_rows in facts:
-                if token <= from_token:
-                    continue
-                self.handler(stream, instance, token, fact_rows)
-                self.positions[key] = token
-                self.delivered += 1
-                from_token = token
-            if not limited:
-                break
-
-    def resume_tokens(self) -> dict[str, int]:
-        """Per stream, the token to resume from through the hub: the lowest
-        position over its writers (facts already seen are dropped on arrival)."""
-        tokens: dict[str, int] = {}
-        for (stream, _instance), pos in self.positions.items():
-            tokens[stream] = min(pos, tokens.get(stream, pos))
-        for key, base in self.start_from.items():
-            stream = key if isinstance(key, str) else key[0]
-            if isinstance(key, str) and stream in tokens:
-                continue  # every writer the hub knows has a position already
-            tokens[stream] = min(base, tokens.get(stream, base))
-        return tokens

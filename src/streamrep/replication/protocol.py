@@ -657,7 +657,8 @@ class HubState:
     position, which streams it can read from its database, who may write what,
     which writer instances are connected, and presence.
 
-    * *readable*: the streams whose rows the hub can read (catch-up, gap filling).
+    * *readable*: the streams whose rows the hub can read (catch-up, gap
+      filling), or a test ``stream -> bool``.
     * *stream_writers*: stream -> the instances configured to write it; a peer
       may send ``RDATA``/``POSITION`` only for a stream it writes, under its own
       ``NAME``. None lets any named peer write any stream (embedding, tests).
@@ -673,20 +674,25 @@ class HubState:
         server_name: str,
         settings: ConnectionSettings,
         *,
-        readable: Collection[str] = (),
+        readable: Callable[[str], bool] | Collection[str] = (),
         stream_writers: Mapping[str, Collection[str]] | None = None,
         own_instances: Collection[str] = ("main",),
         stored_position: Callable[[str, str], int] | None = None,
     ) -> None:
         self.server_name = server_name
         self.settings = settings
-        self.readable_streams = frozenset(readable)
+        if callable(readable):
+            self._readable = readable
+            listed: Collection[str] = ()
+        else:
+            listed = frozenset(readable)
+            self._readable = listed.__contains__
         self.stream_writers = ({s: frozenset(ws) for s, ws in stream_writers.items()}
                                if stream_writers is not None else None)
         self.own_instances = frozenset(own_instances)
         self.stored_position = stored_position
         self.positions: dict[tuple[str, str], int] = {}
-        self.known_streams: dict[str, None] = dict.fromkeys(sorted(self.readable_streams))
+        self.known_streams: dict[str, None] = dict.fromkeys(sorted(listed))
         self.syncing_users: dict[str, set[str]] = {}
         self.peers: list[HubPeer] = []
         self._writer_peers: dict[str, HubPeer] = {}
@@ -758,7 +764,7 @@ class HubState:
 
     def token_problem(self, stream: str, instance: str, token: int) -> str | None:
         """Why *token* of a peer cannot be right (past what the database holds), or None."""
-        if self.stored_position is None or stream not in self.readable_streams:
+        if self.stored_position is None or not self._readable(stream):
             return None
         key = (stream, instance)
         if token <= self._verified.get(key, -1):
@@ -782,7 +788,8 @@ class HubState:
         return list(self.known_streams)
 
     def readable(self, stream: str) -> bool:
-        return stream in self.readable_streams
+        """Whether the hub can read *stream*'s rows from its database."""
+        return self._readable(stream)
 
     def writers(self, stream: str) -> list[str]:
         return [inst for (s, inst) in self.positions if s == stream]

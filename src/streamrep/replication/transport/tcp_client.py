@@ -1,10 +1,11 @@
-"""The replication client that worker and writer processes embed.
+"""The replication client over TCP, which worker and writer processes embed: a
+thin gevent layer over the protocol's :class:`~streamrep.replication.protocol.ClientSession`.
 
-A :class:`ReplicationClient` keeps one connection to the hub, reconnecting
-after any loss with exponential backoff and jitter. On every connection it sends
-``NAME`` and ``PING``, announces the positions of the streams this process
-writes (so the hub can fill anything it missed from the database), and, when it
-follows streams, asks to replicate:
+A :class:`ReplicationClient` keeps one connection to the hub, reconnecting after
+any loss with exponential backoff and jitter. Each connection gets a new
+session, whose greeting sends ``NAME`` and ``PING``, announces the positions of
+the streams this process writes (so the hub can fill anything it missed from the
+database), and, when it follows streams, asks to replicate:
 
 * with a database (*source*) it sends ``REPLICATE`` and fills any gap the
   answering ``POSITION`` commands reveal from the database;
@@ -13,146 +14,59 @@ follows streams, asks to replicate:
 
 Either way the handler sees each fact once, in token order per writer, across
 reconnects and hub restarts (see :class:`~streamrep.replication.follower.StreamFollower`).
+
+A TLS or authentication layer hooks in at :meth:`ReplicationClient.wrap_socket`
+and :meth:`ReplicationClient.before_name` (run before the session's ``NAME``).
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import socket
-
-from gevent import socket as gsocket
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import gevent
-import orjson
 import gevent.event
 from gevent import Greenlet
+from gevent import socket as gsocket
 
+from streamrep.errors import StreamrepError
 from streamrep.replication import commands as C
-from streamrep.replication.connection import ConnectionSettings, DisconnectReason, ReplicationConnection
+from streamrep.replication.backoff import Backoff
 from streamrep.replication.follower import Handler, StreamFollower
 from streamrep.replication.metrics import ReplicationMetrics
+from streamrep.replication.protocol import (
+    Action,
+    ClientSession,
+    Close,
+    ConnectionSettings,
+    DisconnectReason,
+    GapUnfilled,
+    Received,
+    Send,
+)
 from streamrep.replication.source import StreamSource
+from streamrep.replication.transport.tcp_connection import TcpConnection
 
 __all__ = ["ReplicationClient", "ClientConnection", "Backoff"]
 
 logger = logging.getLogger(__name__)
 
-_loads = orjson.loads
-_group_rdata = C.group_rdata
 
-
-class Backoff:
-    """Exponential backoff with jitter: attempt *n* waits a random time between
-    half and all of ``min(maximum, base * 2**n)``."""
-
-    def __init__(self, base: float = 0.1, maximum: float = 10.0, rng: random.Random | None = None) -> None:
-        if base <= 0 or maximum < base:
-            raise ValueError("need 0 < base <= maximum")
-        self.base = base
-        self.maximum = maximum
-        self.attempt = 0
-        self._rng = rng or random.Random()
-
-    def next_delay(self) -> float:
-        ceiling = min(self.maximum, self.base * (2 ** min(self.attempt, 32)))
-        self.attempt += 1
-        return float(ceiling * self._rng.uniform(0.5, 1.0))
-
-    def reset(self) -> None:
-        self.attempt = 0
-
-
-class ClientConnection(ReplicationConnection):
+class ClientConnection(TcpConnection):
     """The client's end of one connection to the hub."""
 
-    side = "client"
+    session: ClientSession
 
-    def __init__(self, client: ReplicationClient, sock: socket.socket, peer: str) -> None:
-        super().__init__(sock, peer, client.settings, client.metrics)
-        self.client = client
-        self.server_name: str | None = None
+    def __init__(self, client: ReplicationClient, sock: socket.socket, peer: str, session: ClientSession) -> None:
+        super().__init__(sock, peer, client.settings, client.metrics, session=session,
+                         perform=client.perform, on_lost=client.connection_lost)
         self.established = False
 
-    def connection_made(self) -> None:
-        client = self.client
-        self.send(C.name(client.client_name))
-        self.send(C.ping())
-        # Writers first say where they are, so the hub fills what it missed
-        # before anything else arrives from this process.
-        if client.writer_positions is not None:
-            lines = [
-                C.encode_one(C.position(stream, instance, token, token))
-                for stream, instance, token in client.writer_positions()
-            ]
-            if lines:
-                self.send_encoded(b"".join(lines), len(lines), "POSITION")
-        for command in client.replicate_commands():
-            self.send(command)
-        self.established = True
-        client._connected(self)
-
-    def connection_lost(self, reason: str) -> None:
-        self.client._disconnected(self, reason)
-
-    def on_SERVER(self, command: Any) -> None:
-        expected = self.client.server_name
-        self.server_name = command.data
-        if expected is not None and command.data != expected:
-            self.close(DisconnectReason.WRONG_SERVER, f"expected server {expected}, found {command.data}")
-
-    def handle_commands(self, commands: Iterable[Any], dispatch: dict[str, Callable[[Any], None]]) -> None:
-        # RDATA is nearly all of the traffic: the core groups consecutive rows of
-        # one writer, so the follower's bookkeeping runs once per fact, not per row.
-        follower = self.client.follower
-        if follower is None:
-            super().handle_commands(commands, dispatch)
-            return
-        on_run = follower.on_rdata_run
-        run_type = tuple
-        for item in _group_rdata(commands if type(commands) is list else list(commands)):
-            if self.closed:
-                return
-            if type(item) is run_type:
-                on_run(*item)
-                continue
-            handler = dispatch.get(item.NAME)
-            if handler is None:
-                self.refuse(item)
-                return
-            handler(item)
-
-    def on_RDATA(self, command: Any) -> None:
-        follower = self.client.follower
-        if follower is not None:
-            try:
-                row = _loads(command.row_json)
-            except orjson.JSONDecodeError:
-                row = command.row  # raises the wire format's own MalformedCommandError
-            follower.on_rdata(command.stream_name, command.instance_name, command.token, row)
-
-    def on_POSITION(self, command: Any) -> None:
-        follower = self.client.follower
-        if follower is None:
-            return
-        if not follower.on_position(command.stream_name, command.instance_name, command.prev_token, command.new_token):
-            # A gap with no database to fill it from: reconnect, and the hub
-            # streams what was missed from our last tokens.
-            logger.warning(
-                "gap on %s/%s (at %s, hub was at %s): resynchronising through the hub",
-                command.stream_name, command.instance_name,
-                follower.positions.get((command.stream_name, command.instance_name)), command.prev_token,
-            )
-            self.close(DisconnectReason.LOCAL_CLOSE)
-
-    def _other(self, command: Any) -> None:
-        callback = self.client.on_command
-        if callback is not None:
-            callback(command)
-
-    on_USER_SYNC = on_CLEAR_USER_SYNC = on_FEDERATION_ACK = on_USER_IP = _other
-    on_REMOTE_SERVER_UP = on_LOCK_RELEASED = on_NEW_ACTIVE_TASK = on_CANCEL_TASK = _other
+    @property
+    def server_name(self) -> str | None:
+        """The name the hub gave in ``SERVER`` (None until then)."""
+        return self.session.server_name
 
 
 class ReplicationClient:
@@ -207,7 +121,7 @@ class ReplicationClient:
         self._greenlet: Greenlet | None = None
         self._up = gevent.event.Event()
 
-    # --- lifecycle -------------------------------------------------------------------
+    # --- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> Greenlet:
         """Connect (and keep reconnecting) in a background greenlet."""
@@ -222,8 +136,7 @@ class ReplicationClient:
         conn = self.connection
         if conn is not None and not conn.closed:
             conn.close(DisconnectReason.LOCAL_CLOSE)
-            if conn._writer is not None:
-                conn._writer.join(timeout)
+            conn.wait_flushed(timeout)
             if self._greenlet is not None:
                 self._greenlet.join(timeout)
         if self._greenlet is not None:
@@ -239,31 +152,55 @@ class ReplicationClient:
         """Block until a connection is up (True) or *timeout* passes (False)."""
         return bool(self._up.wait(timeout))
 
+    # --- hooks for a security layer ----------------------------------------------------------
+
+    def wrap_socket(self, sock: socket.socket) -> socket.socket:
+        """The socket the connection will use (a TLS layer returns the wrapped one)."""
+        return sock
+
+    def before_name(self, sock: socket.socket) -> bool:
+        """A handshake before ``NAME`` (a shared-secret challenge, say); False
+        drops this attempt and retries after the backoff."""
+        return True
+
     def _run(self) -> None:
         while not self._stopping:
             try:
                 sock = gsocket.create_connection((self.host, self.port), timeout=self.connect_timeout)
+                sock = self.wrap_socket(sock)
+                if not self.before_name(sock):
+                    raise StreamrepError("the hub refused the handshake")
                 sock.settimeout(None)
-            except OSError as exc:
+            except (OSError, StreamrepError) as exc:
                 delay = self.backoff.next_delay()
                 logger.info("cannot reach hub %s:%s (%s); retrying in %.2fs", self.host, self.port, exc, delay)
                 gevent.sleep(delay)
                 continue
-            conn = ClientConnection(self, sock, f"{self.host}:{self.port}")
+            follower = self.follower
+            session = ClientSession(
+                self.settings, client_name=self.client_name, server_name=self.server_name,
+                follower=follower.state if follower is not None else None,
+                resume_through_hub=self.source is None,
+            )
+            conn = ClientConnection(self, sock, f"{self.host}:{self.port}", session)
             self.connection = conn
             self.metrics.connected()
-            conn.run()
+            positions = list(self.writer_positions()) if self.writer_positions is not None else []
+            conn.run(self._greeted(conn, session.greeting(positions)))
             if self._stopping:
                 break
             delay = self.backoff.next_delay()
             logger.info("lost hub %s:%s (%s); reconnecting in %.2fs", self.host, self.port, conn.close_reason, delay)
             gevent.sleep(delay)
 
-    def _connected(self, conn: ClientConnection) -> None:
+    def _greeted(self, conn: ClientConnection, greeting: list[Action]) -> list[Action]:
+        conn.established = True
         self.connections_made += 1
         self._up.set()
+        return greeting
 
-    def _disconnected(self, conn: ClientConnection, reason: str) -> None:
+    def connection_lost(self, conn: TcpConnection, reason: str) -> None:
+        assert isinstance(conn, ClientConnection)
         if self.connection is conn:
             self._up.clear()
         if self.follower is not None:
@@ -273,24 +210,44 @@ class ReplicationClient:
         if conn.server_name is not None and reason != DisconnectReason.WRONG_SERVER:
             self.backoff.reset()
 
-    # --- what to ask for -----------------------------------------------------------------
+    # --- carrying out the protocol's actions ----------------------------------------------------
+
+    def perform(self, conn: TcpConnection, actions: list[Action]) -> None:
+        """Facts and gaps go to the follower; the rest is sending, closing and
+        handing relayed commands to *on_command*."""
+        follower = self.follower
+        if follower is not None:
+            actions = follower.run(actions)
+        for action in actions:
+            kind = type(action)
+            if kind is Send:
+                assert isinstance(action, Send)
+                conn.send_lines(action.data, action.count, action.name)
+            elif kind is Close:
+                assert isinstance(action, Close)
+                conn.close(action.reason, action.error)
+            elif kind is Received:
+                assert isinstance(action, Received)
+                if not conn.log_peer_error(action.command) and self.on_command is not None:
+                    self.on_command(action.command)
+            elif kind is GapUnfilled:
+                assert isinstance(action, GapUnfilled)
+                # No database to fill it from: reconnect, and the hub streams what
+                # was missed from our last tokens.
+                logger.warning("gap on %s/%s (at %s, hub was at %s): resynchronising through the hub",
+                               action.stream, action.instance, action.from_token, action.upto_token)
+                conn.close(DisconnectReason.LOCAL_CLOSE)
+                return
+
+    # --- sending ---------------------------------------------------------------------------------
 
     def replicate_commands(self) -> list[Any]:
-        """The ``REPLICATE`` commands for a new connection."""
+        """The ``REPLICATE`` commands a new connection would send."""
         follower = self.follower
-        if follower is None:
-            return []
-        if self.source is not None:
-            return [C.replicate()]
-        tokens = follower.resume_tokens()
-        if follower.streams is None and not tokens:
-            return [C.replicate("ALL", None)]
-        # Each stream from its own token (one token for all would replay the
-        # busiest streams from the quietest one's position).
-        names = sorted(follower.streams) if follower.streams is not None else sorted(tokens)
-        return [C.replicate(stream, tokens.get(stream)) for stream in names]
-
-    # --- sending ------------------------------------------------------------------------
+        session = ClientSession(self.settings, client_name=self.client_name,
+                                follower=follower.state if follower is not None else None,
+                                resume_through_hub=self.source is None)
+        return session.replicate_commands()
 
     def send(self, command: Any) -> bool:
         """Send a command now if connected; False when there is no connection."""
@@ -308,7 +265,7 @@ class ReplicationClient:
         conn = self.connection
         if conn is None or not conn.established or conn.closed or not rows:
             return False
-        return conn.send_encoded(C.rdata_lines(stream, instance, rows), len(rows), "RDATA")
+        return conn.send_lines(C.rdata_lines(stream, instance, rows), len(rows), "RDATA")
 
     def announce_position(self, stream: str, instance: str, prev_token: int, new_token: int) -> bool:
         """Announce that a writer moved from *prev_token* to *new_token* with no rows."""

@@ -1,0 +1,297 @@
+"""One TCP connection driven by a protocol session: the only place that reads and
+writes replication sockets.
+
+Three greenlets per connection: the read loop (decode, hand the commands to the
+session, pass its actions to the owner), the writer (one ``sendall`` of
+everything queued at a time, from a bounded :class:`OutboundQueue`) and the
+keepalive timer (the session's :meth:`~streamrep.replication.protocol.Session.tick`).
+A TLS or authentication layer wraps the socket before it gets here.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import gevent
+import gevent.event
+from gevent import Greenlet
+
+from streamrep import resources
+from streamrep.errors import ProtocolError
+from streamrep.replication import commands as C
+from streamrep.replication.outbound import OutboundQueue
+from streamrep.replication.protocol import Action, Close, ConnectionSettings, DisconnectReason, Received, Send, Session
+
+if TYPE_CHECKING:
+    from streamrep.replication.metrics import ReplicationMetrics
+
+__all__ = ["TcpConnection", "Perform"]
+
+logger = logging.getLogger(__name__)
+
+#: ``perform(connection, actions)``: the owner carries out a session's actions.
+Perform = Callable[["TcpConnection", list[Action]], None]
+
+#: How long a closing connection may spend flushing its last lines.
+_CLOSE_FLUSH_SECONDS = 1.0
+# After our last line, how long to read (and drop) what the peer still sends
+# until it closes too. Closing a socket with unread input makes the kernel
+# reset the connection, and a reset can destroy lines the peer has not read
+# yet: our ERROR, or a writer's last RDATA.
+_CLOSE_DRAIN_SECONDS = 1.0
+_READ_SIZE = 262144
+
+
+class TcpConnection:
+    """A socket, a session, a bounded outbound queue.
+
+    *perform* carries out the session's actions (default: :meth:`perform_basic`,
+    which knows ``Send``, ``Close`` and a peer's ``ERROR``). *on_lost* is called
+    once with the close reason.
+    """
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        peer: str,
+        settings: ConnectionSettings,
+        metrics: ReplicationMetrics | None = None,
+        *,
+        session: Session | None = None,
+        perform: Perform | None = None,
+        on_lost: Callable[[TcpConnection, str], None] | None = None,
+    ) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.settings = settings
+        self.metrics = metrics
+        self.session = session if session is not None else Session(settings)
+        self.queue = OutboundQueue(settings.max_queued_commands)
+        self.decoder = C.new_decoder(settings.max_line_length)
+        self.closed = False
+        self.close_reason: str | None = None
+        self._perform = perform if perform is not None else TcpConnection.perform_basic
+        self._on_lost = on_lost
+        self._in_flight = False
+        self._closer: Greenlet | None = None
+        self._drained = gevent.event.Event()
+        self._greenlets: list[Greenlet] = []
+        self._writer: Greenlet | None = None
+        if resources.ENABLED:
+            resources.acquired("replication connection")
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+
+    @property
+    def name(self) -> str:
+        """How logs and metrics name the connection."""
+        return self.peer
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def start(self, greeting: Sequence[Action] = ()) -> None:
+        """Start the writer and keepalive greenlets and carry out *greeting*."""
+        self._writer = gevent.spawn(self._write_loop)
+        self._greenlets = [self._writer, gevent.spawn(self._keepalive_loop)]
+        if greeting:
+            self._perform(self, list(greeting))
+
+    def run(self, greeting: Sequence[Action] = ()) -> None:
+        """Start, then read in the current greenlet until the connection ends."""
+        self.start(greeting)
+        self._read_loop()
+        # Stay until the last lines are flushed: the caller may close the socket
+        # as soon as this returns.
+        if self._closer is not None:
+            self._closer.join(_CLOSE_FLUSH_SECONDS + _CLOSE_DRAIN_SECONDS + 1)
+
+    def wait_flushed(self, timeout: float) -> None:
+        """Wait (at most *timeout*) for the writer to finish after a close."""
+        writer = self._writer
+        if writer is not None:
+            writer.join(timeout)
+
+    def close(self, reason: str, error: str | None = None) -> None:
+        """End the connection, sending ``ERROR <error>`` first when given.
+
+        Queued lines are still flushed (for at most a second) unless the peer is a
+        slow consumer, whose backlog is dropped.
+        """
+        if self.closed:
+            return
+        self.closed = True
+        self.close_reason = reason
+        self.session.closing(reason)
+        if reason == DisconnectReason.SLOW_CONSUMER:
+            self.queue.clear()
+        if error is not None:
+            # ERROR lines go out even when the bound was reached.
+            self.queue.max_commands += 1
+            self.queue.put(C.encode_one(C.error(error)), 1)
+            if self.metrics is not None:
+                self.metrics.sent("ERROR", 1)
+        self.queue.close()
+        if self.metrics is not None:
+            self.metrics.disconnected(reason)
+        logger.info("replication connection %s closed: %s%s", self.name, reason, f" ({error})" if error else "")
+        self._closer = gevent.spawn(self._finish_close)
+        if self._on_lost is not None:
+            try:
+                self._on_lost(self, reason)
+            except Exception:
+                logger.exception("connection-lost handling failed for %s", self.name)
+
+    def _finish_close(self) -> None:
+        writer = self._writer
+        if writer is not None and not writer.dead:
+            writer.join(_CLOSE_FLUSH_SECONDS)
+            if not writer.dead:
+                writer.kill(block=False)
+        # Half-close, then let the read loop drain until the peer closes its side.
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            self._drained.set()
+        self._drained.wait(_CLOSE_DRAIN_SECONDS)
+        self.sock.close()
+        self.queue.clear()  # what the writer could not flush in time is dropped
+        if resources.ENABLED:
+            resources.released("replication connection")
+        for greenlet in self._greenlets:
+            if greenlet is not gevent.getcurrent() and not greenlet.dead:
+                greenlet.kill(block=False)
+
+    # --- actions ----------------------------------------------------------------------------
+
+    def perform_basic(self, actions: list[Action]) -> None:
+        """Carry out ``Send``, ``Close`` and a peer's ``ERROR``; ignore the rest."""
+        for action in actions:
+            kind = type(action)
+            if kind is Send:
+                assert isinstance(action, Send)
+                self.send_lines(action.data, action.count, action.name)
+            elif kind is Close:
+                assert isinstance(action, Close)
+                self.close(action.reason, action.error)
+            elif kind is Received:
+                assert isinstance(action, Received)
+                self.log_peer_error(action.command)
+
+    def log_peer_error(self, command: Any) -> bool:
+        """Log a peer's ``ERROR``; True if *command* was one."""
+        if command.NAME != "ERROR":
+            return False
+        logger.warning("replication peer %s sent ERROR %s", self.name, C.error_message(command))
+        return True
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def _read_loop(self) -> None:
+        try:
+            self._read_until_eof()
+        finally:
+            self._drained.set()
+
+    def _read_until_eof(self) -> None:
+        """Read and act on commands until the peer closes; once this end has
+        closed, keep reading (and dropping) until then, see _CLOSE_DRAIN_SECONDS."""
+        recv = self.sock.recv
+        feed = self.decoder.feed
+        session = self.session
+        metrics = self.metrics
+        perform = self._perform
+        monotonic = time.monotonic
+        while True:
+            try:
+                data = recv(_READ_SIZE)
+            except OSError as exc:
+                if not self.closed:
+                    self.close(DisconnectReason.SOCKET_ERROR)
+                logger.debug("read from %s failed: %s", self.name, exc)
+                return
+            if not data:
+                if not self.closed:
+                    self.close(DisconnectReason.PEER_CLOSED)
+                return
+            if self.closed:
+                continue
+            try:
+                commands = feed(data)
+            except ProtocolError as exc:
+                if metrics is not None:
+                    metrics.received_commands(exc.commands)
+                actions = session.receive_failed(exc, monotonic())
+            else:
+                if metrics is not None:
+                    metrics.received_commands(commands)
+                actions = session.receive(commands, monotonic())
+            if actions:
+                try:
+                    perform(self, actions)
+                except Exception:
+                    # A bug (or a failing handler): drop this connection (a client
+                    # reconnects) rather than leave it half-processed.
+                    logger.exception("handling commands from %s failed", self.name)
+                    self.close(DisconnectReason.LOCAL_CLOSE, "internal error")
+
+    # --- writing -----------------------------------------------------------------------------
+
+    def send(self, command: Any) -> bool:
+        """Queue one command; False (and the peer is cut off) if the queue is full."""
+        return self.send_lines(C.encode_one(command), 1, command.NAME)
+
+    def send_lines(self, data: bytes, count: int, name: str) -> bool:
+        """Queue *count* already-encoded commands named *name*.
+
+        A peer whose queue would overflow gets ``ERROR`` and is disconnected, so
+        it can never hold the sender up or grow its memory past the bound.
+        """
+        if self.closed:
+            return False
+        if not self.queue.put(data, count):
+            self.close(DisconnectReason.SLOW_CONSUMER,
+                       f"too far behind: more than {self.queue.max_commands} commands queued")
+            return False
+        if self.metrics is not None:
+            self.metrics.sent(name, count)
+        return True
+
+    def _write_loop(self) -> None:
+        queue = self.queue
+        sendall = self.sock.sendall
+        session = self.session
+        while True:
+            data, _count = queue.take()
+            if not data:
+                if queue.closed:
+                    return
+                continue
+            self._in_flight = True
+            try:
+                sendall(data)
+            except OSError as exc:
+                logger.debug("write to %s failed: %s", self.name, exc)
+                self.close(DisconnectReason.SOCKET_ERROR)
+                return
+            finally:
+                self._in_flight = False
+            session.data_sent(time.monotonic())
+
+    def idle(self) -> bool:
+        """True when everything queued has been handed to the socket."""
+        return len(self.queue) == 0 and not self._in_flight
+
+    def _keepalive_loop(self) -> None:
+        step = self.session.keepalive.check_interval
+        while not self.closed:
+            gevent.sleep(step)
+            if self.closed:
+                return
+            actions = self.session.tick(time.monotonic(), len(self.queue) == 0)
+            if actions:
+                self._perform(self, actions)

@@ -1,0 +1,473 @@
+"""The replication hub over TCP: a thin gevent layer over the protocol's hub.
+
+Every worker and writer process connects to the hub. The protocol
+(:class:`~streamrep.replication.protocol.HubState` and one
+:class:`~streamrep.replication.protocol.HubPeer` per connection) decides what is
+sent, published, relayed or refused; this module accepts connections, carries
+out those decisions and does the database reads they ask for:
+
+* publishing this process's own writers' advances (:meth:`ReplicationHub.writer_advanced`)
+  and filling the gaps a writer's ``POSITION`` reveals, from the source;
+* catch-up for the legacy ``REPLICATE <stream|ALL> <token>``: the rows after the
+  token streamed from the source, then the switch to live without yielding, so
+  there is neither gap nor duplicate. Every wait for queue room is bounded; a
+  catch-up that cannot proceed (database error, a peer that stops reading, a
+  queue too small for the final positions) closes that peer with ``ERROR``.
+
+Connections beyond ``max_connections`` (or ``max_connections_per_host`` from one
+address) get ``ERROR`` and are closed at once; running out of file descriptors
+pauses accepting instead of failing.
+
+Where a TLS or authentication layer hooks in: :meth:`ReplicationHub.wrap_socket`
+(called on every accepted socket before anything is read or written) and
+:meth:`ReplicationHub.before_name` (a greenlet-side handshake run before the
+connection's session starts, so no ``NAME`` is accepted until it returns True).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+from typing import Any, Collection, Mapping
+
+import gevent
+import gevent.event
+from gevent import Greenlet
+from gevent import socket as gsocket
+
+from streamrep.errors import StreamrepError
+from streamrep.replication import commands as C
+from streamrep.replication.metrics import ReplicationMetrics, serve_metrics
+from streamrep.replication.protocol import (
+    Action,
+    CatchUp,
+    Close,
+    ConnectionSettings,
+    DisconnectReason,
+    FillGap,
+    HubPeer,
+    HubState,
+    Publish,
+    Received,
+    Relay,
+    Send,
+)
+from streamrep.replication.source import StreamSource
+from streamrep.replication.transport.tcp_connection import TcpConnection
+
+__all__ = ["ReplicationHub", "HubConnection", "DEFAULT_PORT", "CATCH_UP_BATCH"]
+
+logger = logging.getLogger(__name__)
+
+#: The hub's default TCP port (on 127.0.0.1 unless told otherwise).
+DEFAULT_PORT = 9092
+
+#: Rows read from the source per round trip during catch-up.
+CATCH_UP_BATCH = 2000
+
+# accept() errors that mean "out of descriptors or memory for now": pause, retry.
+_RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+_PAUSE_WHEN_OUT_OF_DESCRIPTORS = 0.1
+#: How many distinct refusals are logged at WARNING before they go to DEBUG.
+_LOGGED_REFUSALS_LIMIT = 1000
+
+
+class HubConnection(TcpConnection):
+    """The hub's end of one connection: a socket and its :class:`HubPeer`."""
+
+    session: HubPeer
+
+    def __init__(self, hub: ReplicationHub, sock: socket.socket, peer: str, session: HubPeer) -> None:
+        super().__init__(sock, peer, hub.settings, hub.metrics, session=session,
+                         perform=hub.perform, on_lost=hub.connection_lost)
+        self.hub = hub
+        self.catch_ups: list[CatchUp] = []
+        self.catch_up_worker: Greenlet | None = None
+
+    @property
+    def name(self) -> str:
+        """``NAME@address`` once the peer gave its name, else its address."""
+        name = self.session.name
+        return f"{name}@{self.peer}" if name is not None else self.peer
+
+    def wants(self, stream: str) -> bool:
+        """Whether live rows of *stream* go to this connection now."""
+        return self.session.wants(stream)
+
+    @property
+    def live_all(self) -> bool:
+        return self.session.live_all
+
+
+class ReplicationHub:
+    """The replication server (see the module docstring).
+
+    *source* is where the hub reads rows for catch-up and for its own writers'
+    advances; without one the hub only relays. *instance_name* is this process's
+    name as a writer (no peer may write as it). *stream_writers* (stream ->
+    instances) says which peer may write which stream; None lets any named peer
+    write streams under its own name.
+    """
+
+    def __init__(
+        self,
+        server_name: str,
+        source: StreamSource | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = DEFAULT_PORT,
+        instance_name: str = "main",
+        settings: ConnectionSettings | None = None,
+        metrics_listen: tuple[str, int] | None = None,
+        stream_writers: Mapping[str, Collection[str]] | None = None,
+    ) -> None:
+        self.server_name = server_name
+        self.source = source
+        self.instance_name = instance_name
+        self.settings = settings or ConnectionSettings()
+        self.state = HubState(
+            server_name, self.settings,
+            readable=(lambda stream: stream in source.stream_names()) if source is not None else (),
+            stream_writers=stream_writers,
+            own_instances=(instance_name,),
+            stored_position=source.current_token if source is not None else None,
+        )
+        self.connections: list[HubConnection] = []
+        self.metrics = ReplicationMetrics(
+            positions=lambda: dict(self.state.positions),
+            queue_depths=lambda: {f"{c.name}#{id(c):x}": len(c.queue) for c in self.connections},
+        )
+        self._host, self._port = host, port
+        self._listener: socket.socket | None = None
+        self._acceptor: Greenlet | None = None
+        self._metrics_listen = metrics_listen
+        self._metrics_server: Any = None
+        self._refusals_logged: set[tuple[str, str]] = set()
+        self.stopped = gevent.event.Event()
+        self.load_positions()
+
+    # --- what the protocol knows, for embedding and tests --------------------------------------
+
+    @property
+    def positions(self) -> dict[tuple[str, str], int]:
+        """Every writer's published position."""
+        return self.state.positions
+
+    @property
+    def syncing_users(self) -> dict[str, set[str]]:
+        """Syncing users per instance, from ``USER_SYNC``."""
+        return self.state.syncing_users
+
+    def all_syncing_users(self) -> set[str]:
+        return self.state.all_syncing_users()
+
+    def stream_names(self) -> list[str]:
+        return self.state.stream_names()
+
+    def writers(self, stream: str) -> list[str]:
+        return self.state.writers(stream)
+
+    def readable(self, stream: str) -> bool:
+        """Whether the hub can read *stream*'s rows (for catch-up and gap filling)."""
+        return self.state.readable(stream)
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The (host, port) the hub listens on (the real port once started)."""
+        if self._listener is not None:
+            host, port = self._listener.getsockname()[:2]
+            return str(host), int(port)
+        return self._host, self._port
+
+    def load_positions(self) -> None:
+        """Read every writer's persisted position from the source."""
+        source = self.source
+        if source is None:
+            return
+        self.state.load_positions(
+            (stream, instance, source.current_token(stream, instance))
+            for stream in source.stream_names() for instance in source.writers(stream))
+        for stream in source.stream_names():
+            self.state.known_streams.setdefault(stream, None)
+
+    def start(self) -> None:
+        """Listen and serve in the background (greenlets)."""
+        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
+        listener = gsocket.socket(family, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((self._host, self._port))
+        listener.listen(128)
+        self._listener = listener
+        self._acceptor = gevent.spawn(self._accept_loop, listener)
+        if self._metrics_listen is not None:
+            self._metrics_server = serve_metrics(self.metrics, *self._metrics_listen)
+        logger.info("replication hub %s listening on %s:%s", self.server_name, *self.address)
+
+    def serve_forever(self) -> None:
+        """Start (if needed) and block until :meth:`stop`."""
+        if self._listener is None:
+            self.start()
+        self.stopped.wait()
+
+    def stop(self, message: str = "server stopping", flush_timeout: float = 2.0) -> None:
+        """Send ``ERROR <message>`` to every peer, close them all, stop listening."""
+        if self.stopped.is_set():
+            return
+        if self._acceptor is not None:
+            self._acceptor.kill(block=False)
+        if self._listener is not None:
+            self._listener.close()
+        closing = list(self.connections)
+        for conn in closing:
+            conn.close(DisconnectReason.SERVER_STOPPING, message)
+        with gevent.Timeout(flush_timeout, False):
+            for conn in closing:
+                conn.wait_flushed(flush_timeout)
+        if self._metrics_server is not None:
+            self._metrics_server.stop()
+        self.stopped.set()
+
+    # --- hooks for a security layer ----------------------------------------------------------
+
+    def wrap_socket(self, sock: socket.socket) -> socket.socket:
+        """The socket the connection will use (a TLS layer returns the wrapped one)."""
+        return sock
+
+    def before_name(self, sock: socket.socket, peer: str) -> bool:
+        """A handshake before the session starts (a shared-secret challenge, say);
+        False closes the connection. Nothing but this handshake is read until it
+        returns."""
+        return True
+
+    # --- connections ---------------------------------------------------------------------------
+
+    def _accept_loop(self, listener: socket.socket) -> None:
+        while not self.stopped.is_set():
+            try:
+                sock, address = listener.accept()
+            except OSError as exc:
+                if self.stopped.is_set() or exc.errno == errno.EBADF:
+                    return
+                if exc.errno in _RESOURCE_ERRORS:
+                    self._log_refusal("*", f"cannot accept connections: {exc.strerror}; raise the "
+                                           "file descriptor limit (ulimit -n) or lower max_connections")
+                    gevent.sleep(_PAUSE_WHEN_OUT_OF_DESCRIPTORS)
+                    continue
+                logger.debug("accept failed: %s", exc)
+                continue
+            gevent.spawn(self._serve, sock, address)
+
+    def _serve(self, sock: socket.socket, address: Any) -> None:
+        host = str(address[0])
+        label = f"{host}:{address[1]}"
+        refusal = self.state.admit(host)
+        if refusal is not None:
+            self._refuse_early(sock, host, refusal)
+            return
+        try:
+            sock = self.wrap_socket(sock)
+            if not self.before_name(sock, label):
+                sock.close()
+                return
+        except (OSError, StreamrepError) as exc:
+            logger.info("replication connection %s failed its handshake: %s", label, exc)
+            sock.close()
+            return
+        session = self.state.new_peer(label, host)
+        conn = HubConnection(self, sock, label, session)
+        self.connections.append(conn)
+        self.metrics.connected()
+        conn.run(session.greeting())
+
+    def _refuse_early(self, sock: socket.socket, host: str, refusal: str) -> None:
+        self.metrics.disconnected(DisconnectReason.TOO_MANY_CONNECTIONS)
+        self._log_refusal(host, refusal)
+        try:
+            sock.settimeout(1.0)
+            sock.sendall(f"ERROR {refusal}\n".encode())
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        finally:
+            sock.close()
+
+    def _log_refusal(self, host: str, why: str) -> None:
+        # Once per (peer, reason): a peer repeating an attack cannot flood the log.
+        key = (host, why)
+        if key in self._refusals_logged or len(self._refusals_logged) >= _LOGGED_REFUSALS_LIMIT:
+            logger.debug("replication peer %s refused: %s", host, why)
+            return
+        self._refusals_logged.add(key)
+        logger.warning("replication peer %s refused: %s", host, why)
+
+    def connection_lost(self, conn: TcpConnection, reason: str) -> None:
+        assert isinstance(conn, HubConnection)
+        if conn in self.connections:
+            self.connections.remove(conn)
+        actions = self.state.peer_lost(conn.session)
+        if not self.stopped.is_set():
+            self.perform(conn, actions)
+        worker = conn.catch_up_worker
+        if worker is not None and worker is not gevent.getcurrent():
+            worker.kill(block=False)
+
+    # --- carrying out the protocol's actions ----------------------------------------------------
+
+    def perform(self, conn: TcpConnection | None, actions: list[Action]) -> None:
+        """Carry out *actions* of *conn*'s session (None: the hub's own)."""
+        for action in actions:
+            kind = type(action)
+            if kind is Publish:
+                assert isinstance(action, Publish)
+                self.broadcast(action.stream, action.data, action.count, action.name, exclude=conn)
+            elif kind is Send:
+                assert isinstance(action, Send) and conn is not None
+                conn.send_lines(action.data, action.count, action.name)
+            elif kind is Relay:
+                assert isinstance(action, Relay)
+                self.relay_lines(action.data, action.name, exclude=conn)
+            elif kind is FillGap:
+                assert isinstance(action, FillGap)
+                self._fill(action, conn)
+            elif kind is CatchUp:
+                assert isinstance(action, CatchUp) and isinstance(conn, HubConnection)
+                self._start_catch_up(conn, action)
+            elif kind is Close:
+                assert isinstance(action, Close) and conn is not None
+                conn.close(action.reason, action.error)
+            elif kind is Received:
+                assert isinstance(action, Received)
+                if conn is not None:
+                    conn.log_peer_error(action.command)
+
+    def broadcast(self, stream: str, data: bytes, count: int, name: str, exclude: Any = None) -> None:
+        """Queue encoded stream commands to every connection following *stream*."""
+        for conn in tuple(self.connections):
+            if conn is not exclude and conn.session.wants(stream):
+                conn.send_lines(data, count, name)
+
+    def relay_lines(self, data: bytes, name: str, exclude: Any = None) -> None:
+        """Queue one encoded non-stream command to every connection but *exclude*."""
+        for conn in tuple(self.connections):
+            if conn is not exclude:
+                conn.send_lines(data, 1, name)
+
+    def publish_rows(self, stream: str, instance: str, rows: list[tuple[int, bytes]],
+                     new_token: int | None = None) -> None:
+        """Publish rows ``(token, row_json)`` of a writer (token order, all past its
+        position) and move its position to *new_token* (default: the last row's)."""
+        self.perform(None, self.state.publish_rows(stream, instance, rows, new_token))
+
+    def writer_advanced(self, stream: str, instance: str, new_token: int) -> None:
+        """A writer of this process (or one sharing its database) reached
+        *new_token*: publish its rows since the last published position."""
+        self.perform(None, self.state.writer_advanced(stream, instance, new_token))
+
+    def _fill(self, gap: FillGap, conn: TcpConnection | None) -> None:
+        """Publish a writer's rows in ``(from_token, upto_token]`` from the source."""
+        source = self.source
+        state = self.state
+        stream, instance = gap.stream, gap.instance
+        try:
+            if source is None:
+                raise StreamrepError(f"no database to read {stream} from")
+            start = gap.from_token
+            while start < gap.upto_token:
+                rows, limited = source.updates(stream, instance, start, gap.upto_token, CATCH_UP_BATCH)
+                if not rows:
+                    break
+                self.perform(None, state.publish_rows(stream, instance, rows))
+                start = rows[-1][0]
+                if not limited:
+                    break
+        except Exception as exc:
+            logger.warning("reading %s/%s from the database failed: %s", stream, instance, exc)
+            if conn is not None:
+                conn.close(DisconnectReason.CATCH_UP_FAILED, f"cannot read {stream} from the database: {exc}")
+            return
+        self.perform(None, state.publish_rows(stream, instance, [], gap.upto_token))
+        if gap.then_token is not None:
+            self.perform(None, state.publish_rows(stream, instance, [], gap.then_token))
+
+    # --- catch-up -------------------------------------------------------------------------------
+
+    def _start_catch_up(self, conn: HubConnection, action: CatchUp) -> None:
+        conn.catch_ups.append(action)
+        if conn.catch_up_worker is None or conn.catch_up_worker.dead:
+            conn.catch_up_worker = gevent.spawn(self._catch_up_all, conn)
+
+    def _catch_up_all(self, conn: HubConnection) -> None:
+        while conn.catch_ups and not conn.closed:
+            action = conn.catch_ups.pop(0)
+            try:
+                self.catch_up(conn, action.stream, action.from_token)
+            except Exception as exc:
+                logger.warning("catch-up of %s for %s failed: %s", action.stream, conn.name, exc)
+                conn.close(DisconnectReason.CATCH_UP_FAILED, f"cannot replicate {action.stream}: {exc}")
+                return
+
+    def catch_up(self, conn: HubConnection, stream: str, from_token: int) -> None:
+        """Stream *stream*'s rows after *from_token* to *conn*, then make it live.
+
+        Runs in the connection's catch-up greenlet. Live rows of the stream are
+        held back from *conn* meanwhile; the switch happens without yielding once
+        every writer's published position has been streamed, so nothing is missed
+        or sent twice. Every wait for room is bounded by the keepalive timeout.
+        """
+        source = self.source
+        assert source is not None
+        state = self.state
+        queue = conn.queue
+        wait = self.settings.ping_timeout
+        sent: dict[str, int] = {}
+        last_row: dict[str, int] = {}
+        while not conn.closed:
+            behind = state.catch_up_behind(stream, sent, from_token)
+            if not behind:
+                data, count = state.catch_up_positions(stream, from_token, last_row)
+                if count > queue.max_commands:
+                    conn.close(DisconnectReason.CATCH_UP_FAILED,
+                               f"catch-up of {stream} must queue {count} positions at once, more than "
+                               f"the queue bound ({queue.max_commands}); raise backpressure.max_queue")
+                    return
+                if queue.room() >= count:
+                    # Switch to live: nothing yielded since the check above.
+                    conn.session.catch_up_done(stream)
+                    if count:
+                        conn.send_lines(data, count, "POSITION")
+                    return
+                if not queue.wait_for_room(count, timeout=wait):
+                    self._too_slow(conn)
+                    return
+                continue  # the wait yielded: look again for newer rows
+            for instance, upto in behind:
+                start = sent.get(instance, from_token)
+                while start < upto and not conn.closed:
+                    # Limited answers end at a whole stream ID (the source's contract).
+                    rows, limited = source.updates(stream, instance, start, upto, CATCH_UP_BATCH)
+                    if rows:
+                        # In pieces that fit the queue, even when one fact is larger
+                        # than the whole bound.
+                        lines = C.rdata_line_list(stream, instance, rows)
+                        piece = max(1, queue.max_commands // 2)
+                        for i in range(0, len(lines), piece):
+                            chunk = lines[i : i + piece]
+                            if not queue.wait_for_room(len(chunk), timeout=wait):
+                                self._too_slow(conn)
+                                return
+                            if not conn.send_lines(b"".join(chunk), len(chunk), "RDATA"):
+                                return
+                        start = last_row[instance] = rows[-1][0]
+                    if not limited or not rows:
+                        break
+                    gevent.sleep(0)  # one peer's long catch-up never holds the others
+                sent[instance] = upto
+
+    def _too_slow(self, conn: TcpConnection) -> None:
+        if not conn.closed:
+            conn.close(DisconnectReason.SLOW_CONSUMER,
+                       f"too far behind: no room in the queue for {self.settings.ping_timeout:g} seconds")
+
