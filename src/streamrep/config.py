@@ -606,6 +606,17 @@ def _validate(data: dict[str, Any], problems: _Problems, source: str | None) -> 
         max_line_length=_number(bp_raw.get("max_line_length", 1_048_576),
                                 "backpressure.max_line_length", problems, int, 255, 1_048_576),
     )
+    # A new connection's queue must hold the hub's answer to REPLICATE, which is
+    # also how every catch-up ends: one POSITION per stream and writer, queued at
+    # once after SERVER and PING. A smaller queue cuts every worker off at once.
+    writer_pairs = sum(len(names) for names in writers.values())
+    needed_queue = writer_pairs + 2
+    if 0 < backpressure.max_queue < needed_queue:
+        problems.add("backpressure.max_queue",
+                     f"{backpressure.max_queue} is smaller than one catch-up must queue at once "
+                     f"({needed_queue}: a POSITION for each of the {writer_pairs} stream writers, "
+                     "SERVER and PING), so no worker could follow",
+                     f"set it to at least {needed_queue} (default 10000)")
 
     log_raw = _section(data, "logging", problems)
     _unknown_keys(log_raw, _LOGGING_KEYS, "logging.", problems)
