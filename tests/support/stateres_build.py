@@ -70,6 +70,8 @@ def explicit_source(case: dict[str, Any]) -> tuple[str, InMemoryEventSource, dic
             "prev_events": [id_of[p] for p in spec["prev"]]}
         if "state_key" in spec:
             fields["state_key"] = spec["state_key"]
+        if "redacts" in spec:
+            fields["redacts"] = spec["redacts"]
         if not (is_create and version.room_id_from_create_event):
             fields["room_id"] = room
         event = parse_event(event_id, fields, version)

@@ -4,7 +4,11 @@ Run by the reference's own interpreter (never imported by streamrep or its tests
 
     /work/refvenv/bin/python tests/support/stateres_oracle.py < cases.json
 
-stdin: ``{"initial_events", "initial_edges", "graphs": [...], "explicit": [...]}`` in
+With the argument ``auth``, stdin is ``{"auth": [case, ...]}`` and stdout maps each
+case's name to ``"accepted"``/``"rejected"``: the reference's authorization rules for
+the case's last event against its auth events.
+
+Otherwise stdin is ``{"initial_events", "initial_edges", "graphs": [...], "explicit": [...]}`` in
 the format of tests/data/stateres_scenarios.json. stdout: ``{"graphs": {name:
 [[type, state_key, node], ...]}, "explicit": {name: [[type, state_key, node], ...]}}``
 - the END state's changed keys for graphs, the resolved state for explicit cases,
@@ -142,6 +146,8 @@ def run_explicit(case: dict[str, Any]) -> list[list[str]]:
              "signatures": {}}
         if "state_key" in spec:
             d["state_key"] = spec["state_key"]
+        if "redacts" in spec:
+            d["redacts"] = spec["redacts"]
         is_create = spec["type"] == "m.room.create" and spec.get("state_key") == ""
         if version.msc4291_room_ids_as_hashes:
             if not is_create:
@@ -176,5 +182,67 @@ def main() -> None:
     json.dump(result, sys.stdout)
 
 
+
+
+class _EventStore:
+    def __init__(self, events: dict[str, Any]) -> None:
+        self.events = events
+
+    async def get_events(self, event_ids: Any, **_kwargs: Any) -> dict[str, Any]:
+        return {e: self.events[e] for e in event_ids if e in self.events}
+
+
+def run_auth(case: dict[str, Any]) -> str:
+    """"accepted" or "rejected" for the last event of an explicit case."""
+    from synapse.api.errors import AuthError, SynapseError
+    from synapse.event_auth import (
+        check_state_dependent_auth_rules,
+        check_state_independent_auth_rules,
+    )
+
+    version = KNOWN_ROOM_VERSIONS[case["room_version"]]
+    events: dict[str, Any] = {}
+    id_of: dict[str, str] = {}
+    room = ROOM
+    last = None
+    for n, spec in enumerate(case["events"]):
+        d = {"type": spec["type"], "sender": spec["sender"], "content": spec["content"],
+             "depth": spec.get("depth", n + 1), "origin_server_ts": spec.get("ts", n + 1),
+             "auth_events": [id_of[a] for a in spec["auth"]],
+             "prev_events": [id_of[p] for p in spec["prev"]], "hashes": {"sha256": ""},
+             "signatures": {}}
+        if "state_key" in spec:
+            d["state_key"] = spec["state_key"]
+        if "redacts" in spec:
+            d["redacts"] = spec["redacts"]
+        is_create = spec["type"] == "m.room.create" and spec.get("state_key") == ""
+        if not (is_create and version.msc4291_room_ids_as_hashes):
+            d["room_id"] = room
+        if version.event_format == 1:
+            d["event_id"] = f"${spec['id']}:example.com"
+            d["auth_events"] = [[a, {}] for a in d["auth_events"]]
+            d["prev_events"] = [[p, {}] for p in d["prev_events"]]
+        last = make_event_from_dict(d, version)
+        if is_create and version.msc4291_room_ids_as_hashes:
+            room = last.room_id
+        events[last.event_id] = last
+        id_of[spec["id"]] = last.event_id
+    assert last is not None
+    try:
+        asyncio.run(check_state_independent_auth_rules(_EventStore(events), last))
+        check_state_dependent_auth_rules(
+            last, [events[a] for a in last.auth_event_ids() if a in events])
+    except (AuthError, SynapseError):
+        return "rejected"
+    except (KeyError, ValueError, TypeError, AssertionError, RuntimeError) as exc:
+        return f"error {type(exc).__name__}: {exc}"
+    return "accepted"
+
+
+def main_auth() -> None:
+    doc = json.load(sys.stdin)
+    json.dump({c["name"]: run_auth(c) for c in doc["auth"]}, sys.stdout)
+
+
 if __name__ == "__main__":
-    main()
+    main_auth() if sys.argv[1:] == ["auth"] else main()

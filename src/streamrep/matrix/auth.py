@@ -193,7 +193,8 @@ def check_against_state(
     if event.type == REDACTION and version.redaction_needs_same_domain:
         if sender_level < pl.named_level(state, "redact", 50, version):
             target = event.redacts
-            if not (isinstance(target, str) and domain_of(target) == domain_of(event.event_id)):
+            # Without a target there is nothing to protect (the reference lets it pass).
+            if target is not None and domain_of(target) != domain_of(event.event_id):
                 raise AuthRejection(R.INSUFFICIENT_POWER, "sender may not redact that event")
 
 
@@ -231,6 +232,11 @@ def _check_membership(event: MatrixEvent, version: RoomVersion,
     membership = event.membership
     if target is None or membership is None:
         raise AuthRejection(R.MALFORMED, "membership event without state_key or membership")
+    # As the reference reads the rules, an unfederated room also refuses memberships
+    # of users on other servers, whoever sends them.
+    if create.content.get("m.federate", True) is not True and (
+            domain_of(target) != domain_of(create.sender)):
+        raise AuthRejection(R.NOT_FEDERATED, "the room does not federate")
     sender_ms = _membership(state, event.sender)
     target_ms = _membership(state, target)
     join_rules = state.get(JOIN_RULES_KEY)
@@ -241,8 +247,7 @@ def _check_membership(event: MatrixEvent, version: RoomVersion,
 
     if membership == "join":
         # The creator's own join right after the create event.
-        if (len(event.prev_events) == 1 and event.prev_events[0] == create.event_id
-                and target == event.sender):
+        if len(event.prev_events) == 1 and event.prev_events[0] == create.event_id:
             first = create.sender if version.implicit_room_creator else create.content.get(
                 "creator")
             if first == target:
@@ -365,24 +370,24 @@ def _check_power_levels(event: MatrixEvent, version: RoomVersion,
     checks: list[tuple[str | None, str]] = [(None, name) for name in _LEVEL_KEYS]
     groups = ["users", "events"] + (["notifications"] if version.limit_notifications_power_levels
                                     else [])
-    for group in groups:
+    for group_name in groups:
         names: set[str] = set()
         for content in (old, new):
-            values = content.get(group, {})
+            values = content.get(group_name, {})
             if isinstance(values, Mapping):
                 names.update(values)
-        checks.extend((group, name) for name in sorted(names))
-    for group, name in checks:
-        old_level = read(old, group, name)
-        new_level = read(new, group, name)
+        checks.extend((group_name, name) for name in sorted(names))
+    for where, name in checks:
+        old_level = read(old, where, name)
+        new_level = read(new, where, name)
         if old_level == new_level:
             continue
-        if group == "users" and name != event.sender and old_level == sender_level:
+        if where == "users" and name != event.sender and old_level == sender_level:
             raise AuthRejection(R.INSUFFICIENT_POWER,
                                 f"sender may not change {name}'s level, equal to its own")
         if (old_level is not None and old_level > sender_level) or (
                 new_level is not None and new_level > sender_level):
-            label = f"{group}.{name}" if group else name
+            label = f"{where}.{name}" if where else name
             raise AuthRejection(R.INSUFFICIENT_POWER,
                                 f"sender may not change {label} beyond its own level")
 

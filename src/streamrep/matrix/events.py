@@ -156,11 +156,13 @@ def parse_event(event_id: str, fields: Mapping[str, Any], version: RoomVersion) 
         create_id = create_event_id_for_room(room_id)
         if create_id not in auth:
             auth_ids = (create_id,) + auth
-    redacts = fields.get("redacts")
-    if redacts is None and etype == REDACTION:
-        redacts = content.get("redacts")
-    if redacts is not None and not isinstance(redacts, str):
+    # ``redacts`` is a top-level key until version 11, a content key from then on.
+    redacts = content.get("redacts") if version.updated_redaction_rules else fields.get(
+        "redacts")
+    if etype == REDACTION and redacts is not None and not isinstance(redacts, str):
         raise MalformedEventError(f"event {event_id}: redacts must be an event ID")
+    if not isinstance(redacts, str):
+        redacts = None
     return MatrixEvent(
         event_id=event_id,
         room_id=room_id,

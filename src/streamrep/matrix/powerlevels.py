@@ -1,8 +1,9 @@
 """Reading power levels: a user's level, the level an action or event type needs.
 
 Before room version 10, values may be numeric strings (``"50"``) or floats, and are
-read as integers; from version 10 the authorization rules admit only JSON integers.
-A value that cannot be read as an integer counts as absent.
+read as integers; from version 10 the authorization rules admit only JSON integers
+into a power levels event (see :mod:`streamrep.matrix.auth`). Reading is lenient in
+every version; a value that cannot be read as an integer counts as absent.
 """
 
 from __future__ import annotations
@@ -81,10 +82,10 @@ def user_level(user_id: str, state: Mapping[StateKey, MatrixEvent], version: Roo
     if content is not None:
         users = content.get("users")
         if isinstance(users, Mapping) and user_id in users:
-            level = parse_level(users[user_id], version.integer_power_levels)
+            level = parse_level(users[user_id])
             if level is not None:
                 return level
-        level = parse_level(content.get("users_default"), version.integer_power_levels)
+        level = parse_level(content.get("users_default"))
         return level if level is not None else 0
     if create is not None and create.type == CREATE and is_creator(user_id, create, version):
         return 100
@@ -97,7 +98,7 @@ def named_level(state: Mapping[StateKey, MatrixEvent], name: str, default: int,
     content = _content(state)
     if content is None:
         return default
-    level = parse_level(content.get(name), version.integer_power_levels)
+    level = parse_level(content.get(name))
     return level if level is not None else default
 
 
@@ -111,11 +112,11 @@ def send_level(event_type: str, is_state: bool, state: Mapping[StateKey, MatrixE
     content = _content(state) or {}
     events = content.get("events")
     if isinstance(events, Mapping) and event_type in events:
-        level = parse_level(events[event_type], version.integer_power_levels)
+        level = parse_level(events[event_type])
         if level is not None:
             return level
     if is_state:
-        level = parse_level(content.get("state_default"), version.integer_power_levels)
+        level = parse_level(content.get("state_default"))
         return level if level is not None else 50
-    level = parse_level(content.get("events_default"), version.integer_power_levels)
+    level = parse_level(content.get("events_default"))
     return level if level is not None else 0
