@@ -5,6 +5,7 @@ writers on PostgreSQL survive every backend of theirs being terminated."""
 from __future__ import annotations
 
 import threading
+import uuid
 import time
 from typing import Any
 
@@ -58,3 +59,37 @@ def test_a_second_writer_with_the_same_name_refuses_to_start(
     # Released on the clean stop: the next writer1 starts and goes on from there.
     third = _write(started, cwd, db, port, "writer1", 10, 1000)
     assert third.proc.wait(TIMEOUT) == 0
+
+
+@pytest.mark.postgres
+def test_demo_survives_every_database_backend_terminated_again_and_again(
+        tmp_path: Any, pg_url: str, pg_server: str) -> None:
+    from test_demo import assert_passed, run_demo
+
+    app = f"streamrep-demo-{uuid.uuid4().hex[:10]}"
+    stop = threading.Event()
+    terminated: list[int] = []
+
+    def terminate_every_backend() -> None:
+        conn = psycopg2.connect(pg_server)
+        conn.autocommit = True
+        try:
+            while not stop.wait(0.5):
+                with conn.cursor() as cur:
+                    cur.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                                " WHERE application_name = %s", (app,))
+                    terminated.append(int(cur.fetchone()[0]))
+        finally:
+            conn.close()
+
+    killer = threading.Thread(target=terminate_every_backend, daemon=True)
+    killer.start()
+    try:
+        proc = run_demo(tmp_path, "--db", f"{pg_url}&application_name={app}")
+    finally:
+        stop.set()
+        killer.join(10)
+    assert_passed(proc, 2)
+    assert "writers writer1, writer2," in proc.stderr
+    # Backends of every process were terminated, many times over.
+    assert sum(1 for n in terminated if n > 0) >= 5 and sum(terminated) >= 20, terminated

@@ -688,6 +688,11 @@ class Database:
             self._migrate_component(entry)
 
     def _migrate_component(self, component: SchemaComponent) -> int:
+        # Each step reads the recorded version first, so after a lost connection the
+        # whole walk simply starts again (a step whose COMMIT went through is skipped).
+        return self.retry(self._migrate_steps, component, name=f"migrate:{component.name}")
+
+    def _migrate_steps(self, component: SchemaComponent) -> int:
         latest = component.latest_version
         while True:
             with self.transaction(f"migrate:{component.name}") as txn:

@@ -73,6 +73,10 @@ class MultiWriterIdGenerator(IdGenerator):
     # -- startup ---------------------------------------------------------------------
 
     def _startup(self) -> None:
+        # Idempotent: after a lost connection it runs again.
+        self.db.retry(self._startup_once, name=f"{self.stream_name}:startup")
+
+    def _startup_once(self) -> None:
         with self.db.transaction(f"{self.stream_name}:startup") as txn:
             self._ensure_sequence(txn)
             rows = txn.fetchall(

@@ -40,8 +40,8 @@ class StreamIdGenerator(IdGenerator):
         super().__init__(stream_name, instance_name, [instance_name], negative)
         self.db = db
         self.tables = tuple(tables)
-        with db.transaction(f"{stream_name}:startup", read_only=True) as txn:
-            start = max_stored_token(txn, self.tables, negative)
+        start = db.run(max_stored_token, self.tables, negative,
+                       name=f"{stream_name}:startup", read_only=True)
         self._tracker = CompletionTracker(start)
         self._positions = WriterPositions({instance_name: start})
 
