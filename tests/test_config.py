@@ -238,14 +238,97 @@ def test_serve_refuses_a_port_in_use(tmp_path: pathlib.Path) -> None:
         "stop the process using it or choose another port (--listen HOST:PORT)"]
 
 
-def test_check_config_notes_a_listen_address_reachable_from_other_machines(
+def test_a_hub_reachable_from_other_machines_needs_tls_a_secret_or_insecure(
         tmp_path: pathlib.Path) -> None:
     path = write(tmp_path, "server_name: example.com\nlisten: 0.0.0.0:9092\n")
     code, lines = check(path, "--no-port-check")
+    assert code == 2
+    assert lines == [
+        "config error: listen: 0.0.0.0:9092 accepts connections from other machines, but "
+        "neither tls nor shared_secret_file is set, so anyone who can reach it could read "
+        "every stream and forge facts; set tls.cert and tls.key, or shared_secret_file, or "
+        "`insecure: true` if a firewall already limits who can connect"]
+    # Said outright, it is allowed, and check-config says what that means.
+    path = write(tmp_path, "server_name: example.com\nlisten: 0.0.0.0:9092\ninsecure: true\n")
+    code, lines = check(path, "--no-port-check")
     assert code == 0
-    assert any("accepts replication connections from other machines" in line for line in lines)
+    assert "  note: 0.0.0.0:9092 accepts replication connections from other machines; nothing " \
+           "authenticates them (insecure: true), so firewall it" in lines
+    # A secret protects it.
+    secret = tmp_path / "replication.secret"
+    secret.write_text("0123456789abcdef0123456789abcdef\n")
+    secret.chmod(0o600)
+    path = write(tmp_path, f"server_name: example.com\nlisten: 0.0.0.0:9092\n"
+                           f"shared_secret_file: {secret}\n")
+    code, lines = check(path, "--no-port-check")
+    assert code == 0
+    assert "  note: 0.0.0.0:9092 accepts replication connections from other machines; peers " \
+           "must pass the shared secret" in lines
+    # Loopback needs nothing, and check-config adds no note.
     code, lines = check(write(tmp_path, "server_name: example.com\n"), "--no-port-check")
-    assert code == 0 and not any("note:" in line for line in lines)
+    assert code == 0 and not any("note:" in line or "peers must" in line for line in lines)
+    # serve's --listen is checked the same way.
+    with pytest.raises(ConfigError) as info:
+        load_config(None, {"server_name": "example.com", "listen": "0.0.0.0:9092"})
+    assert info.value.problems[0].startswith("config error: listen (from --listen): 0.0.0.0:9092 "
+                                             "accepts connections from other machines")
+
+
+def test_tls_section_and_instance_certificates(tmp_path: pathlib.Path) -> None:
+    path = write(tmp_path, """\
+        server_name: example.com
+        listen: 10.0.0.5:9092
+        tls:
+          cert: /etc/streamrep/hub.crt
+          key: /etc/streamrep/hub.key
+          ca: /etc/streamrep/ca.crt
+          require_client_cert: true
+          server_hostname: hub.internal
+        instance_map:
+          writer1: {tls_cert: /etc/streamrep/writer1.crt, tls_key: /etc/streamrep/writer1.key}
+        """)
+    config = load_config(path)
+    assert config.tls.enabled and config.tls.require_client_cert
+    assert (config.tls.cert, config.tls.key, config.tls.ca, config.tls.server_hostname) == (
+        "/etc/streamrep/hub.crt", "/etc/streamrep/hub.key", "/etc/streamrep/ca.crt", "hub.internal")
+    assert config.instance_map["writer1"].tls_cert == "/etc/streamrep/writer1.crt"
+    assert not config.insecure and config.shared_secret_file is None
+
+
+def test_security_problems_are_one_line_each(tmp_path: pathlib.Path) -> None:
+    secret = tmp_path / "s"
+    secret.write_text("short")
+    secret.chmod(0o644)
+    path = write(tmp_path, f"""\
+        server_name: example.com
+        tls: {{cert: hub.crt, require_client_cert: yes please, colour: blue}}
+        shared_secret_file: {secret}
+        insecure: maybe
+        instance_map:
+          writer1: {{tls_cert: w.crt}}
+        """)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.problems == (
+        "config error: instance_map.writer1.tls_key: missing while the other is set; give "
+        "tls_cert and tls_key together",
+        "config error: tls.colour: unknown key (known: cert, key, ca, require_client_cert, "
+        "server_hostname); remove it or fix the name",
+        "config error: tls.require_client_cert: expected true or false, got 'yes please'; "
+        "write true or false",
+        "config error: tls.key: missing, so the hub has no certificate to present; set tls.cert "
+        "and tls.key to the hub's PEM certificate chain and key, or remove the tls section",
+        f"config error: shared_secret_file: {secret} has mode 0644, so other users may read the "
+        f"secret; chmod 600 {secret}",
+        "config error: insecure: expected true or false, got 'maybe'; write true or false",
+    )
+    secret.chmod(0o600)
+    with pytest.raises(ConfigError) as info:
+        load_config(None, {"server_name": "example.com", "shared_secret_file": str(secret)})
+    assert info.value.problems == (
+        f"config error: shared_secret_file (from --shared-secret-file): {secret} holds 5 bytes, "
+        "fewer than 16; write a long random secret: python -c 'import secrets; "
+        "print(secrets.token_hex(32))' > FILE; chmod 600 FILE",)
 
 
 def test_processes_connecting_to_the_hub_take_its_settings_from_the_file(tmp_path: pathlib.Path) -> None:

@@ -62,9 +62,11 @@ __all__ = [
     "LoggingConfig",
     "RedisConfig",
     "EVENT_STORE_STREAMS",
+    "TLSConfig",
     "check_ports",
     "config_from_click",
     "config_option",
+    "exposure_problem",
     "is_loopback",
     "known_streams",
     "multi_writer_streams",
@@ -95,6 +97,12 @@ FLAG_KEYS: Mapping[str, str] = MappingProxyType({
     "--metrics-listen": "metrics_listen",
     "--log-level": "logging.level",
     "--log-format": "logging.format",
+    "--tls-cert": "tls.cert",
+    "--tls-key": "tls.key",
+    "--tls-ca": "tls.ca",
+    "--require-client-cert": "tls.require_client_cert",
+    "--shared-secret-file": "shared_secret_file",
+    "--insecure": "insecure",
     "--redis": "replication.redis.url",
 })
 _FLAG_OF_KEY = {key: flag for flag, key in FLAG_KEYS.items()}
@@ -153,6 +161,9 @@ class InstanceConfig:
     port: int | None = None
     #: Where the instance serves Prometheus metrics, if it does.
     metrics_listen: Address | None = None
+    #: The instance's client certificate and key for mutual TLS (PEM files).
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -184,6 +195,28 @@ class RedisConfig:
 
 
 @dataclass(frozen=True)
+class TLSConfig:
+    """TLS on the replication port (the ``tls`` section).
+
+    The hub presents ``cert`` (with ``key``); every peer checks it against ``ca``
+    (default: the system's authorities) and ``server_hostname`` (default: the host
+    it connects to). With ``require_client_cert`` peers must present a
+    certificate signed by ``ca`` that names their instance (mutual TLS).
+    """
+
+    cert: str | None = None
+    key: str | None = None
+    ca: str | None = None
+    require_client_cert: bool = False
+    server_hostname: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the hub speaks TLS (so every peer must too)."""
+        return self.cert is not None
+
+
+@dataclass(frozen=True)
 class LoggingConfig:
     """Log level and line format (``logfmt`` or ``json``; one line per event)."""
 
@@ -209,6 +242,12 @@ class Config:
     keepalive: KeepaliveConfig = field(default_factory=KeepaliveConfig)
     backpressure: BackpressureConfig = field(default_factory=BackpressureConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    #: TLS on the replication port (off unless ``tls.cert`` is set).
+    tls: TLSConfig = field(default_factory=TLSConfig)
+    #: The file holding the shared secret peers prove they know, if any.
+    shared_secret_file: str | None = None
+    #: Allow a non-loopback ``listen`` without TLS or a shared secret.
+    insecure: bool = False
     #: Replication through Redis (``replication.redis``), None: through the hub.
     redis: RedisConfig | None = None
     #: Seconds a writer's lease lives without renewal (see streamrep.idgen.lease).
@@ -348,6 +387,7 @@ def _set_dotted(data: dict[str, Any], key: str, value: object) -> None:
 # --- validation ----------------------------------------------------------------
 
 _TOP_KEYS = (
+    "tls", "shared_secret_file", "insecure",
     "server_name", "database", "listen", "instance_name", "instance_map", "stream_writers",
     "metrics_listen", "keepalive", "backpressure", "logging", "replication",
     "writer_lease_ttl",
@@ -355,7 +395,8 @@ _TOP_KEYS = (
 _REPLICATION_KEYS = ("redis",)
 _REDIS_KEYS = ("url",)
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
-_INSTANCE_KEYS = ("host", "port", "metrics_listen")
+_INSTANCE_KEYS = ("host", "port", "metrics_listen", "tls_cert", "tls_key")
+_TLS_KEYS = ("cert", "key", "ca", "require_client_cert", "server_hostname")
 _KEEPALIVE_KEYS = ("ping_interval", "timeout")
 _BACKPRESSURE_KEYS = ("max_queue", "max_line_length")
 _LOGGING_KEYS = ("level", "format")
@@ -479,6 +520,87 @@ def _redis(data: Mapping[str, Any], problems: _Problems) -> RedisConfig | None:
     return RedisConfig(url=url)
 
 
+def _path(value: object, key: str, problems: _Problems, example: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        problems.add(key, f"expected a file path, got {value!r}", f"write it like {example}")
+        return None
+    return value
+
+
+def _flag(value: object, key: str, problems: _Problems) -> bool:
+    if not isinstance(value, bool):
+        problems.add(key, f"expected true or false, got {value!r}", "write true or false")
+        return False
+    return value
+
+
+def _tls(data: Mapping[str, Any], problems: _Problems) -> TLSConfig:
+    raw = _section(data, "tls", problems)
+    _unknown_keys(raw, _TLS_KEYS, "tls.", problems)
+    if not raw:
+        return TLSConfig()
+    cert = _path(raw.get("cert"), "tls.cert", problems, "/etc/streamrep/hub.crt")
+    key = _path(raw.get("key"), "tls.key", problems, "/etc/streamrep/hub.key")
+    ca = _path(raw.get("ca"), "tls.ca", problems, "/etc/streamrep/ca.crt")
+    require = _flag(raw.get("require_client_cert", False), "tls.require_client_cert", problems)
+    hostname = raw.get("server_hostname")
+    if hostname is not None and (not isinstance(hostname, str) or not hostname
+                                 or any(c.isspace() for c in hostname)):
+        problems.add("tls.server_hostname", f"{hostname!r} is not a host name",
+                     "write the name the hub's certificate is issued for, such as hub.internal")
+        hostname = None
+    if cert is None or key is None:
+        missing = [k for k, v in (("cert", cert), ("key", key)) if v is None]
+        problems.add(f"tls.{missing[0]}", "missing, so the hub has no certificate to present",
+                     "set tls.cert and tls.key to the hub's PEM certificate chain and key, "
+                     "or remove the tls section")
+    if require and ca is None:
+        problems.add("tls.require_client_cert", "needs tls.ca, the authority that signs the "
+                     "peers' certificates", "set tls.ca")
+    return TLSConfig(cert, key, ca, require, hostname)
+
+
+def exposure_problem(listen: Address, tls_enabled: bool, secret_configured: bool,
+                     insecure: bool) -> str | None:
+    """Why a hub listening on *listen* would be open to anyone, or None.
+
+    A loopback address only accepts this machine's processes; any other needs TLS
+    or the shared secret, unless *insecure* says a firewall already limits who can
+    connect.
+    """
+    if is_loopback(listen) or tls_enabled or secret_configured or insecure:
+        return None
+    return (f"{listen} accepts connections from other machines, but neither tls nor "
+            "shared_secret_file is set, so anyone who can reach it could read every stream "
+            "and forge facts; set tls.cert and tls.key, or shared_secret_file, or "
+            "`insecure: true` if a firewall already limits who can connect")
+
+
+def _security(data: Mapping[str, Any], listen: Address | None,
+              problems: _Problems) -> tuple[TLSConfig, str | None, bool]:
+    """The ``tls`` section, ``shared_secret_file`` and ``insecure``; refuses a hub
+    reachable from other machines with no protection."""
+    from streamrep.shared_secret import SecretFileError, read_secret_file
+
+    tls = _tls(data, problems)
+    secret_file = _path(data.get("shared_secret_file"), "shared_secret_file", problems,
+                        "/etc/streamrep/replication.secret")
+    if secret_file is not None:
+        try:
+            read_secret_file(secret_file)
+        except SecretFileError as exc:
+            what, _, fix = str(exc).partition(": ")[2].partition("; ")
+            problems.add("shared_secret_file", what, fix)
+    insecure = _flag(data.get("insecure", False), "insecure", problems)
+    if listen is not None:
+        why = exposure_problem(listen, tls.enabled, secret_file is not None, insecure)
+        if why is not None:
+            problems.add("listen", *why.split("; ", 1))
+    return tls, secret_file, insecure
+
+
 def _validate(data: dict[str, Any], problems: _Problems, source: str | None) -> Config | None:
     _unknown_keys(data, _TOP_KEYS, "", problems)
 
@@ -537,7 +659,16 @@ def _validate(data: dict[str, Any], problems: _Problems, source: str | None) -> 
         if entry.get("metrics_listen") is not None:
             inst_metrics = _address(entry["metrics_listen"], f"{prefix}.metrics_listen",
                                     problems, "127.0.0.1:9101")
-        instances[name] = InstanceConfig(name, host, port, inst_metrics)
+        instances[name] = InstanceConfig(
+            name, host, port, inst_metrics,
+            tls_cert=_path(entry.get("tls_cert"), f"{prefix}.tls_cert", problems,
+                           f"/etc/streamrep/{name}.crt"),
+            tls_key=_path(entry.get("tls_key"), f"{prefix}.tls_key", problems,
+                          f"/etc/streamrep/{name}.key"))
+        if (instances[name].tls_cert is None) != (instances[name].tls_key is None):
+            problems.add(f"{prefix}.tls_key" if instances[name].tls_key is None
+                         else f"{prefix}.tls_cert", "missing while the other is set",
+                         "give tls_cert and tls_key together")
     if instance_name not in instances:
         instances[instance_name] = InstanceConfig(
             instance_name, listen.host if listen else None, listen.port if listen else None,
@@ -647,6 +778,8 @@ def _validate(data: dict[str, Any], problems: _Problems, source: str | None) -> 
     lease_ttl = _number(data.get("writer_lease_ttl", 30.0), "writer_lease_ttl", problems,
                         float, 1, 30.0)
 
+    tls, shared_secret_file, insecure = _security(data, listen, problems)
+
     if problems.lines or listen is None or not isinstance(server_name, str):
         return None
     return Config(
@@ -660,6 +793,9 @@ def _validate(data: dict[str, Any], problems: _Problems, source: str | None) -> 
         keepalive=keepalive,
         backpressure=backpressure,
         logging=LoggingConfig(level=level.upper(), format=fmt),
+        tls=tls,
+        shared_secret_file=shared_secret_file,
+        insecure=insecure,
         redis=redis,
         writer_lease_ttl=lease_ttl,
         source=source,

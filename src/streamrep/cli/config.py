@@ -4,8 +4,19 @@ from __future__ import annotations
 
 import click
 
-from streamrep.config import check_ports, is_loopback, load_config, report_and_exit
+from streamrep.config import Config, check_ports, is_loopback, load_config, report_and_exit
 from streamrep.errors import ConfigError
+
+
+def _protection(config: Config) -> str:
+    """What a peer must prove to the hub, in words ("" when nothing)."""
+    parts = []
+    if config.tls.enabled:
+        parts.append("TLS with client certificates naming each instance"
+                     if config.tls.require_client_cert else "TLS")
+    if config.shared_secret_file is not None:
+        parts.append("the shared secret")
+    return "peers must pass " + " and ".join(parts) if parts else ""
 
 
 @click.command("check-config")
@@ -30,9 +41,12 @@ def check_config(path: str, instance: str | None, no_port_check: bool) -> None:
         return
     click.echo(f"{path}: ok (server {config.server_name}, hub {config.instance_name} "
                f"listening on {config.listen}, database {config.database.partition(':')[0]})")
+    protection = _protection(config)
     if not is_loopback(config.listen):
         click.echo(f"  note: {config.listen} accepts replication connections from other "
-                   "machines; the protocol has no authentication, so firewall it")
+                   f"machines; {protection or 'nothing authenticates them (insecure: true), so firewall it'}")
+    elif protection:
+        click.echo(f"  {protection}")
     if config.redis is not None:
         from streamrep.config import redis_url_for_display
 

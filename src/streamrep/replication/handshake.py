@@ -27,6 +27,7 @@ import hmac
 import secrets
 
 from streamrep.errors import ProtocolError
+from streamrep.shared_secret import MIN_SECRET_BYTES
 
 __all__ = [
     "AuthenticationError",
@@ -39,9 +40,6 @@ __all__ = [
 
 #: Bytes of randomness in each nonce (sent as twice as many hex digits).
 NONCE_BYTES = 32
-#: The shortest secret accepted: shorter ones could be guessed offline from one
-#: recorded handshake.
-MIN_SECRET_BYTES = 16
 
 # Domain separation: a proof made for one role or protocol version is never valid
 # for another, so a hub's proof cannot be reflected as a peer's.
