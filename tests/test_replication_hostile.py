@@ -1,0 +1,305 @@
+"""Hostile peers against a hub over real sockets on 127.0.0.1.
+
+Each attack runs while a real writer announces facts and a real worker follows
+them: the attacker is refused with ERROR and cut off, the hub answers a new
+worker within a second throughout, every real fact reaches the worker exactly
+once, and the hub's memory stays within a stated bound.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Iterator
+
+import gevent
+import orjson
+import pytest
+
+from streamrep.replication import ConnectionSettings, MemorySource, ReplicationClient, ReplicationHub
+from streamrep.replication.backoff import Backoff
+from support.replication import LineClient, wait_until
+
+SETTINGS = ConnectionSettings(ping_interval=0.2, ping_timeout=1.0, handshake_timeout=1.0,
+                              max_queued_commands=500, max_connections=60, max_connections_per_host=60)
+WRITERS = {"caches": ["writer1"], "events": ["writer1"]}
+#: How much the hub process may grow while it is under attack.
+MEMORY_BOUND = 64 * 1024 * 1024
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class Deployment:
+    """A hub with a real writer and a real worker; facts written on demand."""
+
+    def __init__(self) -> None:
+        self.source = MemorySource(["caches", "events"])
+        self.hub = ReplicationHub("hub.example", self.source, port=0, settings=SETTINGS, stream_writers=WRITERS)
+        self.hub.start()
+        self.token = 0
+        self.seen: list[tuple[str, str, int]] = []
+        self.writer = ReplicationClient(
+            "127.0.0.1", self.hub.address[1], client_name="writer1", settings=SETTINGS,
+            writer_positions=lambda: [("caches", "writer1", self.source.current_token("caches", "writer1"))],
+            backoff=Backoff(0.02, 0.1))
+        self.worker = ReplicationClient(
+            "127.0.0.1", self.hub.address[1], client_name="worker1", settings=SETTINGS,
+            handler=lambda s, i, t, rows: self.seen.append((s, i, t)), source=self.source,
+            start_from={"caches": 0}, backoff=Backoff(0.02, 0.1))
+        self.writer.start()
+        self.worker.start()
+        assert self.writer.wait_connected(5) and self.worker.wait_connected(5)
+        self.write(1)  # so the hub has a position to answer REPLICATE with
+        self.peers: list[LineClient] = []
+        self.rss_before = _rss()
+        self.rss_peak = self.rss_before
+        self._sampler = gevent.spawn(self._sample)
+
+    def _sample(self) -> None:
+        while True:
+            self.rss_peak = max(self.rss_peak, _rss())
+            gevent.sleep(0.02)
+
+    def write(self, count: int = 1) -> None:
+        """Commit *count* facts as writer1 and announce them."""
+        for _ in range(count):
+            self.token += 1
+            row = ["get_user_by_id", [f"@u{self.token}:x"], self.token]
+            self.source.append("caches", "writer1", self.token, [row])
+            self.writer.announce("caches", "writer1", [(self.token, orjson.dumps(row))])
+
+    def connect(self) -> LineClient:
+        peer = LineClient(self.hub.address)
+        self.peers.append(peer)
+        return peer
+
+    def answers_a_new_worker_within_a_second(self) -> None:
+        start = time.monotonic()
+        probe = LineClient(self.hub.address, timeout=1.0)
+        try:
+            probe.send("NAME probe\nREPLICATE\n")
+            assert probe.skip_pings().startswith("POSITION ")
+        finally:
+            probe.close()
+        assert time.monotonic() - start < 1.0
+
+    def every_fact_once(self) -> None:
+        expected = [("caches", "writer1", t) for t in range(1, self.token + 1)]
+        wait_until(lambda: len(self.seen) >= self.token, timeout=10)
+        gevent.sleep(0.1)
+        assert self.seen == expected
+
+    def close(self) -> None:
+        self._sampler.kill()
+        for peer in self.peers:
+            peer.close()
+        self.writer.stop()
+        self.worker.stop()
+        self.hub.stop()
+        assert self.rss_peak - self.rss_before < MEMORY_BOUND
+
+
+@pytest.fixture
+def deployment() -> Iterator[Deployment]:
+    d = Deployment()
+    yield d
+    d.close()
+
+
+def _refused(peer: LineClient, expect: str) -> None:
+    error = peer.lines_until(lambda line: line.startswith("ERROR"))[-1]
+    assert error == f"ERROR {expect}"
+    assert peer.closed_by_peer()
+
+
+def test_forged_rdata_is_refused_and_the_real_fact_still_arrives(deployment: Deployment) -> None:
+    deployment.write(3)
+    evil = deployment.connect()
+    evil.send('NAME evil\nRDATA caches writer1 4 ["get_user_by_id",["@forged:x"],4]\n')
+    _refused(evil, "evil cannot write as writer1")
+    deployment.answers_a_new_worker_within_a_second()
+    deployment.write(3)
+    deployment.every_fact_once()
+    assert deployment.hub.metrics.disconnects["refused"] == 1
+
+
+def test_the_hub_cannot_be_impersonated(deployment: Deployment) -> None:
+    deployment.write(2)
+    as_rows = deployment.connect()
+    as_rows.send('NAME evil\nRDATA events main 1 ["$e","!r","m",null,null]\n')
+    _refused(as_rows, "main is this hub's own instance")
+    as_name = deployment.connect()
+    as_name.send("NAME main\n")
+    _refused(as_name, "NAME main is this hub's own instance")
+    second_writer = deployment.connect()
+    second_writer.send("NAME writer1\nPOSITION caches writer1 0 0\n")
+    _refused(second_writer, "writer writer1 is already connected (127.0.0.1:"
+             f"{deployment.writer.connection.sock.getsockname()[1]})")  # type: ignore[union-attr]
+    deployment.write(2)
+    deployment.every_fact_once()
+
+
+def test_a_poisoned_position_is_refused(deployment: Deployment) -> None:
+    deployment.write(3)
+    # Even writer1's own connection may not move past what its stream table holds.
+    assert deployment.writer.send(_position(105, 9 * 10**18))
+    wait_until(lambda: deployment.hub.metrics.disconnects["refused"] == 1)
+    # The writer reconnects, announces its real position, and goes on.
+    wait_until(lambda: deployment.writer.connected, timeout=5)
+    deployment.write(3)
+    deployment.every_fact_once()
+    assert deployment.hub.positions[("caches", "writer1")] == deployment.token
+    deployment.answers_a_new_worker_within_a_second()
+
+
+def _position(prev: int, new: int) -> Any:
+    from streamrep.replication import commands as C
+
+    return C.position("caches", "writer1", prev, new)
+
+
+def test_twelve_thousand_fake_writers_then_a_tail_without_database(deployment: Deployment) -> None:
+    deployment.write(2)
+    flood = deployment.connect()
+    flood.send("NAME evil\n" + "".join(f"POSITION caches evil{n} 0 1\n" for n in range(12_000)))
+    _refused(flood, "evil cannot write as evil0")
+    # Every peer may try; none gets a fake writer in.
+    floods = [deployment.connect() for _ in range(5)]
+    for n, peer in enumerate(floods):
+        peer.send(f"NAME evil{n}\n" + "".join(f"POSITION caches evil{n} 0 {t}\n" for t in range(1, 2_001)))
+    for n, peer in enumerate(floods):
+        _refused(peer, f"evil{n} is not a configured writer of caches")
+    assert set(deployment.hub.writers("caches")) <= {"writer1", "main"}
+    tail_seen: list[int] = []
+    tail = ReplicationClient("127.0.0.1", deployment.hub.address[1], client_name="tail", settings=SETTINGS,
+                             handler=lambda s, i, t, rows: tail_seen.append(t), start_from={"caches": 0},
+                             streams=["caches"], backoff=Backoff(0.02, 0.1))
+    tail.start()
+    try:
+        deployment.answers_a_new_worker_within_a_second()
+        deployment.write(3)
+        wait_until(lambda: tail_seen == list(range(1, deployment.token + 1)), timeout=5)
+    finally:
+        tail.stop()
+    deployment.every_fact_once()
+
+
+def test_a_trickling_peer_is_closed_at_the_handshake_deadline(deployment: Deployment) -> None:
+    trickler = deployment.connect()
+    started = time.monotonic()
+    for byte in b"PING 1\nNAM":
+        trickler.send(bytes([byte]))
+        deployment.answers_a_new_worker_within_a_second()
+        gevent.sleep(0.05)
+    _refused(trickler, "no NAME received within 1 seconds")
+    assert time.monotonic() - started < 3.0
+    assert deployment.hub.metrics.disconnects["handshake_timeout"] == 1
+    deployment.write(2)
+    deployment.every_fact_once()
+
+
+def test_huge_partial_lines_are_cut_off(deployment: Deployment) -> None:
+    peers = [deployment.connect() for _ in range(40)]
+    chunk = b"RDATA caches writer1 1 [" + b"1," * 32_768
+    for peer in peers:
+        peer.send(chunk)
+    deployment.answers_a_new_worker_within_a_second()
+    for peer in peers:
+        error = peer.lines_until(lambda line: line.startswith("ERROR"))[-1]
+        assert error.startswith("ERROR line too long (over 16384 bytes)")
+        assert peer.closed_by_peer()
+    deployment.write(2)
+    deployment.every_fact_once()
+
+
+def test_a_batch_flood_is_cut_off(deployment: Deployment) -> None:
+    deployment.write(1)
+    deployment.writer.stop()
+    wait_until(lambda: len(deployment.hub.connections) == 1)
+    flood = deployment.connect()
+    flood.send("NAME writer1\n")
+    row = ' ["get_user_by_id",["@flood:x"],1]\n'
+    try:
+        for _ in range(100):
+            flood.send(("RDATA caches writer1 batch" + row) * 1000)
+    except OSError:
+        pass  # cut off while still sending
+    _refused(flood, f"more than {SETTINGS.max_pending_rows} batch rows without a token")
+    deployment.answers_a_new_worker_within_a_second()
+    deployment.writer.start()
+    assert deployment.writer.wait_connected(5)
+    deployment.write(2)
+    deployment.every_fact_once()
+
+
+def test_connection_limits_answer_with_error(deployment: Deployment) -> None:
+    room = SETTINGS.max_connections - len(deployment.hub.connections)
+    held = [deployment.connect() for _ in range(room)]
+    wait_until(lambda: len(deployment.hub.connections) == SETTINGS.max_connections)
+    extra = deployment.connect()
+    assert extra.line() == f"ERROR too many connections (limit {SETTINGS.max_connections})"
+    assert extra.closed_by_peer()
+    for peer in held:
+        peer.close()
+    wait_until(lambda: len(deployment.hub.connections) == 2)
+    deployment.answers_a_new_worker_within_a_second()
+
+
+class FailingSource(MemorySource):
+    def updates(self, stream: str, instance: str, from_token: int, upto_token: int,
+                limit: int) -> tuple[list[tuple[int, bytes]], bool]:
+        raise OSError("database connection lost")
+
+
+def test_a_catch_up_that_fails_closes_that_peer_with_error() -> None:
+    source = FailingSource(["caches"])
+    source.append("caches", "main", 3, [["c"]])
+    hub = ReplicationHub("hub.example", source, port=0, settings=SETTINGS)
+    hub.start()
+    try:
+        peer = LineClient(hub.address)
+        peer.send("NAME w\nREPLICATE caches 0\n")
+        _refused(peer, "cannot replicate caches: database connection lost")
+        peer.close()
+        assert hub.metrics.disconnects["catch_up_failed"] == 1
+        other = LineClient(hub.address)
+        other.send("NAME w2\nREPLICATE\n")
+        assert other.skip_pings() == "POSITION caches main 3 3"
+        other.close()
+    finally:
+        hub.stop()
+
+
+def test_a_catch_up_whose_positions_cannot_fit_the_queue_ends_with_error() -> None:
+    source = MemorySource(["caches"])
+    for n in range(6):
+        source.append("caches", f"w{n}", 1, [["c"]])
+    settings = ConnectionSettings(ping_interval=0.2, ping_timeout=1.0, max_queued_commands=4)
+    hub = ReplicationHub("hub.example", source, port=0, settings=settings)
+    hub.start()
+    try:
+        peer = LineClient(hub.address)
+        peer.send("NAME w\nREPLICATE caches 1\n")
+        _refused(peer, "catch-up of caches must queue 6 positions at once, more than the queue "
+                       "bound (4); raise backpressure.max_queue")
+        peer.close()
+        started = time.monotonic()
+        hub.stop()
+        assert time.monotonic() - started < 3.0
+    finally:
+        hub.stop()
+
+
+def test_check_config_refuses_a_queue_smaller_than_a_catch_up(tmp_path: Any) -> None:
+    path = tmp_path / "deployment.yaml"
+    path.write_text("server_name: example.com\nbackpressure: {max_queue: 2}\n")
+    done = subprocess.run([sys.executable, "-m", "streamrep", "check-config", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "backpressure.max_queue: 2 is smaller than one catch-up must queue at once" in done.stderr
+    assert "Traceback" not in done.stderr
