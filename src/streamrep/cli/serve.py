@@ -77,6 +77,8 @@ def serve(ctx: click.Context, config_path: str | None, db: str, listen: str, ser
         host=config.listen.host, port=config.listen.port,
         instance_name=config.instance_name, settings=settings,
         metrics_listen=(metrics_address.host, metrics_address.port) if metrics_address else None,
+        # With a deployment file, peers may write only the streams it gives them.
+        stream_writers=config.stream_writers if config_path else None,
     )
     streams.add_listener(hub_listener(hub))
     hub.start()
