@@ -303,3 +303,48 @@ def test_check_config_refuses_a_queue_smaller_than_a_catch_up(tmp_path: Any) -> 
     assert done.returncode != 0
     assert "backpressure.max_queue: 2 is smaller than one catch-up must queue at once" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_sigterm_stops_a_hub_under_attack_within_seconds(tmp_path: Any) -> None:
+    import signal
+    import socket
+
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    hub = subprocess.Popen(
+        [sys.executable, "-m", "streamrep", "serve", "--listen", f"127.0.0.1:{port}",
+         "--db", f"sqlite:///{tmp_path}/streamrep.db"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    peers: list[LineClient] = []
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                peers.append(LineClient(("127.0.0.1", port)))
+                break
+            except OSError:
+                assert hub.poll() is None and time.monotonic() < deadline, "hub did not start"
+                time.sleep(0.1)
+        flood = peers[0]
+        flood.send("NAME evil\n" + "".join(f"POSITION caches evil{n} 0 1\n" for n in range(12_000)))
+        tail = LineClient(("127.0.0.1", port))
+        peers.append(tail)
+        tail.send("NAME tail\nREPLICATE ALL 0\n")
+        trickler = LineClient(("127.0.0.1", port))
+        peers.append(trickler)
+        trickler.send("P")
+        time.sleep(0.3)
+        started = time.monotonic()
+        hub.send_signal(signal.SIGTERM)
+        assert hub.wait(timeout=10) == 0
+        assert time.monotonic() - started < 5.0
+        assert "Traceback" not in hub.stderr.read().decode()  # type: ignore[union-attr]
+    finally:
+        for peer in peers:
+            peer.close()
+        if hub.poll() is None:
+            hub.kill()
+            hub.wait()
+        hub.stderr.close()  # type: ignore[union-attr]
