@@ -420,11 +420,15 @@ def test_exact_bytes_for_mapping_events(store):
 
 
 def test_registry_streams_allocate_and_serve_rows(db_url):
+    from streamrep.catalogue import known_streams
     from streamrep.db import Database
+    from streamrep.errors import DatabaseConfigError
     from streamrep.streams import Streams
 
     db = Database.open(db_url)
-    streams = Streams(db, "master")
+    with pytest.raises(DatabaseConfigError, match="does not serve the events and backfill"):
+        EventStore(db, streams=Streams(db, "master"))
+    streams = Streams(db, "master", definitions=known_streams())
     announced = []
     streams.add_listener(lambda stream, instance, tokens, pos: announced.append((stream, pos)))
     store = EventStore(db, streams=streams)

@@ -1,4 +1,4 @@
-"""The stream registry, the built-in streams' rows and get_updates_since."""
+"""Stream sets, the built-in streams' rows and get_updates_since."""
 
 from __future__ import annotations
 
@@ -10,18 +10,21 @@ from streamrep.db import Database, Transaction
 from streamrep.errors import DatabaseConfigError, NotAWriterError, UnknownStreamError
 from streamrep.idgen import BackingTable
 from streamrep.streams import (
+    BUILTIN_STREAMS,
+    RowFormat,
     StreamDefinition,
     StreamRow,
     Streams,
-    register_stream,
-    stream_definitions,
-    unregister_stream,
+    StreamSet,
 )
 
 
-def test_builtin_streams_are_registered() -> None:
-    names = {d.name for d in stream_definitions()}
-    assert {"caches", "account_data", "to_device", "receipts", "typing"} <= names
+def test_a_handle_serves_the_builtin_streams_by_default(sqlite_url: str) -> None:
+    assert {d.name for d in BUILTIN_STREAMS} == {
+        "caches", "account_data", "to_device", "receipts", "typing"}
+    db = Database.open(sqlite_url)
+    assert Streams(db, "master").names() == sorted(d.name for d in BUILTIN_STREAMS)
+    db.close()
 
 
 def test_write_and_read_each_stream(db_url: str) -> None:
@@ -120,23 +123,44 @@ class _NotesStream(StreamDefinition):
         return [(int(sid), [body]) for sid, body in rows]
 
 
-def test_other_modules_register_streams(db_url: str) -> None:
+NOTES = _NotesStream("notes", (BackingTable("notes", instance_column=None),),
+                     row=RowFormat.flat(("body", "string")))
+
+
+def test_a_handle_serves_the_streams_it_is_given(db_url: str) -> None:
     db = Database.open(db_url)
     db.execute("CREATE TABLE notes (stream_id BIGINT NOT NULL, body TEXT)")
-    register_stream(_NotesStream("notes", (BackingTable("notes", instance_column=None),)))
-    try:
-        streams = Streams(db, "master")
-        gen = streams.generator("notes")
-        for body in ("a", "b", "c"):
-            with gen.get_next() as sid:
-                db.execute("INSERT INTO notes (stream_id, body) VALUES (?, ?)", (sid, body))
-        assert streams.get_updates_since("notes", "master", 1, 3, 5) == (
-            [(2, ["b"]), (3, ["c"])], False)
-        with pytest.raises(DatabaseConfigError, match="different definition"):
-            register_stream(_NotesStream("notes", (BackingTable("other"),)))
-    finally:
-        unregister_stream("notes")
+    served = StreamSet(BUILTIN_STREAMS).with_streams(NOTES)
+    streams = Streams(db, "master", definitions=served)
+    gen = streams.generator("notes")
+    for body in ("a", "b", "c"):
+        with gen.get_next() as sid:
+            db.execute("INSERT INTO notes (stream_id, body) VALUES (?, ?)", (sid, body))
+    assert streams.get_updates_since("notes", "master", 1, 3, 5) == (
+        [(2, ["b"]), (3, ["c"])], False)
+    # Other handles serve only what they were given.
+    with pytest.raises(UnknownStreamError, match="notes"):
+        Streams(db, "master").get("notes")
     db.close()
+
+
+def test_stream_sets() -> None:
+    served = StreamSet([*BUILTIN_STREAMS, NOTES, NOTES])
+    assert served.names() == ("account_data", "caches", "notes", "receipts", "to_device",
+                              "typing")
+    assert served["notes"] is NOTES and "notes" in served and len(served) == 6
+    assert served.only(["notes", "caches"]).names() == ("caches", "notes")
+    with pytest.raises(DatabaseConfigError, match="two different definitions"):
+        served.with_streams(_NotesStream("notes", (BackingTable("other"),)))
+    with pytest.raises(UnknownStreamError, match=r"unknown stream 'nope' \(known: account_data"):
+        served.get("nope")
+    # Every row is checked against the stream's declared format.
+    assert served.check_row("notes", b'["hi"]') is None
+    assert served.check_row("notes", b'["hi",1]') == "notes row has 2 fields, expected 1 (body)"
+    assert served.check_row("nope", b'[]') == "unknown stream 'nope'"
+    bare = _NotesStream("bare", (BackingTable("notes"),))
+    assert StreamSet([bare]).check_row("bare", b'["hi"]') == (
+        "stream 'bare' declares no row format")
 
 
 @pytest.mark.postgres

@@ -61,7 +61,6 @@ __all__ = [
     "KeepaliveConfig",
     "LoggingConfig",
     "RedisConfig",
-    "EVENT_STORE_STREAMS",
     "TLSConfig",
     "check_ports",
     "config_from_click",
@@ -83,10 +82,6 @@ DEFAULT_LISTEN = "127.0.0.1:9092"
 DEFAULT_DATABASE = "sqlite:///streamrep.db"
 #: The hub's own instance name when none is configured.
 DEFAULT_INSTANCE = "main"
-
-#: The event store's streams: it hands out their orderings in one process, so each
-#: has one writer unless a registered stream definition says otherwise.
-EVENT_STORE_STREAMS: tuple[str, ...] = ("events", "backfill")
 
 #: Configuration keys that command-line flags set, by the flag's name.
 FLAG_KEYS: Mapping[str, str] = MappingProxyType({
@@ -114,16 +109,21 @@ _LOG_FORMATS = ("logfmt", "json")
 def stream_catalogue() -> dict[str, bool]:
     """Every stream ``stream_writers`` may name -> whether it may have several writers.
 
-    The stream registry (:mod:`streamrep.streams`) is the source: a stream whose IDs
-    come from a PostgreSQL sequence may have several writers; the others, and the
-    event store's streams unless registered otherwise, have one.
+    The package's stream definitions (:mod:`streamrep.catalogue`) are the source: a
+    stream whose IDs come from a PostgreSQL sequence may have several writers; the
+    others have one.
     """
-    from streamrep.streams import stream_definitions
+    from streamrep.catalogue import known_streams as stream_definitions
 
-    catalogue = {d.name: d.sequence_name is not None for d in stream_definitions()}
-    for name in EVENT_STORE_STREAMS:
-        catalogue.setdefault(name, False)
-    return catalogue
+    return {d.name: d.sequence_name is not None for d in stream_definitions()}
+
+
+def _writers_followed() -> dict[str, str]:
+    """Stream -> the stream whose writers it has when ``stream_writers`` names none."""
+    from streamrep.catalogue import known_streams as stream_definitions
+
+    return {d.name: d.writers_follow for d in stream_definitions()
+            if d.writers_follow is not None}
 
 
 def known_streams() -> tuple[str, ...]:
@@ -711,9 +711,10 @@ def _validate(data: dict[str, Any], problems: _Problems, source: str | None) -> 
         writers[stream] = tuple(good)
     for stream in streams:
         writers.setdefault(stream, (instance_name,))
-    # backfill rows are written in the events writers' transactions.
-    if "backfill" not in raw_writers and len(writers["events"]) == 1:
-        writers["backfill"] = writers["events"]
+    # A stream written in another's transactions has that stream's single writer.
+    for stream, followed in _writers_followed().items():
+        if stream not in raw_writers and len(writers.get(followed, ())) == 1:
+            writers[stream] = writers[followed]
 
     keepalive_raw = _section(data, "keepalive", problems)
     _unknown_keys(keepalive_raw, _KEEPALIVE_KEYS, "keepalive.", problems)

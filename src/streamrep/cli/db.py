@@ -24,7 +24,7 @@ def repair_sequences_command(db_url: str, dry_run: bool) -> None:
     """
     from streamrep.db import Database
     from streamrep.idgen import repair_sequences
-    from streamrep.streams import stream_definitions
+    from streamrep.catalogue import known_streams
 
     try:
         database = Database.open(db_url, migrate=False)
@@ -35,7 +35,7 @@ def repair_sequences_command(db_url: str, dry_run: bool) -> None:
             click.echo("SQLite streams have a single writer and no sequences: nothing to repair.")
             return
         known = [(d.name, d.sequence_name, d.tables, d.negative)
-                 for d in stream_definitions() if d.sequence_name is not None]
+                 for d in known_streams() if d.sequence_name is not None]
         results = repair_sequences(database, dry_run=dry_run, known=known)
     finally:
         database.close()

@@ -49,7 +49,7 @@ def serve(ctx: click.Context, config_path: str | None, db: str, listen: str, ser
     """
     import gevent
 
-    import streamrep.events.streams  # noqa: F401  (registers the events and backfill streams)
+    from streamrep.catalogue import served_streams
     from streamrep.db import open_database
     from streamrep.logsetup import setup_logging
     from streamrep.replication import ConnectionSettings, ReplicationHub
@@ -68,7 +68,8 @@ def serve(ctx: click.Context, config_path: str | None, db: str, listen: str, ser
     setup_logging(config.logging.level, config.logging.format)
     database = open_database(config.database)
     streams = Streams(database, config.instance_name,
-                      {name: list(ws) for name, ws in config.stream_writers.items()})
+                      {name: list(ws) for name, ws in config.stream_writers.items()},
+                      definitions=served_streams(config))
     source = RegistrySource(streams)
     settings = ConnectionSettings.from_config(config)
     metrics_address = config.metrics_listen
@@ -101,7 +102,7 @@ def _serve_redis(config: Any) -> None:
     import gevent
     import gevent.event
 
-    import streamrep.events.streams  # noqa: F401  (registers the events and backfill streams)
+    from streamrep.catalogue import served_streams
     from streamrep.db import open_database
     from streamrep.logsetup import setup_logging
     from streamrep.replication.registry_source import RegistrySource
@@ -111,7 +112,8 @@ def _serve_redis(config: Any) -> None:
     setup_logging(config.logging.level, config.logging.format)
     database = open_database(config.database)
     instance = config.instance_name
-    streams = Streams(database, instance, {name: list(ws) for name, ws in config.stream_writers.items()})
+    streams = Streams(database, instance, {name: list(ws) for name, ws in config.stream_writers.items()},
+                      definitions=served_streams(config))
     source = RegistrySource(streams)
     own = [name for name in source.stream_names() if instance in streams.writers_of(name)]
     link = RedisReplication(

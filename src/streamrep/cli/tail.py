@@ -65,7 +65,7 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
     import gevent.event
     import orjson
 
-    import streamrep.events.streams  # noqa: F401  (registers the events and backfill streams)
+    from streamrep.catalogue import known_streams
     from streamrep.replication import ReplicationClient
 
     host, port, db, server_name = settings.host, settings.port, settings.database, settings.server_name
@@ -81,14 +81,13 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
         # A reader: the writers come from the configuration (or are this process's
         # own name when there is none, which only matters for writing).
         streams_handle = Streams(database, name, settings.stream_writers,
-                                 default_writer=settings.default_writer)
+                                 default_writer=settings.default_writer,
+                                 definitions=known_streams())
         source = RegistrySource(streams_handle, list(stream_names) or None)
     names = list(stream_names) or (list(source.stream_names()) if source is not None else None)
     start_from: dict[Any, int] = {}
     if starts and names is None:
-        from streamrep.streams import stream_definitions
-
-        names = [d.name for d in stream_definitions()]
+        names = list(known_streams().names())
     for key, token in starts.items():
         for stream in names or ():
             start_from[stream if key is None else (stream, key)] = token

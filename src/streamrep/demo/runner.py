@@ -38,16 +38,12 @@ from rich.console import Console
 from streamrep.config import Config, load_config, redis_url_for_display
 from streamrep.demo.processes import Child, StatusLine, free_port, wait_for_port
 from streamrep.demo.report import Progress, Summary, WorkerResult, render_summary
+from streamrep.demo.streams import demo_writers
 from streamrep.demo.verify import check_worker, read_facts
 
 __all__ = ["DemoOptions", "run_demo"]
 
 SERVER_NAME = "demo.example"
-
-#: Streams that the demo's writers share on PostgreSQL (events and backfill have one
-#: writer: the event store hands out their orderings in one process).
-SHARED_STREAMS = ("caches", "to_device", "account_data", "receipts")
-
 
 @dataclass
 class DemoOptions:
@@ -79,9 +75,9 @@ def _writers_for(db_url: str) -> list[str]:
 def write_config(path: str, db_url: str, port: int, writers: list[str],
                  log_level: str, redis_url: str | None = None) -> None:
     """The demo deployment's configuration file."""
-    stream_writers: dict[str, list[str]] = {s: list(writers) for s in SHARED_STREAMS}
-    stream_writers["events"] = [writers[0]]
-    stream_writers["backfill"] = [writers[0]]
+    # Streams that may have several writers are shared on PostgreSQL; the event
+    # store's have one (it hands out their orderings in one process).
+    stream_writers = demo_writers(writers)
     data: dict[str, Any] = {
         "server_name": SERVER_NAME,
         "database": db_url,

@@ -46,9 +46,10 @@ from streamrep.config import Config, load_config
 from streamrep.demo.processes import emit
 from streamrep.demo.streams import demo_source, stream_names
 from streamrep.events import EventStore
-from streamrep.events.streams import EventsStreamFollower
+from streamrep.events.streams import BACKFILL_STREAM, EVENTS_STREAM, EventsStreamFollower
 from streamrep.logsetup import get_logger, setup_logging
 from streamrep.replication import ConnectionSettings, ReplicationClient
+from streamrep.streams.builtin import CACHES
 
 log = get_logger("streamrep.demo.worker")
 
@@ -103,13 +104,13 @@ class DemoWorker:
         """One fact, exactly once, in order per writer."""
         self.facts.append((stream, instance, token, time.time()))
         self.received[stream] += 1
-        if stream == "events":
+        if stream == EVENTS_STREAM:
             for row in rows:
                 self.events_follower.on_events_row(token, row)
-        elif stream == "backfill":
+        elif stream == BACKFILL_STREAM:
             for row in rows:
                 self.events_follower.on_backfill_row(token, row)
-        elif stream == "caches":
+        elif stream == CACHES.name:
             for row in rows:
                 self.cache_invalidations += self.caches.handle_row(row)
                 self.events_follower.on_caches_row(row[0], row[1])
@@ -117,7 +118,7 @@ class DemoWorker:
     def events_position(self) -> int:
         follower = self.client.follower
         assert follower is not None
-        return min((t for (s, _i), t in follower.positions.items() if s == "events"),
+        return min((t for (s, _i), t in follower.positions.items() if s == EVENTS_STREAM),
                    default=0)
 
     def positions(self) -> list[list[Any]]:

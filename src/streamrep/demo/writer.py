@@ -47,6 +47,7 @@ from streamrep.demo.streams import EVENT_STREAMS, demo_streams, stream_names
 from streamrep.demo.workload import Op, Workload
 from streamrep.errors import DatabaseUnavailableError, WriterLeaseHeldError
 from streamrep.events import EventStore
+from streamrep.events.streams import EVENTS_STREAM
 from streamrep.idgen import WriterLease
 from streamrep.logsetup import get_logger, setup_logging
 from streamrep.replication import ConnectionSettings, ReplicationClient
@@ -76,7 +77,7 @@ class DemoWriter:
         self.lease.guard([self.streams.generator(s) for s in self.own])
         self.streams.add_listener(self._advanced)
         self.store: EventStore | None = None
-        if "events" in self.own:
+        if EVENTS_STREAM in self.own:
             # Orderings from the registry's generators (their listeners announce them);
             # the store appends its cache invalidations to the caches stream itself.
             self.store = EventStore(self.db, streams=self.streams)

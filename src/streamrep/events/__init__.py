@@ -4,6 +4,3 @@ pagination. ``from streamrep import EventStore``; see docs/events.md."""
 from streamrep.events.store import EventStore, PersistResult, RoomTimeline, SyncResult
 
 __all__ = ["EventStore", "PersistResult", "RoomTimeline", "SyncResult"]
-
-# Registers the ``events`` and ``backfill`` stream definitions.
-from streamrep.events import streams as _streams  # noqa: E402,F401

@@ -15,7 +15,12 @@ import gevent.lock
 
 from streamrep import _impl
 from streamrep.db import Database, Transaction
-from streamrep.errors import EventNotFoundError, InvalidEventError, InvalidTokenError
+from streamrep.errors import (
+    DatabaseConfigError,
+    EventNotFoundError,
+    InvalidEventError,
+    InvalidTokenError,
+)
 from streamrep.events import schema
 from streamrep.lru import Lru
 from streamrep.events.persist import (
@@ -115,15 +120,21 @@ class EventStore:
         self.states = StateGroupStore(max_delta_hops, cache_size, max_cached_state_entries)
         self._allocator: StreamAllocator
         self._streams = streams
-        self._writes_caches = bool(
-            streams is not None and streams.instance_name in streams.writers_of("caches"))
         if streams is not None:
-            # Stream orderings from the registry's generators, which announce them.
-            from streamrep.events import streams as _event_streams  # noqa: F401 (registers)
+            # Stream orderings from the handle's generators, which announce them.
+            from streamrep.events.streams import BACKFILL_STREAM, EVENTS_STREAM
+            from streamrep.streams.builtin import CACHES
 
-            self._allocator = GeneratorAllocator(streams.generator("events"),
-                                                 streams.generator("backfill"))
+            if EVENTS_STREAM not in streams.definitions or BACKFILL_STREAM not in streams.definitions:
+                raise DatabaseConfigError(
+                    f"the Streams handle given to the event store does not serve the "
+                    f"{EVENTS_STREAM} and {BACKFILL_STREAM} streams: build it with "
+                    "definitions=streamrep.catalogue.known_streams()")
+            self._writes_caches = streams.instance_name in streams.writers_of(CACHES.name)
+            self._allocator = GeneratorAllocator(streams.generator(EVENTS_STREAM),
+                                                 streams.generator(BACKFILL_STREAM))
         else:
+            self._writes_caches = False
             self._allocator = StreamAllocator()
         # Per greenlet (and thread): one batch at a time, in stream order.
         self._write_lock = gevent.lock.RLock()

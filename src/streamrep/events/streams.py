@@ -24,13 +24,15 @@ stream writer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from streamrep.db import Database
 from streamrep.events import schema
-from streamrep.events.store import EventStore
 from streamrep.idgen import BackingTable
-from streamrep.streams import RowFormat, StreamDefinition, register_stream
+from streamrep.streams import RowFormat, StreamDefinition
+
+if TYPE_CHECKING:
+    from streamrep.events.store import EventStore
 
 __all__ = [
     "EVENTS_STREAM",
@@ -43,6 +45,7 @@ __all__ = [
     "EventsStreamFollower",
     "EVENTS_STREAM_DEFINITION",
     "BACKFILL_STREAM_DEFINITION",
+    "EVENT_STORE_STREAMS",
 ]
 
 EVENTS_STREAM = "events"
@@ -142,7 +145,7 @@ class EventsStreamFollower:
     """Applies ``events``/``backfill``/``caches`` rows to a worker's :class:`EventStore`:
     its change caches, event cache, forward extremity and current-state caches."""
 
-    def __init__(self, store: EventStore) -> None:
+    def __init__(self, store: "EventStore") -> None:
         self.store = store
 
     def on_events_row(self, token: int, row: Sequence[Any]) -> None:
@@ -261,11 +264,14 @@ BACKFILL_STREAM_DEFINITION = BackfillStream(
     BACKFILL_STREAM,
     tables=(BackingTable("events", "stream_ordering", None),),
     negative=True,
+    # Backfilled rows are written in the events writer's transactions.
+    writers_follow=EVENTS_STREAM,
     schema_component=schema.COMPONENT,
     row=RowFormat.flat(("event_id", "string"), ("room_id", "string"), ("type", "string"),
                        ("state_key", "string|null"), ("redacts", "string|null"),
                        ("relates_to", "string|null")),
 )
 
-register_stream(EVENTS_STREAM_DEFINITION)
-register_stream(BACKFILL_STREAM_DEFINITION)
+#: The event store's streams, for a :class:`~streamrep.streams.StreamSet`.
+EVENT_STORE_STREAMS: tuple[StreamDefinition, ...] = (EVENTS_STREAM_DEFINITION,
+                                                     BACKFILL_STREAM_DEFINITION)

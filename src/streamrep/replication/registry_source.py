@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from streamrep.errors import UnknownStreamError
 from streamrep.idgen.single import max_stored_token
-from streamrep.streams import Streams, get_stream_definition
+from streamrep.streams import Streams
 
 if TYPE_CHECKING:
     from streamrep._pure import wire as _core_wire
@@ -40,7 +40,7 @@ class RegistrySource:
         chosen = list(names) if names is not None else streams.names()
         self._names = [
             name for name in chosen
-            if not get_stream_definition(name).in_memory
+            if not streams.definition(name).in_memory
             or streams.instance_name in streams.writers_of(name)
         ]
         for name in self._names:
@@ -50,10 +50,10 @@ class RegistrySource:
         return list(self._names)
 
     def _multi_writer(self, stream: str) -> bool:
-        return get_stream_definition(stream).sequence_name is not None and bool(self.db.is_postgres)
+        return self.streams.definition(stream).sequence_name is not None and bool(self.db.is_postgres)
 
     def writers(self, stream: str) -> Sequence[str]:
-        definition = get_stream_definition(stream)
+        definition = self.streams.definition(stream)
         found: dict[str, None] = dict.fromkeys(self.streams.writers_of(stream))
         if definition.in_memory:
             return list(found)
@@ -71,7 +71,7 @@ class RegistrySource:
         return list(found)
 
     def current_token(self, stream: str, instance: str) -> int:
-        definition = get_stream_definition(stream)
+        definition = self.streams.definition(stream)
         if definition.in_memory:
             return int(self.streams.current_token(stream, instance))
         if self._multi_writer(stream):

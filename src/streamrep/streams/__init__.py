@@ -1,31 +1,27 @@
-"""Streams: the registry of stream definitions and the per-process :class:`Streams`.
+"""Streams: stream definitions, the :class:`StreamSet` a process serves, and the
+per-process :class:`Streams` handle.
 
-Built-in streams (``caches``, ``account_data``, ``to_device``, ``receipts``,
-``typing``) are registered on import; other modules register theirs with
-:func:`register_stream` (the room DAG store adds ``events`` and ``backfill``).
-See docs/streams.md for every row format.
+Nothing is registered by importing a module: a process builds its
+:class:`StreamSet` once at start-up (:func:`streamrep.catalogue.served_streams`
+from the deployment's configuration), from the built-in streams
+(:data:`BUILTIN_STREAMS`: ``caches``, ``account_data``, ``to_device``,
+``receipts``, ``typing``) and those of other modules (the room DAG store's
+``events`` and ``backfill``). See docs/streams.md for every row format.
 """
 
+from streamrep.streams.builtin import BUILTIN_STREAMS
 from streamrep.streams.definition import RowFormat, Stream, StreamDefinition, StreamRow
-from streamrep.streams.registry import (
-    Streams,
-    get_stream_definition,
-    register_stream,
-    stream_definitions,
-    unregister_stream,
-)
-from streamrep.streams import builtin as _builtin  # noqa: F401  (registers the built-ins)
 from streamrep.streams.memory import InMemoryStream
+from streamrep.streams.registry import Streams
+from streamrep.streams.streamset import StreamSet
 
 __all__ = [
+    "BUILTIN_STREAMS",
     "InMemoryStream",
     "RowFormat",
     "Stream",
     "StreamDefinition",
     "StreamRow",
+    "StreamSet",
     "Streams",
-    "get_stream_definition",
-    "register_stream",
-    "stream_definitions",
-    "unregister_stream",
 ]

@@ -23,7 +23,6 @@ from streamrep.errors import StreamIdError
 from streamrep.idgen import BackingTable
 from streamrep.streams.definition import RowFormat, StreamDefinition, StreamRow
 from streamrep.streams.memory import InMemoryStream
-from streamrep.streams.registry import register_stream
 
 if TYPE_CHECKING:
     from streamrep.streams.registry import Streams
@@ -162,8 +161,9 @@ RECEIPTS = ReceiptsStream(
 TYPING = InMemoryStream.Definition(
     "typing", row=RowFormat.flat(("room_id", "string"), ("user_ids", "string[]")))
 
-for _definition in (CACHES, ACCOUNT_DATA, TO_DEVICE, RECEIPTS, TYPING):
-    register_stream(_definition)
+#: The built-in streams, for a :class:`~streamrep.streams.StreamSet`.
+BUILTIN_STREAMS: tuple[StreamDefinition, ...] = (CACHES, ACCOUNT_DATA, TO_DEVICE, RECEIPTS,
+                                                 TYPING)
 
 
 # -- writing ---------------------------------------------------------------------------
@@ -179,7 +179,7 @@ def _writer_streams(streams: "Streams", name: str) -> Any:
 def add_cache_invalidation(streams: "Streams", cache_name: str, keys: Sequence[Any] | None,
                            invalidation_ts_ms: int | None = None) -> int:
     """Append one cache invalidation to ``caches``; return its token."""
-    stream = _writer_streams(streams, "caches")
+    stream = _writer_streams(streams, CACHES.name)
     ts = int(time.time() * 1000) if invalidation_ts_ms is None else int(invalidation_ts_ms)
     keys_json = None if keys is None else _json(list(keys))
     # Database.run writes the fact exactly once, on a new connection if one drops;
@@ -197,7 +197,7 @@ def add_cache_invalidation(streams: "Streams", cache_name: str, keys: Sequence[A
 def add_account_data(streams: "Streams", user_id: str, data_type: str,
                      content: Mapping[str, Any], room_id: str | None = None) -> int:
     """Set account data (replacing the previous value); return its token."""
-    stream = _writer_streams(streams, "account_data")
+    stream = _writer_streams(streams, ACCOUNT_DATA.name)
     content_json = _json(dict(content))
     with stream.id_gen.get_next() as stream_id:
         streams.db.run(lambda txn: txn.execute(
@@ -218,7 +218,7 @@ def send_to_device(streams: "Streams",
     its token."""
     if not messages:
         raise StreamIdError("send_to_device needs at least one message")
-    stream = _writer_streams(streams, "to_device")
+    stream = _writer_streams(streams, TO_DEVICE.name)
     with stream.id_gen.get_next() as stream_id:
         streams.db.run(lambda txn: txn.executemany(
             "INSERT INTO device_inbox (stream_id, instance_name, user_id, device_id,"
@@ -233,7 +233,7 @@ def add_receipt(streams: "Streams", room_id: str, receipt_type: str, user_id: st
                 event_id: str, data: Mapping[str, Any] | None = None,
                 thread_id: str | None = None) -> int:
     """Record a receipt (replacing the user's previous one in that room and thread)."""
-    stream = _writer_streams(streams, "receipts")
+    stream = _writer_streams(streams, RECEIPTS.name)
     with stream.id_gen.get_next() as stream_id:
         streams.db.run(lambda txn: txn.execute(
             "INSERT INTO receipts (stream_id, instance_name, room_id, receipt_type,"

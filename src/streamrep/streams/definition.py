@@ -79,6 +79,8 @@ class StreamDefinition(abc.ABC):
     * ``schema_component``: the migration component that creates the tables.
     * ``row``: the :class:`RowFormat` of its rows; a relay refuses rows that do not
       fit it (None: every row is refused).
+    * ``writers_follow``: another stream whose writers this one has when the
+      configuration names none for it (a stream written in the other's transactions).
     """
 
     name: str
@@ -87,6 +89,7 @@ class StreamDefinition(abc.ABC):
     negative: bool = False
     schema_component: str | None = None
     row: RowFormat | None = None
+    writers_follow: str | None = None
     _shape: Any = field(init=False, repr=False, compare=False, hash=False, default=None)
 
     def __post_init__(self) -> None:

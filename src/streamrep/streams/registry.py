@@ -1,8 +1,5 @@
-"""The registry of stream definitions, and :class:`Streams`, the per-process handle.
-
-Any module may add a stream: ``register_stream(MyDefinition(...))`` at import time
-(the room DAG store registers ``events`` and ``backfill`` this way). :class:`Streams`
-binds every registered definition to a database and this instance, creating each
+"""The per-process handle on streams: :class:`Streams` binds a
+:class:`~streamrep.streams.StreamSet` to a database and this instance, creating each
 stream's ID generator when first used.
 """
 
@@ -12,63 +9,37 @@ import threading
 from typing import Iterable, Mapping, Sequence
 
 from streamrep.db import Database
-from streamrep.errors import DatabaseConfigError, UnknownStreamError
+from streamrep.errors import DatabaseConfigError
 from streamrep.idgen import IdGenerator, MultiWriterIdGenerator, PositionListener, make_id_generator
+from streamrep.streams import builtin
 from streamrep.streams.definition import Stream, StreamDefinition
-
-_definitions: dict[str, StreamDefinition] = {}
-_lock = threading.Lock()
-
-
-def register_stream(definition: StreamDefinition) -> None:
-    """Add *definition* to the registry (again with an equal one is harmless)."""
-    with _lock:
-        existing = _definitions.get(definition.name)
-        if existing is not None and existing != definition:
-            raise DatabaseConfigError(
-                f"a different definition of stream {definition.name!r} is already registered"
-            )
-        _definitions[definition.name] = definition
-
-
-def unregister_stream(name: str) -> None:
-    """Remove stream *name* from the registry (for tests and unloading plugins)."""
-    with _lock:
-        _definitions.pop(name, None)
-
-
-def get_stream_definition(name: str) -> StreamDefinition:
-    """The registered definition of stream *name*."""
-    with _lock:
-        try:
-            return _definitions[name]
-        except KeyError:
-            known = ", ".join(sorted(_definitions)) or "none"
-            raise UnknownStreamError(f"unknown stream {name!r} (known: {known})") from None
-
-
-def stream_definitions() -> list[StreamDefinition]:
-    """Every registered definition, sorted by name."""
-    with _lock:
-        return [_definitions[name] for name in sorted(_definitions)]
+from streamrep.streams.streamset import StreamSet
 
 
 class Streams:
-    """Every registered stream, bound to *db* as seen by instance *instance_name*.
+    """The streams of *definitions*, bound to *db* as seen by instance *instance_name*.
 
-    *writers* maps stream names to their writer instances (deployment config);
-    streams not named there are written by *default_writer* (by default this
-    instance itself, as in a single-process deployment). Several writers
-    need PostgreSQL (:class:`DatabaseConfigError` on SQLite, raised when the stream
-    is first used, or at once by :meth:`open_all`).
+    *definitions* is the :class:`StreamSet` this process serves (default: the
+    built-in streams, :data:`streamrep.streams.builtin.BUILTIN_STREAMS`; a process
+    that runs the room DAG store adds its ``events`` and ``backfill``, see
+    :func:`streamrep.catalogue.served_streams`). *writers* maps stream names to
+    their writer instances (deployment config); streams not named there are written
+    by *default_writer* (by default this instance itself, as in a single-process
+    deployment). Several writers need PostgreSQL (:class:`DatabaseConfigError` on
+    SQLite, raised when the stream is first used, or at once by :meth:`open_all`).
     """
 
     def __init__(self, db: Database, instance_name: str,
                  writers: Mapping[str, Sequence[str]] | None = None,
-                 default_writer: str | None = None) -> None:
+                 default_writer: str | None = None, *,
+                 definitions: StreamSet | Iterable[StreamDefinition] | None = None) -> None:
         self.db = db
         self.instance_name = instance_name
         self.default_writer = default_writer if default_writer is not None else instance_name
+        if definitions is None:
+            definitions = builtin.BUILTIN_STREAMS
+        self.definitions = (definitions if isinstance(definitions, StreamSet)
+                            else StreamSet(definitions))
         self._writers = {name: tuple(ws) for name, ws in (writers or {}).items()}
         self._streams: dict[str, Stream] = {}
         self._listeners: list[PositionListener] = []
@@ -78,12 +49,16 @@ class Streams:
                 db.require_multiple_writers(name, list(ws))
 
     def names(self) -> list[str]:
-        """Names of every registered stream, sorted."""
-        return [d.name for d in stream_definitions()]
+        """Names of every stream served, sorted."""
+        return list(self.definitions.names())
+
+    def definition(self, name: str) -> StreamDefinition:
+        """The definition of stream *name* (:class:`UnknownStreamError` if not served)."""
+        return self.definitions.get(name)
 
     def writers_of(self, name: str) -> tuple[str, ...]:
         """The writer instances of stream *name*."""
-        get_stream_definition(name)  # unknown names raise UnknownStreamError
+        self.definitions.get(name)  # unknown names raise UnknownStreamError
         return self._writers.get(name, (self.default_writer,))
 
     def get(self, name: str) -> Stream:
@@ -91,14 +66,14 @@ class Streams:
         with self._lock:
             stream = self._streams.get(name)
             if stream is None:
-                stream = self._open(get_stream_definition(name))
+                stream = self._open(self.definitions.get(name))
                 self._streams[name] = stream
             return stream
 
     __getitem__ = get
 
     def open_all(self, names: Iterable[str] | None = None) -> list[Stream]:
-        """Open the named streams (default: all registered) now, to fail early."""
+        """Open the named streams (default: all served) now, to fail early."""
         return [self.get(name) for name in (names if names is not None else self.names())]
 
     def _open(self, definition: StreamDefinition) -> Stream:
@@ -164,37 +139,27 @@ class Streams:
     def add_cache_invalidation(self, cache_name: str, keys: Sequence[object] | None,
                                invalidation_ts_ms: int | None = None) -> int:
         """Append a cache invalidation (``keys=None``: the whole cache); return its token."""
-        from streamrep.streams import builtin
-
         return builtin.add_cache_invalidation(self, cache_name, keys, invalidation_ts_ms)
 
     def add_account_data(self, user_id: str, data_type: str, content: Mapping[str, object],
                          room_id: str | None = None) -> int:
         """Set a user's (room) account data of *data_type*; return its token."""
-        from streamrep.streams import builtin
-
         return builtin.add_account_data(self, user_id, data_type, content, room_id)
 
     def send_to_device(self, messages: Sequence[tuple[str, str, Mapping[str, object]]]) -> int:
         """Queue ``(user_id, device_id, message)`` to-device messages as one fact."""
-        from streamrep.streams import builtin
-
         return builtin.send_to_device(self, messages)
 
     def get_device_messages(self, user_id: str, from_token: int,
                             upto_token: int) -> list[tuple[int, str, dict[str, object]]]:
         """To-device messages for *user_id* in ``(from_token, upto_token]`` as
         ``(token, device_id, message)``: what ``to_device`` rows for the user announce."""
-        from streamrep.streams import builtin
-
         return builtin.get_device_messages(self, user_id, from_token, upto_token)
 
     def add_receipt(self, room_id: str, receipt_type: str, user_id: str, event_id: str,
                     data: Mapping[str, object] | None = None,
                     thread_id: str | None = None) -> int:
         """Record a user's receipt in a room (replacing their previous one)."""
-        from streamrep.streams import builtin
-
         return builtin.add_receipt(self, room_id, receipt_type, user_id, event_id, data,
                                    thread_id)
 
@@ -202,6 +167,6 @@ class Streams:
         """Set who is typing in *room_id* (in memory); return the typing token."""
         from streamrep.streams.memory import InMemoryStream
 
-        stream = self.get("typing")
+        stream = self.get(builtin.TYPING.name)
         assert isinstance(stream, InMemoryStream)
         return stream.set_typing(room_id, user_ids)
