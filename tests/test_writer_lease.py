@@ -99,5 +99,9 @@ def test_renewal_keeps_the_lease_and_a_lost_lease_refuses_stream_ids(db: Databas
             with gen.get_next():
                 pass
         assert gen.in_flight == 0
+        # A write already under way when the lease went is rolled back, not committed.
+        with pytest.raises(WriterLeaseLostError):
+            db.execute("INSERT INTO notes (stream_id, instance_name) VALUES (2, 'writer1')")
+        assert db.fetchval("SELECT COUNT(*) FROM notes WHERE stream_id = 2") == 0
     finally:
         lease.release()

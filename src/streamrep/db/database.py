@@ -187,6 +187,7 @@ class Database:
         self._applied: dict[str, int] = {}
         self._schema_lock = gevent.lock.RLock()
         self._markers_ready = False
+        self._commit_checks: list[Callable[[Transaction], None]] = []
         self.text_is_utf8 = True  # SQLite keeps text as UTF-8; PostgreSQL: checked below
         if self.engine == SQLITE:
             self._sqlite = self._connect_sqlite()
@@ -459,6 +460,8 @@ class Database:
                                       "BEGIN READ ONLY" if read_only else "BEGIN")
                     try:
                         yield txn
+                        if txn.wrote and self._commit_checks:
+                            self._run_commit_checks(txn)
                         if txn.begun:
                             commit = "COMMIT"
                             if marked and txn.wrote and not read_only:
@@ -489,6 +492,8 @@ class Database:
                     txn = Transaction(self, conn.cursor(), name)
                     try:
                         yield txn
+                        if txn.wrote and self._commit_checks:
+                            self._run_commit_checks(txn)
                         conn.execute("COMMIT")
                         txn.outcome = COMMITTED
                         if not read_only and self._checkpointer is not None:
@@ -506,6 +511,21 @@ class Database:
         finally:
             if resources.ENABLED:
                 resources.released("database transaction")
+
+    def add_commit_check(self, check: Callable[[Transaction], None]) -> None:
+        """Call ``check(txn)`` before every write transaction of this handle commits;
+        an exception it raises rolls the transaction back (a writer that may have lost
+        its lease, see :mod:`streamrep.idgen.lease`)."""
+        self._commit_checks.append(check)
+
+    def remove_commit_check(self, check: Callable[[Transaction], None]) -> None:
+        """Stop calling *check*."""
+        if check in self._commit_checks:
+            self._commit_checks.remove(check)
+
+    def _run_commit_checks(self, txn: Transaction) -> None:
+        for check in list(self._commit_checks):
+            check(txn)
 
     def run(self, func: Callable[..., R], *args: Any, name: str = "txn", retries: int = 5,
             read_only: bool = False, reconnect_timeout: float | None = None) -> R:

@@ -13,8 +13,8 @@ the next process takes them over.
 Times are the database's clock (both processes may be on different machines). A
 writer also fences itself: once it has gone ``ttl`` seconds without a successful
 renewal (a paused process, a database away), :meth:`WriterLease.check` raises
-:class:`WriterLeaseLostError` before it reserves another stream ID, since by then
-another process may hold the lease.
+:class:`WriterLeaseLostError` before it reserves another stream ID or commits another
+write, since by then another process may hold the lease.
 """
 
 from __future__ import annotations
@@ -76,6 +76,10 @@ _TAKE = (
 )
 
 
+#: Names of the lease's own transactions (not fenced by the lease).
+_OWN_TRANSACTIONS = "writer_lease:"
+
+
 def _utc(seconds: float) -> str:
     moment = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -111,6 +115,7 @@ class WriterLease:
         self._lost: WriterLeaseLostError | None = None
         self._renewer: gevent.Greenlet | None = None
         db.ensure_schema(COMPONENT)
+        self._fencing = False
 
     @property
     def held(self) -> bool:
@@ -126,6 +131,9 @@ class WriterLease:
         self.db.run(self._take, name="writer_lease:take")
         self._valid_until = sent + self.ttl
         self._lost = None
+        if not self._fencing:
+            self.db.add_commit_check(self._check_commit)
+            self._fencing = True
         if self._renewer is None:
             self._renewer = gevent.spawn(self._renew_loop)
         logger.info("writer %s holds its lease on %s (%s, ttl %gs)", self.instance_name,
@@ -162,6 +170,9 @@ class WriterLease:
         renewer, self._renewer = self._renewer, None
         if renewer is not None:
             renewer.kill()
+        if self._fencing:
+            self.db.remove_commit_check(self._check_commit)
+            self._fencing = False
         if self._valid_until == 0.0:
             return
         self._valid_until = 0.0
@@ -195,6 +206,12 @@ class WriterLease:
                 f"writer {self.instance_name}: its lease on {', '.join(self.streams)} was "
                 f"not renewed within {self.ttl:g}s (process paused or database away); "
                 "stopping so that two processes never write as one instance")
+
+    def _check_commit(self, txn: Transaction) -> None:
+        # A write that started before a pause longer than the ttl must not land
+        # after another process took over; the lease's own statements are exempt.
+        if not txn.name.startswith(_OWN_TRANSACTIONS):
+            self.check()
 
     def guard(self, generators: Sequence[IdGenerator]) -> None:
         """Make each of *generators* call :meth:`check` before reserving a stream ID."""
