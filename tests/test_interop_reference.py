@@ -6,6 +6,22 @@ without it, and fail under ``STREAMREP_REQUIRE_REFERENCE=1``.
 
 from __future__ import annotations
 
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+import yaml
+
+from streamrep.caches import CacheRegistry, LruCache
+from streamrep.catalogue import known_streams
+from streamrep.events import EventStore
+from streamrep.events.streams import BACKFILL_STREAM, EVENTS_STREAM, EventsStreamFollower
+from streamrep.streams.builtin import CACHES
+from streamrep.wire import parse_line
 from support.reference import check_lines, reference_lines
 
 
@@ -28,3 +44,94 @@ def test_the_reference_accepts_its_own_rows() -> None:
     assert streams == {"events", "backfill", "caches", "account_data", "to_device",
                        "receipts", "typing"}
     assert check_lines(lines).failures == []
+
+
+def _capture_hub_lines(workdir: pathlib.Path, demo: subprocess.Popen[str]) -> list[str]:
+    """Every line the demo's hub sends to a reader connected before the writers
+    start, until the demo ends (a plain socket: nothing of streamrep's client)."""
+    config = workdir / "streamrep.yaml"
+    deadline = time.monotonic() + 60
+    sock = None
+    while sock is None:
+        assert demo.poll() is None and time.monotonic() < deadline, "the demo's hub never listened"
+        try:
+            port = int(yaml.safe_load(config.read_text())["listen"].rsplit(":", 1)[1])
+            sock = socket.create_connection(("127.0.0.1", port), timeout=1)
+        except (OSError, TypeError, KeyError, AttributeError):
+            time.sleep(0.02)
+    sock.sendall(b"NAME capture\nREPLICATE\n")
+    sock.settimeout(0.5)
+    data = bytearray()
+    last_ping = time.monotonic()
+    while True:
+        try:
+            chunk = sock.recv(1 << 16)
+        except TimeoutError:
+            chunk = None
+        if chunk == b"":
+            break
+        if chunk:
+            data += chunk
+        if time.monotonic() - last_ping > 1:
+            sock.sendall(b"PING %d\n" % int(time.time() * 1000))
+            last_ping = time.monotonic()
+        if demo.poll() is not None and not chunk:
+            break
+    sock.close()
+    return [line.decode() for line in bytes(data).split(b"\n") if line.strip()]
+
+
+def test_the_reference_parses_every_line_a_demo_hub_sends(tmp_path: pathlib.Path) -> None:
+    check_lines(["PING 1"])  # skips (or fails under STREAMREP_REQUIRE_REFERENCE) first
+    workdir = tmp_path / "demo"
+    env = dict(os.environ)
+    env.pop("STREAMREP_CONFIG", None)
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "streamrep", "demo", "--duration", "3", "--rate", "150",
+         "--rooms", "4", "--workers", "1", "--catch-up-timeout", "60",
+         "--workdir", str(workdir)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        lines = _capture_hub_lines(workdir, demo)
+        output = demo.communicate(timeout=240)[0]
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    assert demo.returncode == 0, output
+    report = check_lines(lines)
+    assert report.checked == len(lines)
+    assert report.failures == [], report.failures[:5]
+    # Every stream the demo writes went past the reference's parse_row.
+    for stream in ("events", "backfill", "caches", "account_data", "to_device", "receipts"):
+        assert report.by_stream.get(stream, 0) > 0, (stream, report.by_stream)
+    assert {line.split(" ", 1)[0] for line in lines} >= {"SERVER", "POSITION", "RDATA"}
+
+
+def test_streamrep_accepts_every_row_the_reference_sends(sqlite_url: str) -> None:
+    lines = reference_lines()
+    served = known_streams()
+    store = EventStore(sqlite_url)
+    follower = EventsStreamFollower(store)
+    caches = CacheRegistry()
+    users: LruCache[Any] = LruCache("get_user_by_id", 10)
+    users.set(("@u:hs",), {"name": "u"})
+    caches.register("get_user_by_id", users)
+    try:
+        for line in lines:
+            command = parse_line(line.encode())
+            assert command.NAME == "RDATA"
+            assert served.check_row(command.stream_name, command.row_json) is None, line
+            row = command.row
+            # The consumers streamrep has for these streams take the row as it is.
+            if command.stream_name == EVENTS_STREAM:
+                follower.on_events_row(command.token, row)
+            elif command.stream_name == BACKFILL_STREAM:
+                follower.on_backfill_row(command.token, row)
+            elif command.stream_name == CACHES.name:
+                caches.handle_row(row)
+                follower.on_caches_row(row[0], row[1])
+    finally:
+        store.close()
+    assert users.get(("@u:hs",)) is None  # the reference's get_user_by_id row invalidated it
+    assert len(lines) >= 20
