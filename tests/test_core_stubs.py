@@ -271,7 +271,9 @@ _SIGNATURE_LINE = re.compile(r"^(?:[\w.]+\.)?(?P<name>\w+)\((?P<params>.*)\)(?:\
 
 
 def _split_top_level(text: str) -> list[str]:
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for ch in text:
         if ch in "([{":
             depth += 1
@@ -304,7 +306,7 @@ def _embedded_signature(obj: Any, name: str, constructor: bool = False) -> Signa
                     and marker_index > 0:
                 items[marker_index - 1], items[marker_index] = item, items[marker_index - 1]
     out: list[Param] = []
-    kind = P.POSITIONAL_OR_KEYWORD
+    kind: inspect._ParameterKind = P.POSITIONAL_OR_KEYWORD
     for item in items:
         if item == "/":
             out = [Param(p.name, KIND_NAMES[P.POSITIONAL_ONLY], p.default) for p in out]
