@@ -136,8 +136,8 @@ def accept_tls(ctx: ssl.SSLContext, sock: socket.socket,
     :class:`OSError` (:class:`ssl.SSLError` or a timeout); the caller closes *sock*.
     """
     sock.settimeout(timeout)
-    wrapped = ctx.wrap_socket(sock, server_side=True)
-    wrapped.settimeout(None)
+    wrapped = ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+    _handshake(wrapped)
     cert = wrapped.getpeercert()
     return wrapped, (certificate_names(cert) if cert else None)
 
@@ -147,6 +147,16 @@ def connect_tls(ctx: ssl.SSLContext, sock: socket.socket, server_hostname: str,
     """A peer's TLS handshake with the hub, checking its certificate for
     *server_hostname*, within *timeout* seconds; raises :class:`OSError` on failure."""
     sock.settimeout(timeout)
-    wrapped = ctx.wrap_socket(sock, server_hostname=server_hostname)
-    wrapped.settimeout(None)
+    wrapped = ctx.wrap_socket(sock, server_hostname=server_hostname, do_handshake_on_connect=False)
+    _handshake(wrapped)
     return wrapped
+
+
+def _handshake(wrapped: socket.socket) -> None:
+    # The wrapped socket owns the descriptor now: close it on failure, or it leaks.
+    try:
+        wrapped.do_handshake()  # type: ignore[attr-defined]
+    except BaseException:
+        wrapped.close()
+        raise
+    wrapped.settimeout(None)
