@@ -22,7 +22,7 @@ from streamrep.events import EventStore
 from streamrep.events.streams import BACKFILL_STREAM, EVENTS_STREAM, EventsStreamFollower
 from streamrep.streams.builtin import CACHES
 from streamrep.wire import parse_line
-from support.reference import check_lines, reference_lines
+from support.reference import check_lines, reference_fields, reference_lines
 
 
 def test_the_oracle_refuses_rows_the_reference_cannot_parse() -> None:
@@ -135,3 +135,27 @@ def test_streamrep_accepts_every_row_the_reference_sends(sqlite_url: str) -> Non
         store.close()
     assert users.get(("@u:hs",)) is None  # the reference's get_user_by_id row invalidated it
     assert len(lines) >= 20
+
+
+# streamrep's JSON kinds and the reference's declared field types they stand for.
+KIND_OF_DECLARED = {"str": "string", "str|None": "string|null", "int": "integer",
+                    "bool": "boolean", "dict": "object", "JsonDict": "object",
+                    "list[Any]|None": "array|null", "list[str]": "string[]"}
+
+
+def test_every_shared_stream_declares_the_references_fields() -> None:
+    declared = reference_fields()
+    shared = [d for d in known_streams() if d.name in declared]
+    assert {d.name for d in shared} == {"events", "backfill", "caches", "account_data",
+                                        "to_device", "receipts", "typing"}
+    for definition in shared:
+        assert definition.row is not None
+        theirs = declared[definition.name]
+        if definition.row.variants:
+            ours = {kind: [list(f) for f in fields] for kind, fields in definition.row.variants}
+            theirs = {kind: [[name, KIND_OF_DECLARED[t]] for name, t in fields]
+                      for kind, fields in theirs.items()}
+        else:
+            ours = [list(f) for f in definition.row.fields]
+            theirs = [[name, KIND_OF_DECLARED[t]] for name, t in theirs]
+        assert ours == theirs, definition.name

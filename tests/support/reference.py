@@ -94,3 +94,10 @@ def reference_lines() -> list[str]:
     """``RDATA`` lines built and serialised by the reference, for every stream
     streamrep shares with it."""
     return [line for line in _run("produce", "").splitlines() if line]
+
+
+def reference_fields() -> dict[str, Any]:
+    """Each stream's row fields as the reference declares them: ``{stream: [[name,
+    type], ...]}``; ``events`` maps each row kind to such a list."""
+    result: dict[str, Any] = json.loads(_run("fields", ""))
+    return result

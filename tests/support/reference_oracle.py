@@ -10,6 +10,9 @@ Two modes, chosen by the first argument:
     serialised by the reference decodes to the same command). Prints one JSON object:
     ``{"checked": N, "by_stream": {stream: rows}, "failures": [{"line", "error"}]}``.
 
+``fields``
+    Prints each stream's row fields and their declared types, as JSON.
+
 ``produce``
     Prints ``RDATA`` lines built the reference's way: rows constructed with each
     shared stream's own row class, turned into the tuple the reference's update
@@ -47,8 +50,11 @@ _SIMPLE = {
 
 
 def _alternatives(declared: Any) -> list[str]:
-    text = declared if isinstance(declared, str) else getattr(declared, "__name__", None)
-    if text is None:
+    if isinstance(declared, str):
+        text = declared
+    elif type(declared) is type:  # a plain class such as int, not list[str]
+        text = declared.__name__
+    else:
         text = str(declared).replace("typing.", "")
     return [part.strip() for part in text.split("|")]
 
@@ -165,16 +171,32 @@ def produce() -> list[str]:
             for name, token, row in rows]
 
 
+def _declared(row_type: Any) -> list[list[str]]:
+    return [[field.name, "|".join(_alternatives(field.type))] for field in attr.fields(row_type)]
+
+
+def fields() -> dict[str, Any]:
+    """Each stream's row fields as the reference declares them: ``{stream: [[name,
+    type], ...]}``, and for ``events`` ``{"events": {kind: [[name, type], ...]}}``."""
+    out: dict[str, Any] = {name: _declared(stream.ROW_TYPE)
+                           for name, stream in STREAMS_MAP.items() if stream.ROW_TYPE is not None}
+    out["events"] = {kind: _declared(row) for kind, row in TypeToRow.items()}
+    return out
+
+
 def main() -> int:
     mode = sys.argv[1] if len(sys.argv) > 1 else ""
     if mode == "check":
         lines = [line.rstrip("\r\n") for line in sys.stdin if line.strip()]
         json.dump(check(lines), sys.stdout)
         return 0
+    if mode == "fields":
+        json.dump(fields(), sys.stdout)
+        return 0
     if mode == "produce":
         sys.stdout.write("".join(line + "\n" for line in produce()))
         return 0
-    sys.stderr.write("usage: reference_oracle.py check|produce\n")
+    sys.stderr.write("usage: reference_oracle.py check|fields|produce\n")
     return 2
 
 
