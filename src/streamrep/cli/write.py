@@ -10,6 +10,7 @@ import click
 
 from streamrep.cli._common import freeze_startup_heap, peer_settings, use_cooperative_sockets
 from streamrep.config import config_option
+from streamrep.streams.builtin import ACCOUNT_DATA, CACHES, RECEIPTS, TO_DEVICE
 
 #: Exit statuses besides 0 (done) and 1 (persisted, not announced): another process
 #: holds this writer's lease; the lease was lost while writing; the database stayed
@@ -19,19 +20,19 @@ EXIT_LEASE_LOST = 4
 EXIT_DATABASE_UNAVAILABLE = 5
 
 #: Streams ``write`` can fill with synthetic facts.
-WRITABLE_STREAMS = ("caches", "account_data", "to_device", "receipts")
+WRITABLE_STREAMS = (CACHES.name, ACCOUNT_DATA.name, TO_DEVICE.name, RECEIPTS.name)
 
 
 def _fact_writer(streams: Any, stream: str, instance: str, rows_per_fact: int) -> Callable[[int], int]:
     """A function persisting synthetic fact number *i* on *stream*; returns its token."""
-    if stream == "caches":
+    if stream == CACHES.name:
         return lambda i: int(streams.add_cache_invalidation("synthetic_cache", [f"{instance}:{i}"]))
-    if stream == "account_data":
+    if stream == ACCOUNT_DATA.name:
         return lambda i: int(streams.add_account_data(f"@{instance}-{i}:synthetic", "m.synthetic", {"n": i}))
-    if stream == "to_device":
+    if stream == TO_DEVICE.name:
         return lambda i: int(streams.send_to_device(
             [(f"@u{j}:synthetic", f"{instance}D{i}", {"n": i}) for j in range(rows_per_fact)]))
-    if stream == "receipts":
+    if stream == RECEIPTS.name:
         return lambda i: int(streams.add_receipt(f"!r{i}:synthetic", "m.read", f"@{instance}:synthetic", f"$e{i}"))
     raise click.BadParameter(f"{stream} (writable: {', '.join(WRITABLE_STREAMS)})", param_hint="--stream")
 
