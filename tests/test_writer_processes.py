@@ -40,8 +40,9 @@ def test_a_second_writer_with_the_same_name_refuses_to_start(
     port = _free_port()
     _serve(started, cwd, db, port)
     worker = _tail(started, cwd, port, "--from", "0", "--name", "worker")
-    count = 300
-    first = _write(started, cwd, db, port, "writer1", count, 200)
+    # Long enough (5 s) that the second process surely starts while the first runs.
+    count = 500
+    first = _write(started, cwd, db, port, "writer1", count, 100)
     _wait(lambda: len(worker.lines) >= 20, "the first writer's first facts")
     second = _write(started, cwd, db, port, "writer1", 100, 1000)
     assert second.proc.wait(TIMEOUT) == 3
@@ -61,35 +62,73 @@ def test_a_second_writer_with_the_same_name_refuses_to_start(
     assert third.proc.wait(TIMEOUT) == 0
 
 
+class _Terminator:
+    """A thread that terminates every backend named *app* every 0.3 seconds."""
+
+    def __init__(self, server_dsn: str, app: str) -> None:
+        self.server_dsn, self.app = server_dsn, app
+        self.terminated: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "_Terminator":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        conn = psycopg2.connect(self.server_dsn)
+        conn.autocommit = True
+        try:
+            while not self._stop.wait(0.3):
+                with conn.cursor() as cur:
+                    cur.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                                " WHERE application_name = %s", (self.app,))
+                    self.terminated.append(int(cur.fetchone()[0]))
+        finally:
+            conn.close()
+
+    def assert_struck_often(self) -> None:
+        assert sum(1 for n in self.terminated if n > 0) >= 5, self.terminated
+        assert sum(self.terminated) >= 10, self.terminated
+
+
+@pytest.mark.postgres
+def test_writers_survive_their_backends_terminated_again_and_again(
+        procs: tuple[str, list[Proc]], pg_url: str, pg_server: str) -> None:
+    cwd, started = procs
+    app = f"streamrep-write-{uuid.uuid4().hex[:10]}"
+    db = f"{pg_url}&application_name={app}"
+    port = _free_port()
+    _serve(started, cwd, db, port)
+    worker = _tail(started, cwd, port, "--from", "0", "--name", "worker")
+    count = 300
+    with _Terminator(pg_server, app) as terminator:
+        writers = [_write(started, cwd, db, port, name, count, 120)
+                   for name in ("writer1", "writer2")]
+        for writer in writers:
+            assert writer.proc.wait(TIMEOUT) == 0, _stderr(writer)[-2000:]
+    terminator.assert_struck_often()
+    expected = {name: _tokens_in_db(pg_url, name) for name in ("writer1", "writer2")}
+    assert all(len(tokens) == count for tokens in expected.values()), expected
+    _wait(lambda: len(worker.lines) >= 2 * count, "the worker to catch up")
+    time.sleep(0.2)
+    _assert_exactly_once_in_order(worker.facts(), expected)
+    assert any("connection lost" in _stderr(w) for w in writers)
+
+
 @pytest.mark.postgres
 def test_demo_survives_every_database_backend_terminated_again_and_again(
         tmp_path: Any, pg_url: str, pg_server: str) -> None:
     from test_demo import assert_passed, run_demo
 
     app = f"streamrep-demo-{uuid.uuid4().hex[:10]}"
-    stop = threading.Event()
-    terminated: list[int] = []
-
-    def terminate_every_backend() -> None:
-        conn = psycopg2.connect(pg_server)
-        conn.autocommit = True
-        try:
-            while not stop.wait(0.5):
-                with conn.cursor() as cur:
-                    cur.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                                " WHERE application_name = %s", (app,))
-                    terminated.append(int(cur.fetchone()[0]))
-        finally:
-            conn.close()
-
-    killer = threading.Thread(target=terminate_every_backend, daemon=True)
-    killer.start()
-    try:
+    with _Terminator(pg_server, app) as terminator:
         proc = run_demo(tmp_path, "--db", f"{pg_url}&application_name={app}")
-    finally:
-        stop.set()
-        killer.join(10)
     assert_passed(proc, 2)
     assert "writers writer1, writer2," in proc.stderr
     # Backends of every process were terminated, many times over.
-    assert sum(1 for n in terminated if n > 0) >= 5 and sum(terminated) >= 20, terminated
+    terminator.assert_struck_often()
