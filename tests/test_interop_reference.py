@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Any
 
+import pytest
 import yaml
 
 from streamrep.caches import CacheRegistry, LruCache
@@ -22,6 +23,7 @@ from streamrep.events import EventStore
 from streamrep.events.streams import BACKFILL_STREAM, EVENTS_STREAM, EventsStreamFollower
 from streamrep.streams.builtin import CACHES
 from streamrep.wire import parse_line
+from support.redis_server import shared_redis_url
 from support.reference import check_lines, reference_fields, reference_lines
 
 
@@ -81,18 +83,59 @@ def _capture_hub_lines(workdir: pathlib.Path, demo: subprocess.Popen[str]) -> li
     return [line.decode() for line in bytes(data).split(b"\n") if line.strip()]
 
 
-def test_the_reference_parses_every_line_a_demo_hub_sends(tmp_path: pathlib.Path) -> None:
+def _capture_redis_lines(workdir: pathlib.Path, demo: subprocess.Popen[str],
+                         url: str) -> list[str]:
+    """Every message published on the demo's Redis channels (every command of every
+    process), subscribed before the writers start, until the demo ends."""
+    import redis
+
+    config = workdir / "streamrep.yaml"
+    deadline = time.monotonic() + 60
+    server_name = None
+    while server_name is None:
+        assert demo.poll() is None and time.monotonic() < deadline, "the demo wrote no config"
+        try:
+            server_name = yaml.safe_load(config.read_text())["server_name"]
+        except (OSError, TypeError, KeyError):
+            time.sleep(0.02)
+    client = redis.Redis.from_url(url)
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(server_name, f"{server_name}/USER_IP")
+    lines: list[str] = []
+    try:
+        while True:
+            message = pubsub.get_message(timeout=0.5)
+            if message is not None:
+                lines.append(message["data"].decode())
+            elif demo.poll() is not None:
+                break
+    finally:
+        pubsub.close()
+        client.close()
+    return lines
+
+
+@pytest.mark.parametrize("transport", ["tcp", "redis"])
+def test_the_reference_parses_every_line_a_demo_sends(tmp_path: pathlib.Path,
+                                                       transport: str) -> None:
     check_lines(["PING 1"])  # skips (or fails under STREAMREP_REQUIRE_REFERENCE) first
+    extra = []
+    if transport == "redis":
+        url = shared_redis_url()
+        extra = ["--redis", url]
     workdir = tmp_path / "demo"
     env = dict(os.environ)
     env.pop("STREAMREP_CONFIG", None)
     demo = subprocess.Popen(
         [sys.executable, "-m", "streamrep", "demo", "--duration", "3", "--rate", "150",
          "--rooms", "4", "--workers", "1", "--catch-up-timeout", "60",
-         "--workdir", str(workdir)],
+         "--workdir", str(workdir), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
-        lines = _capture_hub_lines(workdir, demo)
+        if transport == "redis":
+            lines = _capture_redis_lines(workdir, demo, url)
+        else:
+            lines = _capture_hub_lines(workdir, demo)
         output = demo.communicate(timeout=240)[0]
     finally:
         if demo.poll() is None:
@@ -105,7 +148,7 @@ def test_the_reference_parses_every_line_a_demo_hub_sends(tmp_path: pathlib.Path
     # Every stream the demo writes went past the reference's parse_row.
     for stream in ("events", "backfill", "caches", "account_data", "to_device", "receipts"):
         assert report.by_stream.get(stream, 0) > 0, (stream, report.by_stream)
-    assert {line.split(" ", 1)[0] for line in lines} >= {"SERVER", "POSITION", "RDATA"}
+    assert {line.split(" ", 1)[0] for line in lines} >= {"POSITION", "RDATA"}
 
 
 def test_streamrep_accepts_every_row_the_reference_sends(sqlite_url: str) -> None:
