@@ -251,3 +251,22 @@ def test_cli_apply_compression(forest: Forest, tmp_path: Path) -> None:
     assert db_forest(url).brute_force() == forest.brute_force()
     missing = runner.invoke(main, ["state", "apply-compression", "--db", url, "--changes", str(tmp_path)])
     assert missing.exit_code == 2 and "no changes/" in missing.output
+
+
+def test_undo_puts_the_tables_back(forest: Forest, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/state.db"
+    load_database(url, forest)
+    out = str(tmp_path / "out")
+    compress_db(url, out, find_unreferenced=True)
+    done = apply_compression(url, out, batch_groups=100)
+    assert done.deleted > 0 and done.rewritten > 0
+    result = CliRunner().invoke(main, ["state", "apply-compression", "--db", url, "--changes", out,
+                                       "--undo", "--batch-groups", "100"])
+    assert result.exit_code == 0, result.output
+    assert f"restored {done.deleted} (0 already)" in result.output
+    back = db_forest(url)
+    assert sorted(back.groups) == sorted(forest.groups)
+    assert sorted(back.edges) == sorted(forest.edges)
+    assert sorted(back.state) == sorted(forest.state)
+    again = apply_compression(url, out, undo=True)
+    assert again.already_restored == done.deleted and again.already_rewritten == done.rewritten

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from streamrep.errors import StreamrepError
+from streamrep.cli.exits import ExitCode
 
 
 @click.group("state")
@@ -26,14 +26,9 @@ def export(db_url: str, out_dir: str, overwrite: bool) -> None:
     """
     from streamrep.spark.export import export_tables
 
-    import sqlite3
-
-    import psycopg2
-
-    try:
-        report = export_tables(db_url, out_dir, overwrite=overwrite)
-    except (StreamrepError, OSError, sqlite3.Error, psycopg2.Error) as exc:
-        raise click.ClickException(str(exc).strip()) from None
+    # Unreachable databases, bad paths and a missing pyarrow are reported by
+    # streamrep.cli.exits.
+    report = export_tables(db_url, out_dir, overwrite=overwrite)
     for table, (rows, seconds) in report.items():
         click.echo(f"{table}: {rows} rows in {seconds:.2f}s")
 
@@ -47,7 +42,11 @@ def export(db_url: str, out_dir: str, overwrite: bool) -> None:
               help="Groups per transaction.")
 @click.option("--no-verify", is_flag=True,
               help="Do not walk each rewritten group's chain before committing.")
-def apply_compression(db_url: str, changes_dir: str, batch_groups: int, no_verify: bool) -> None:
+@click.option("--undo", is_flag=True,
+              help="Apply the change set backwards: old prev groups and rows back, deleted groups "
+                   "restored.")
+def apply_compression(db_url: str, changes_dir: str, batch_groups: int, no_verify: bool,
+                      undo: bool) -> None:
     """Write a compression change set to the database, one unit at a time in
     short transactions; groups changed since the compress run are skipped.
 
@@ -62,15 +61,15 @@ def apply_compression(db_url: str, changes_dir: str, batch_groups: int, no_verif
 
     try:
         report = apply(db_url, changes_dir, batch_groups=batch_groups, verify=not no_verify,
-                       after_transaction=None)
+                       after_transaction=None, undo=undo)
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        sys.exit(ExitCode.USAGE)
     except StateVerificationError as exc:
         click.echo(f"error: {exc}", err=True)
-        sys.exit(4)
+        sys.exit(ExitCode.STATE_MISMATCH)
     except (psycopg2.Error, sqlite3.Error) as exc:
         click.echo(f"error: the database refused the change set ({str(exc).strip().splitlines()[0]}); "
                    "check the URL and that the state tables exist, then run again", err=True)
-        sys.exit(5)
+        sys.exit(ExitCode.DATABASE_STATE)
     click.echo(report.summary())

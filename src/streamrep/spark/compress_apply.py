@@ -59,6 +59,8 @@ class ApplyReport:
     already_rewritten: int = 0
     deleted: int = 0
     already_deleted: int = 0
+    restored: int = 0
+    already_restored: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
     verified: int = 0
     transactions: int = 0
@@ -73,7 +75,10 @@ class ApplyReport:
         return (
             f"state_groups_state {self.rows_before} -> {self.rows_after} rows; rewrote "
             f"{self.rewritten} groups ({self.already_rewritten} already), deleted {self.deleted} "
-            f"({self.already_deleted} already), skipped {skipped}"
+            f"({self.already_deleted} already), "
+            + (f"restored {self.restored} ({self.already_restored} already), "
+               if self.restored or self.already_restored else "")
+            + f"skipped {skipped}"
             + (f" ({reasons})" if reasons else "")
             + f"; verified {self.verified} groups in {self.transactions} transactions, "
             f"{self.seconds:.2f}s"
@@ -85,12 +90,13 @@ class Change:
     """One group of the change set."""
 
     group: int
-    action: str  # "rewrite" or "delete"
+    action: str  # "rewrite", "delete", or "restore" (undoing a deletion)
     room_id: str
     old_prev: int | None
     new_prev: int | None
     children: int
     digest: str | None
+    group_event_id: str | None = None
     old_rows: Rows = field(default_factory=Counter)
     new_rows: Rows = field(default_factory=Counter)
 
@@ -110,7 +116,8 @@ def read_change_set(directory: str) -> dict[int, list[Change]]:
     columns = {name: changes.column(name).to_pylist() for name in changes.column_names}
     for i, group in enumerate(columns["state_group"]):
         change = Change(group, columns["action"][i], columns["room_id"][i], columns["old_prev"][i],
-                        columns["new_prev"][i], columns["children"][i], columns["state_digest"][i])
+                        columns["new_prev"][i], columns["children"][i], columns["state_digest"][i],
+                        columns["group_event_id"][i])
         by_group[group] = change
         units[columns["unit"][i]].append(change)
     for group, op, t, s, e in zip(*(rows.column(c).to_pylist()
@@ -248,18 +255,32 @@ def _leaves_first(deletes: list[Change]) -> list[Change]:
     return sorted(deletes, key=lambda c: -depth[c.group])
 
 
+def _undone(change: Change) -> Change:
+    """The change that puts *change*'s group back as it was read."""
+    if change.action == "delete":
+        return Change(change.group, "restore", change.room_id, None, change.old_prev, 0, None,
+                      change.group_event_id, Counter(), change.old_rows)
+    return Change(change.group, "rewrite", change.room_id, change.new_prev, change.old_prev,
+                  change.children, change.digest, change.group_event_id, change.new_rows, change.old_rows)
+
+
 def apply_compression(
     db_url: str, changes_dir: str, batch_groups: int = DEFAULT_BATCH_GROUPS, verify: bool = True,
-    after_transaction: Callable[[int], None] | None = None,
+    after_transaction: Callable[[int], None] | None = None, undo: bool = False,
 ) -> ApplyReport:
     """Apply the change set in *changes_dir* to the database at *db_url*.
 
     Returns what was done; raises StateVerificationError (after rolling back
     the transaction) when a rewritten group's walked state differs from the
     state the job verified. *after_transaction* is called with the number of
-    committed transactions after each commit (progress reporting).
+    committed transactions after each commit (progress reporting). With
+    *undo*, the change set is applied backwards: rewritten groups get their
+    old prev and rows back and deleted groups are restored, with the same
+    checks, transactions and verification.
     """
     units = read_change_set(changes_dir)
+    if undo:
+        units = {unit: [_undone(c) for c in changes] for unit, changes in units.items()}
     digest_state = _impl.load("state").digest_state
     clock = time.perf_counter()
     store = _Store(db_url)
@@ -270,12 +291,21 @@ def apply_compression(
             changes = units[unit]
             rewrites = [c for c in changes if c.action == "rewrite"]
             deletes = _leaves_first([c for c in changes if c.action == "delete"])
+            # Restored groups come back prev first, before the groups that
+            # had them as prev are rewritten back.
+            restores = _leaves_first([Change(c.group, c.action, c.room_id, c.new_prev, None, 0, None)
+                                      for c in changes if c.action == "restore"])[::-1]
+            by_group = {c.group: c for c in changes}
+            restores = [by_group[c.group] for c in restores]
             # Expected children: a group keeps its unchanged children; the
             # change set says which changed groups point at it before and after.
-            listed = {c.group for c in rewrites} | {c.group for c in deletes}
+            listed = {c.group for c in changes}
             old_listed_children: Counter[int] = Counter(c.old_prev for c in changes if c.old_prev is not None)
-            unlisted_children = {c.group: c.children - old_listed_children[c.group] for c in changes}
-            for batch in list(_chunks(rewrites, batch_groups)) + list(_chunks(deletes, batch_groups)):
+            unlisted_children: dict[int, int] | None = None
+            if not undo:
+                unlisted_children = {c.group: c.children - old_listed_children[c.group] for c in changes}
+            order = _chunks(restores, batch_groups), _chunks(rewrites, batch_groups), _chunks(deletes, batch_groups)
+            for batch in [b for chunks in order for b in chunks]:
                 _apply_batch(store, batch, listed, unlisted_children, report, verify, digest_state)
                 report.transactions += 1
                 if after_transaction is not None:
@@ -287,7 +317,7 @@ def apply_compression(
     return report
 
 
-def _apply_batch(store: _Store, batch: list[Change], listed: set[int], unlisted_children: dict[int, int],
+def _apply_batch(store: _Store, batch: list[Change], listed: set[int], unlisted_children: dict[int, int] | None,
                  report: ApplyReport, verify: bool, digest_state: Callable[[Any], str]) -> None:
     groups = [c.group for c in batch]
     store.begin()
@@ -317,13 +347,25 @@ def _apply_batch(store: _Store, batch: list[Change], listed: set[int], unlisted_
 
         def new_children(c: Change) -> bool:
             # Children not managed by the change set beyond those it had.
+            if unlisted_children is None:
+                return False
             unmanaged = [x for x in children.get(c.group, []) if x not in listed]
             return len(unmanaged) > unlisted_children.get(c.group, 0)
 
         to_rewrite: list[Change] = []
         to_delete: list[Change] = []
+        to_restore: list[Change] = []
+        coming_back: set[int] = set()
         for c in batch:
-            if c.action == "rewrite":
+            if c.action == "restore":
+                if c.group in exists:
+                    report.already_restored += 1
+                elif c.new_prev is not None and c.new_prev not in exists | coming_back:
+                    report.skip("prev group no longer exists")
+                else:
+                    to_restore.append(c)
+                    coming_back.add(c.group)
+            elif c.action == "rewrite":
                 if c.group not in exists:
                     report.skip("group no longer exists")
                 elif c.new_prev is not None and c.new_prev not in exists:
@@ -364,10 +406,12 @@ def _apply_batch(store: _Store, batch: list[Change], listed: set[int], unlisted_
             store.delete("DELETE FROM state_group_edges WHERE state_group = {groups}", touched)
         if to_delete:
             store.delete("DELETE FROM state_groups WHERE id = {groups}", [c.group for c in to_delete])
+        store.insert("state_groups", "id, room_id, event_id",
+                     [(c.group, c.room_id, c.group_event_id) for c in to_restore])
         store.insert("state_group_edges", "state_group, prev_state_group",
-                     [(c.group, c.new_prev) for c in to_rewrite if c.new_prev is not None])
+                     [(c.group, c.new_prev) for c in to_rewrite + to_restore if c.new_prev is not None])
         store.insert("state_groups_state", "state_group, room_id, type, state_key, event_id",
-                     [(c.group, c.room_id, t, s, e) for c in to_rewrite
+                     [(c.group, c.room_id, t, s, e) for c in to_rewrite + to_restore
                       for (t, s, e), n in c.new_rows.items() for _ in range(n)])
         if verify and to_rewrite:
             states = _full_states(store, [c.group for c in to_rewrite])
@@ -384,3 +428,4 @@ def _apply_batch(store: _Store, batch: list[Change], listed: set[int], unlisted_
         raise
     report.rewritten += len(to_rewrite)
     report.deleted += len(to_delete)
+    report.restored += len(to_restore)
