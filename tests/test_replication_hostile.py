@@ -20,6 +20,7 @@ import pytest
 
 from streamrep.replication import ConnectionSettings, MemorySource, ReplicationClient, ReplicationHub
 from streamrep.replication.backoff import Backoff
+from streamrep.wire import parse_line
 from support.replication import LineClient, wait_until
 
 SETTINGS = ConnectionSettings(ping_interval=0.2, ping_timeout=1.0, handshake_timeout=1.0,
@@ -144,17 +145,22 @@ def test_the_hub_cannot_be_impersonated(deployment: Deployment) -> None:
     deployment.every_fact_once()
 
 
-def test_a_poisoned_position_is_refused(deployment: Deployment) -> None:
+def test_a_poisoned_position_silences_nobody(deployment: Deployment) -> None:
     deployment.write(3)
-    # Even writer1's own connection may not move past what its stream table holds.
+    # Even writer1's own connection cannot move past what its stream table holds:
+    # a position beyond it stops there, a row beyond it is refused.
     assert deployment.writer.send(_position(105, 9 * 10**18))
+    deployment.write(2)
+    deployment.every_fact_once()
+    assert deployment.hub.positions[("caches", "writer1")] == deployment.token
+    deployment.answers_a_new_worker_within_a_second()
+    assert deployment.writer.send(parse_line(f'RDATA caches writer1 {9 * 10**18} ["x",null,1]'))
     wait_until(lambda: deployment.hub.metrics.disconnects["refused"] == 1)
     # The writer reconnects, announces its real position, and goes on.
     wait_until(lambda: deployment.writer.connected, timeout=5)
     deployment.write(3)
     deployment.every_fact_once()
     assert deployment.hub.positions[("caches", "writer1")] == deployment.token
-    deployment.answers_a_new_worker_within_a_second()
 
 
 def _position(prev: int, new: int) -> Any:
@@ -348,3 +354,28 @@ def test_sigterm_stops_a_hub_under_attack_within_seconds(tmp_path: Any) -> None:
             hub.kill()
             hub.wait()
         hub.stderr.close()  # type: ignore[union-attr]
+
+
+def test_a_relayed_row_must_fit_its_streams_row_format() -> None:
+    from streamrep.streams import BUILTIN_STREAMS, StreamSet
+
+    # A hub without a database: it relays, and checks what it relays.
+    hub = ReplicationHub("hub.example", None, port=0, settings=SETTINGS,
+                         row_check=StreamSet(BUILTIN_STREAMS).check_rows)
+    hub.start()
+    peers = [LineClient(hub.address) for _ in range(3)]
+    worker, writer, other = peers
+    try:
+        worker.send("NAME worker\nREPLICATE\n")
+        wait_until(lambda: any(c.live_all for c in hub.connections))
+        writer.send('NAME w1\nRDATA to_device w1 1 ["@a:x"]\n')
+        assert worker.skip_pings() == 'RDATA to_device w1 1 ["@a:x"]'
+        writer.send('RDATA to_device w1 2 ["@a:x","D1"]\nRDATA to_device w1 3 ["@b:x"]\n')
+        _refused(writer, "RDATA to_device w1: to_device row has 2 fields, expected 1 (entity)")
+        other.send('NAME w2\nRDATA caches w2 1 ["get_user_by_id",["@a:x"],1]\nRDATA nosuch w2 1 [1]\n')
+        _refused(other, "RDATA nosuch w2: unknown stream 'nosuch'")
+        assert worker.skip_pings() == 'RDATA caches w2 1 ["get_user_by_id",["@a:x"],1]'
+    finally:
+        for peer in peers:
+            peer.close()
+        hub.stop()

@@ -89,7 +89,7 @@ def _hub(**kwargs: Any) -> HubState:
 
 
 def test_hub_relays_a_writers_fact_once_and_answers_replicate() -> None:
-    hub = _hub(stream_writers={"caches": ["w1"]}, stored_position=lambda s, i: 10)
+    hub = _hub(stream_writers={"caches": ["w1"]}, stored_token=lambda s, i: 10)
     hub.load_positions([("caches", "w1", 3)])
     worker = hub.new_peer("worker", now=0.0)
     writer = hub.new_peer("writer", now=0.0)
@@ -101,19 +101,23 @@ def test_hub_relays_a_writers_fact_once_and_answers_replicate() -> None:
 
 
 def test_hub_refuses_who_may_not_say_what() -> None:
-    hub = _hub(stream_writers={"caches": ["w1"]}, stored_position=lambda s, i: 10)
+    hub = _hub(stream_writers={"caches": ["w1"]}, stored_token=lambda s, i: 10)
     cases = {
         'RDATA caches w1 1 ["x"]\n': "send NAME before writing caches",
         'NAME evil\nRDATA caches w1 101 ["x"]\n': "evil cannot write as w1",
         'NAME main\n': "NAME main is this hub's own instance",
         'NAME evil\nPOSITION caches evil 0 1\n': "evil is not a configured writer of caches",
-        'NAME w1\nPOSITION caches w1 105 9000000000000000000\n':
-            "caches/w1 token 9000000000000000000 is past what the database holds (10)",
+        'NAME w1\nRDATA caches w1 11 ["x"]\n': "caches/w1 token 11 is past what the database holds (10)",
     }
     for text, why in cases.items():
         peer = hub.new_peer("p", now=0.0)
         assert peer.receive(lines(text), now=0.0)[-1] == Close("refused", why), text
         hub.peer_lost(peer)
+    # A position past what the database holds moves the writer no further than it.
+    poisoner = hub.new_peer("p", now=0.0)
+    assert poisoner.receive(lines("NAME w1\nPOSITION caches w1 105 9000000000000000000\n"), now=0.0) == [
+        FillGap("caches", "w1", 0, 10, then_token=10)]
+    hub.peer_lost(poisoner)
     first = hub.new_peer("a", now=0.0)
     assert sent(first.receive(lines("NAME w1\nPOSITION caches w1 0 0\n"), now=0.0)) == b""
     second = hub.new_peer("b", now=0.0)

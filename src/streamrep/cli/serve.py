@@ -80,6 +80,8 @@ def serve(ctx: click.Context, config_path: str | None, db: str, listen: str, ser
         metrics_listen=(metrics_address.host, metrics_address.port) if metrics_address else None,
         # With a deployment file, peers may write only the streams it gives them.
         stream_writers=config.stream_writers if config_path else None,
+        # Relayed rows must fit their stream's row format, checked in place.
+        row_check=streams.definitions.check_rows,
     )
     streams.add_listener(hub_listener(hub))
     hub.start()

@@ -664,9 +664,16 @@ class HubState:
       ``NAME``. None lets any named peer write any stream (embedding, tests).
     * *own_instances*: writer instances of the hub's own process; no peer may
       speak for them.
-    * *stored_position*: ``(stream, instance) -> token`` read from the database;
-      a peer's token past it is refused. It is consulted only when a token passes
-      what was last verified, so at most once per read of a busy writer.
+    * *stored_token*: ``(stream, instance) -> token``, the largest token of the
+      writer's rows in the database (writers commit before they announce). An
+      ``RDATA`` past it is refused; a ``POSITION`` past it (facts rolled back, or
+      a poisoned position) moves the writer no further than it, so nobody can be
+      silenced. It is read only when a token passes what was last read, so at
+      most once per read of a busy writer.
+    * *row_check*: ``(stream, rdata_commands) -> problem or None``, the stream's
+      row format (:meth:`streamrep.streams.StreamSet.check_rows`); a relayed row
+      that does not fit closes its peer with ``ERROR``. Without one, rows are
+      only checked to be JSON.
     """
 
     def __init__(
@@ -677,9 +684,11 @@ class HubState:
         readable: Callable[[str], bool] | Collection[str] = (),
         stream_writers: Mapping[str, Collection[str]] | None = None,
         own_instances: Collection[str] = ("main",),
-        stored_position: Callable[[str, str], int] | None = None,
+        stored_token: Callable[[str, str], int] | None = None,
+        row_check: Callable[[str, Sequence[Any]], str | None] | None = None,
     ) -> None:
         self.server_name = server_name
+        self.row_check = row_check
         self.settings = settings
         if callable(readable):
             self._readable = readable
@@ -690,7 +699,7 @@ class HubState:
         self.stream_writers = ({s: frozenset(ws) for s, ws in stream_writers.items()}
                                if stream_writers is not None else None)
         self.own_instances = frozenset(own_instances)
-        self.stored_position = stored_position
+        self.stored_token = stored_token
         self.positions: dict[tuple[str, str], int] = {}
         self.known_streams: dict[str, None] = dict.fromkeys(sorted(listed))
         self.syncing_users: dict[str, set[str]] = {}
@@ -762,18 +771,17 @@ class HubState:
             return f"{instance} is not a configured writer of {stream}"
         return None
 
-    def token_problem(self, stream: str, instance: str, token: int) -> str | None:
-        """Why *token* of a peer cannot be right (past what the database holds), or None."""
-        if self.stored_position is None or not self._readable(stream):
+    def token_limit(self, stream: str, instance: str, token: int) -> int | None:
+        """None when *token* of a writer peer is within what the database holds,
+        else the largest token it holds."""
+        if self.stored_token is None or not self._readable(stream):
             return None
         key = (stream, instance)
         if token <= self._verified.get(key, -1):
             return None
-        stored = self.stored_position(stream, instance)
+        stored = self.stored_token(stream, instance)
         self._verified[key] = stored
-        if token > stored:
-            return f"{stream}/{instance} token {token} is past what the database holds ({stored})"
-        return None
+        return stored if token > stored else None
 
     # --- streams -----------------------------------------------------------------------------
 
@@ -896,7 +904,7 @@ class HubPeer(Session):
     A peer must send a valid ``NAME`` within ``handshake_timeout``; a writer's
     ``NAME`` claims its instance (one live connection each). ``RDATA`` of one
     writer is gathered per fact and published once per read as the writer's exact
-    lines; a row that is not JSON, a ``batch`` run longer than
+    lines; a row that does not fit its stream (or is not JSON), a ``batch`` run longer than
     ``max_pending_rows``, or a stream the peer may not write closes it with ``ERROR``.
     """
 
@@ -917,8 +925,6 @@ class HubPeer(Session):
         self.catching_up: set[str] = set()
         #: instance IDs this connection reported syncing users for
         self.sync_instances: set[str] = set()
-        #: whether a row check per stream applies before relaying (see :meth:`set_row_check`)
-        self._row_check: Callable[[str, list[Any]], None] | None = None
         self._batches: dict[tuple[str, str], list[Any]] = {}
         self._pending_rows = 0
         self._claimed = False
@@ -928,11 +934,6 @@ class HubPeer(Session):
         """``SERVER <name>`` and ``PING``."""
         return [Send(C.encode_one(C.server(self.hub.server_name)), 1, "SERVER"),
                 Send(C.encode_one(C.ping()), 1, "PING")]
-
-    def set_row_check(self, check: Callable[[str, list[Any]], None] | None) -> None:
-        """``check(stream, rdata_commands)`` raising :class:`MalformedCommandError`
-        for rows that do not fit their stream, run on every relayed fact."""
-        self._row_check = check
 
     def wants(self, stream: str) -> bool:
         """Whether live rows of *stream* go to this peer now."""
@@ -990,12 +991,17 @@ class HubPeer(Session):
         if not self._may_write(stream, instance, out):
             return
         hub = self.hub
-        try:
-            C.validate_rows(commands)
-        except MalformedCommandError:
-            raise MalformedCommandError(f"RDATA {stream} {instance}: row is not valid JSON") from None
-        if self._row_check is not None:
-            self._row_check(stream, commands)
+        row_check = hub.row_check
+        if row_check is not None:
+            # The stream's row format (JSON validity included), checked in place.
+            problem = row_check(stream, commands)
+            if problem is not None:
+                raise MalformedCommandError(f"RDATA {stream} {instance}: {problem}")
+        else:
+            try:
+                C.validate_rows(commands)
+            except MalformedCommandError:
+                raise MalformedCommandError(f"RDATA {stream} {instance}: row is not valid JSON") from None
         key = (stream, instance)
         if token is None:
             self._pending_rows += len(commands)
@@ -1014,9 +1020,9 @@ class HubPeer(Session):
         pos = hub.positions.get(key)
         if pos is not None and token <= pos:
             return  # already published (the hub filled it from the database)
-        problem = hub.token_problem(stream, instance, token)
-        if problem is not None:
-            self._refused(out, problem)
+        limit = hub.token_limit(stream, instance, token)
+        if limit is not None:
+            self._refused(out, f"{stream}/{instance} token {token} is past what the database holds ({limit})")
             return
         hub.positions[key] = token
         hub.known_streams.setdefault(stream, None)
@@ -1102,14 +1108,15 @@ class HubPeer(Session):
         if not self._may_write(stream, instance, out):
             return
         hub = self.hub
-        problem = hub.token_problem(stream, instance, command.new_token)
-        if problem is not None:
-            self._refused(out, problem)
-            return
+        prev_token, new_token = command.prev_token, command.new_token
+        limit = hub.token_limit(stream, instance, new_token)
+        if limit is not None:
+            new_token = limit
+            prev_token = min(prev_token, limit)
         waiting = self._batches.pop((stream, instance), None)
         if waiting:
             self._pending_rows -= len(waiting)
-        out.extend(hub.writer_position(stream, instance, command.prev_token, command.new_token))
+        out.extend(hub.writer_position(stream, instance, prev_token, new_token))
 
     def on_USER_SYNC(self, command: Any, out: list[Action]) -> None:
         self.sync_instances.add(command.instance_id)

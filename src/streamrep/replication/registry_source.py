@@ -83,6 +83,13 @@ class RegistrySource:
         with self.db.transaction(f"{stream}:replication_position", read_only=True) as txn:
             return max_stored_token(txn, definition.tables, definition.negative, instance)
 
+    def stored_token(self, stream: str, instance: str) -> int:
+        definition = self.streams.definition(stream)
+        if definition.in_memory:
+            return int(self.streams.current_token(stream, instance))
+        with self.db.transaction(f"{stream}:replication_stored", read_only=True) as txn:
+            return max_stored_token(txn, definition.tables, definition.negative, instance)
+
     def updates(
         self, stream: str, instance: str, from_token: int, upto_token: int, limit: int
     ) -> tuple[list[tuple[int, bytes]], bool]:

@@ -35,6 +35,11 @@ class StreamSource(Protocol):
         """The writer's persisted position: every fact up to it is readable."""
         ...
 
+    def stored_token(self, stream: str, instance: str) -> int:
+        """The largest token of any row *instance* stored in *stream* (0 if none):
+        no fact of that writer can be past it."""
+        ...
+
     def updates(
         self, stream: str, instance: str, from_token: int, upto_token: int, limit: int
     ) -> tuple[list[tuple[int, bytes]], bool]:
@@ -85,6 +90,10 @@ class MemorySource:
 
     def current_token(self, stream: str, instance: str) -> int:
         return self._positions.get((stream, instance), 0)
+
+    def stored_token(self, stream: str, instance: str) -> int:
+        tokens = self._tokens.get((stream, instance))
+        return tokens[-1] if tokens else 0
 
     def updates(
         self, stream: str, instance: str, from_token: int, upto_token: int, limit: int

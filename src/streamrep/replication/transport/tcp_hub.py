@@ -29,7 +29,7 @@ from __future__ import annotations
 import errno
 import logging
 import socket
-from typing import Any, Collection, Mapping
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 import gevent
 import gevent.event
@@ -107,7 +107,8 @@ class ReplicationHub:
     advances; without one the hub only relays. *instance_name* is this process's
     name as a writer (no peer may write as it). *stream_writers* (stream ->
     instances) says which peer may write which stream; None lets any named peer
-    write streams under its own name.
+    write streams under its own name. *row_check* ``(stream, rdata_commands) ->
+    problem or None`` checks relayed rows against their stream's row format.
     """
 
     def __init__(
@@ -121,6 +122,7 @@ class ReplicationHub:
         settings: ConnectionSettings | None = None,
         metrics_listen: tuple[str, int] | None = None,
         stream_writers: Mapping[str, Collection[str]] | None = None,
+        row_check: Callable[[str, Sequence[Any]], str | None] | None = None,
     ) -> None:
         self.server_name = server_name
         self.source = source
@@ -131,7 +133,8 @@ class ReplicationHub:
             readable=(lambda stream: stream in source.stream_names()) if source is not None else (),
             stream_writers=stream_writers,
             own_instances=(instance_name,),
-            stored_position=source.current_token if source is not None else None,
+            stored_token=source.stored_token if source is not None else None,
+            row_check=row_check,
         )
         self.connections: list[HubConnection] = []
         self.metrics = ReplicationMetrics(
