@@ -37,7 +37,7 @@ from gevent import Greenlet
 
 from streamrep.errors import ProtocolError, StreamrepError
 from streamrep.replication import commands as C
-from streamrep.replication.client import Backoff
+from streamrep.replication.backoff import Backoff
 from streamrep.replication.follower import Handler, StreamFollower
 from streamrep.replication.source import StreamSource
 from streamrep.replication.transport.redis_format import EchoFilter, channel_for, channels
@@ -77,7 +77,7 @@ def describe_url(url: str) -> str:
 class RedisReplication:
     """One process's replication link through Redis.
 
-    The same surface as :class:`~streamrep.replication.client.ReplicationClient`,
+    The same surface as :class:`~streamrep.replication.transport.tcp_client.ReplicationClient`,
     so a process picks its transport in one place:
 
     * *url*: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://...`` (TLS),
