@@ -15,12 +15,14 @@ database), and, when it follows streams, asks to replicate:
 Either way the handler sees each fact once, in token order per writer, across
 reconnects and hub restarts (see :class:`~streamrep.replication.follower.StreamFollower`).
 
-A TLS or authentication layer hooks in at :meth:`ReplicationClient.wrap_socket`
-and :meth:`ReplicationClient.before_name` (run before the session's ``NAME``).
+With *security* the connection is TLS (:meth:`ReplicationClient.wrap_socket`)
+and, with a shared secret, passes the handshake of
+:mod:`streamrep.replication.auth` before the session's greeting goes out.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -45,6 +47,8 @@ from streamrep.replication.protocol import (
     Received,
     Send,
 )
+from streamrep.replication.auth import PeerGate
+from streamrep.replication.security import PeerSecurity
 from streamrep.replication.source import StreamSource
 from streamrep.replication.transport.tcp_connection import TcpConnection
 
@@ -81,6 +85,9 @@ class ReplicationClient:
     * *writer_positions*: ``() -> [(stream, instance, token)]`` for a process that
       writes streams: its persisted positions, announced on every connection.
     * *on_command*: called with relayed commands (``USER_SYNC``, ``USER_IP``, ...).
+    * *security*: TLS towards the hub and the shared secret
+      (:class:`~streamrep.replication.security.PeerSecurity`); default plain TCP.
+      With a secret, nothing is sent before the hub has proved it holds it too.
     """
 
     def __init__(
@@ -99,8 +106,10 @@ class ReplicationClient:
         settings: ConnectionSettings | None = None,
         backoff: Backoff | None = None,
         connect_timeout: float = 5.0,
+        security: PeerSecurity | None = None,
     ) -> None:
         self.host, self.port = host, port
+        self.security = security if security is not None else PeerSecurity()
         self.client_name = client_name
         self.server_name = server_name
         self.source = source
@@ -155,8 +164,15 @@ class ReplicationClient:
     # --- hooks for a security layer ----------------------------------------------------------
 
     def wrap_socket(self, sock: socket.socket) -> socket.socket:
-        """The socket the connection will use (a TLS layer returns the wrapped one)."""
-        return sock
+        """The socket the connection will use: TLS-wrapped when *security* says so,
+        the hub's certificate checked (a failed check raises :class:`OSError`)."""
+        context = self.security.ssl_context
+        if context is None:
+            return sock
+        from streamrep.replication.tls import connect_tls
+
+        return connect_tls(context, sock, self.security.server_hostname or self.host,
+                           self.connect_timeout)
 
     def before_name(self, sock: socket.socket) -> bool:
         """A handshake before ``NAME`` (a shared-secret challenge, say); False
@@ -185,13 +201,20 @@ class ReplicationClient:
             conn = ClientConnection(self, sock, f"{self.host}:{self.port}", session)
             self.connection = conn
             self.metrics.connected()
-            positions = list(self.writer_positions()) if self.writer_positions is not None else []
-            conn.run(self._greeted(conn, session.greeting(positions)))
+            greeting = functools.partial(self._greeting, conn, session)
+            gate = PeerGate(self.client_name, self.security.secret, self.server_name, greeting)
+            conn.gate = gate
+            # With a secret the greeting waits for the hub's proof (the gate sends it).
+            conn.run(greeting() if gate.ready else [])
             if self._stopping:
                 break
             delay = self.backoff.next_delay()
             logger.info("lost hub %s:%s (%s); reconnecting in %.2fs", self.host, self.port, conn.close_reason, delay)
             gevent.sleep(delay)
+
+    def _greeting(self, conn: ClientConnection, session: ClientSession) -> list[Action]:
+        positions = list(self.writer_positions()) if self.writer_positions is not None else []
+        return self._greeted(conn, session.greeting(positions))
 
     def _greeted(self, conn: ClientConnection, greeting: list[Action]) -> list[Action]:
         conn.established = True
@@ -205,9 +228,9 @@ class ReplicationClient:
             self._up.clear()
         if self.follower is not None:
             self.follower.connection_lost()
-        # A connection that got as far as the server's greeting resets the backoff;
-        # one that keeps failing early keeps backing off.
-        if conn.server_name is not None and reason != DisconnectReason.WRONG_SERVER:
+        # A connection that got as far as the server's greeting (and past the
+        # handshake) resets the backoff; one that keeps failing early keeps backing off.
+        if conn.server_name is not None and conn.established and reason != DisconnectReason.WRONG_SERVER:
             self.backoff.reset()
 
     # --- carrying out the protocol's actions ----------------------------------------------------

@@ -5,7 +5,9 @@ Three greenlets per connection: the read loop (decode, hand the commands to the
 session, pass its actions to the owner), the writer (one ``sendall`` of
 everything queued at a time, from a bounded :class:`OutboundQueue`) and the
 keepalive timer (the session's :meth:`~streamrep.replication.protocol.Session.tick`).
-A TLS or authentication layer wraps the socket before it gets here.
+A TLS layer wraps the socket before it gets here; an authentication gate
+(:attr:`TcpConnection.gate`) sees every read before the session until it has
+nothing left to check.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import gevent
 import gevent.event
 from gevent import Greenlet
+from gevent import socket as gsocket
 
 from streamrep import resources
 from streamrep.errors import ProtocolError
@@ -34,6 +37,24 @@ logger = logging.getLogger(__name__)
 
 #: ``perform(connection, actions)``: the owner carries out a session's actions.
 Perform = Callable[["TcpConnection", list[Action]], None]
+
+
+def _half_close(sock: socket.socket) -> None:
+    """Send FIN and keep reading. A TLS socket's own ``shutdown`` drops its TLS
+    state, after which nothing more could be read (or drained) from it; the
+    plain socket's keeps it, and the peer reads the FIN as the end of the stream."""
+    if hasattr(sock, "getpeercert") and isinstance(sock, gsocket.socket):
+        gsocket.socket.shutdown(sock, socket.SHUT_WR)
+    else:
+        sock.shutdown(socket.SHUT_WR)
+
+
+class Gate(Protocol):
+    """What the read loop needs of an authentication gate (see :mod:`streamrep.replication.auth`)."""
+
+    passthrough: bool
+
+    def receive(self, commands: list[Any]) -> tuple[list[Action], list[Any]]: ...
 
 #: How long a closing connection may spend flushing its last lines.
 _CLOSE_FLUSH_SECONDS = 1.0
@@ -76,6 +97,9 @@ class TcpConnection:
         self._perform = perform if perform is not None else TcpConnection.perform_basic
         self._on_lost = on_lost
         self._in_flight = False
+        #: An authentication gate (:mod:`streamrep.replication.auth`) every read goes
+        #: through first, until it says ``passthrough``; None: none.
+        self.gate: Gate | None = None
         self._closer: Greenlet | None = None
         self._drained = gevent.event.Event()
         self._greenlets: list[Greenlet] = []
@@ -154,7 +178,7 @@ class TcpConnection:
                 writer.kill(block=False)
         # Half-close, then let the read loop drain until the peer closes its side.
         try:
-            self.sock.shutdown(socket.SHUT_WR)
+            _half_close(self.sock)
         except OSError:
             self._drained.set()
         self._drained.wait(_CLOSE_DRAIN_SECONDS)
@@ -209,7 +233,7 @@ class TcpConnection:
         while True:
             try:
                 data = recv(_READ_SIZE)
-            except OSError as exc:
+            except (OSError, ValueError) as exc:  # ValueError: a TLS socket closed under us
                 if not self.closed:
                     self.close(DisconnectReason.SOCKET_ERROR)
                 logger.debug("read from %s failed: %s", self.name, exc)
@@ -225,11 +249,17 @@ class TcpConnection:
             except ProtocolError as exc:
                 if metrics is not None:
                     metrics.received_commands(exc.commands)
-                actions = session.receive_failed(exc, monotonic())
+                if self.gate is not None and not self.gate.passthrough:
+                    actions = self._through_gate(self.gate, list(exc.commands), exc)
+                else:
+                    actions = session.receive_failed(exc, monotonic())
             else:
                 if metrics is not None:
                     metrics.received_commands(commands)
-                actions = session.receive(commands, monotonic())
+                if self.gate is not None and not self.gate.passthrough:
+                    actions = self._through_gate(self.gate, commands)
+                else:
+                    actions = session.receive(commands, monotonic())
             if actions:
                 try:
                     perform(self, actions)
@@ -238,6 +268,18 @@ class TcpConnection:
                     # reconnects) rather than leave it half-processed.
                     logger.exception("handling commands from %s failed", self.name)
                     self.close(DisconnectReason.LOCAL_CLOSE, "internal error")
+
+    def _through_gate(self, gate: Gate, commands: list[Any],
+                      error: ProtocolError | None = None) -> list[Action]:
+        """The gate's actions, then the session's for what the gate let through."""
+        first, passed = gate.receive(commands)
+        if any(type(action) is Close for action in first):
+            return first
+        now = time.monotonic()
+        if error is not None:
+            error.commands = passed  # only what the gate let through reaches the session
+            return first + self.session.receive_failed(error, now)
+        return first + self.session.receive(passed, now)
 
     # --- writing -----------------------------------------------------------------------------
 

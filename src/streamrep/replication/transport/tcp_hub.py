@@ -18,10 +18,13 @@ Connections beyond ``max_connections`` (or ``max_connections_per_host`` from one
 address) get ``ERROR`` and are closed at once; running out of file descriptors
 pauses accepting instead of failing.
 
-Where a TLS or authentication layer hooks in: :meth:`ReplicationHub.wrap_socket`
-(called on every accepted socket before anything is read or written) and
-:meth:`ReplicationHub.before_name` (a greenlet-side handshake run before the
-connection's session starts, so no ``NAME`` is accepted until it returns True).
+With *security*, every accepted socket gets TLS first
+(:meth:`ReplicationHub.wrap_socket`, within the handshake timeout), and each
+connection's reads pass its authentication gate (:meth:`ReplicationHub.gate`,
+:mod:`streamrep.replication.auth`) before its session: the shared-secret
+handshake, and ``NAME`` matched to the client certificate, before ``NAME`` is
+accepted. :meth:`ReplicationHub.before_name` is a further hook for a handshake
+on the socket itself.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ from streamrep.replication.protocol import (
     Relay,
     Send,
 )
+from streamrep.replication.auth import HubGate
+from streamrep.replication.security import HubSecurity
 from streamrep.replication.source import StreamSource
 from streamrep.replication.transport.tcp_connection import TcpConnection
 
@@ -103,6 +108,10 @@ class HubConnection(TcpConnection):
 class ReplicationHub:
     """The replication server (see the module docstring).
 
+    *security* (:class:`~streamrep.replication.security.HubSecurity`) puts TLS on
+    the port, asks peers for client certificates and for the shared secret; by
+    default the hub speaks plain TCP and asks for nothing.
+
     *source* is where the hub reads rows for catch-up and for its own writers'
     advances; without one the hub only relays. *instance_name* is this process's
     name as a writer (no peer may write as it). *stream_writers* (stream ->
@@ -121,10 +130,12 @@ class ReplicationHub:
         instance_name: str = "main",
         settings: ConnectionSettings | None = None,
         metrics_listen: tuple[str, int] | None = None,
+        security: HubSecurity | None = None,
         stream_writers: Mapping[str, Collection[str]] | None = None,
         row_check: Callable[[str, Sequence[Any]], str | None] | None = None,
     ) -> None:
         self.server_name = server_name
+        self.security = security if security is not None else HubSecurity()
         self.source = source
         self.instance_name = instance_name
         self.settings = settings or ConnectionSettings()
@@ -236,8 +247,29 @@ class ReplicationHub:
     # --- hooks for a security layer ----------------------------------------------------------
 
     def wrap_socket(self, sock: socket.socket) -> socket.socket:
-        """The socket the connection will use (a TLS layer returns the wrapped one)."""
-        return sock
+        """The socket the connection will use: with TLS, the wrapped one once the
+        handshake succeeded within the handshake timeout (else :class:`OSError`)."""
+        context = self.security.ssl_context
+        if context is None:
+            return sock
+        from streamrep.replication.tls import accept_tls
+
+        wrapped, _ = accept_tls(context, sock, self.security.handshake_timeout)
+        return wrapped
+
+    def gate(self, sock: socket.socket) -> HubGate | None:
+        """The authentication gate of a new connection on *sock*: the shared-secret
+        handshake, and ``NAME`` matched to the client certificate; None: neither."""
+        getpeercert = getattr(sock, "getpeercert", None)
+        names = None
+        if getpeercert is not None:
+            from streamrep.replication.tls import certificate_names
+
+            cert = getpeercert()
+            names = certificate_names(cert) if cert else None
+        if self.security.secret is None and names is None:
+            return None
+        return HubGate(self.server_name, self.security.secret, names)
 
     def before_name(self, sock: socket.socket, peer: str) -> bool:
         """A handshake before the session starts (a shared-secret challenge, say);
@@ -281,9 +313,10 @@ class ReplicationHub:
             return
         session = self.state.new_peer(label, host)
         conn = HubConnection(self, sock, label, session)
+        gate = conn.gate = self.gate(sock)
         self.connections.append(conn)
         self.metrics.connected()
-        conn.run(session.greeting())
+        conn.run(gate.greeting(session.greeting()) if gate is not None else session.greeting())
 
     def _refuse_early(self, sock: socket.socket, host: str, refusal: str) -> None:
         self.metrics.disconnected(DisconnectReason.TOO_MANY_CONNECTIONS)
