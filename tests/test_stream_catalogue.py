@@ -61,7 +61,7 @@ def test_importing_every_module_registers_nothing(tmp_path: pytest.TempPathFacto
 
 
 @pytest.mark.parametrize("module", ["streamrep.events.streams", "streamrep.events.store",
-                                    "streamrep.streams.builtin", "streamrep.streams.registry",
+                                    "streamrep.streams.builtin", "streamrep.streams.handle",
                                     "streamrep.catalogue"])
 def test_each_stream_module_imports_first(module: str) -> None:
     # No import circle: each module imports on its own in a fresh interpreter.

@@ -12,7 +12,7 @@ from the deployment's configuration), from the built-in streams
 from streamrep.streams.builtin import BUILTIN_STREAMS
 from streamrep.streams.definition import RowFormat, Stream, StreamDefinition, StreamRow
 from streamrep.streams.memory import InMemoryStream
-from streamrep.streams.registry import Streams
+from streamrep.streams.handle import Streams
 from streamrep.streams.streamset import StreamSet
 
 __all__ = [

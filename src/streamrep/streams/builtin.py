@@ -25,7 +25,7 @@ from streamrep.streams.definition import RowFormat, StreamDefinition, StreamRow
 from streamrep.streams.memory import InMemoryStream
 
 if TYPE_CHECKING:
-    from streamrep.streams.registry import Streams
+    from streamrep.streams.handle import Streams
 
 SCHEMA = "streams"
 
