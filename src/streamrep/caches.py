@@ -190,9 +190,12 @@ class CacheRegistry:
     ) -> Callable[[str, str, int, list[Any]], None]:
         """A :class:`~streamrep.replication.ReplicationClient` handler that applies
         ``caches`` facts to this registry, then passes every fact to *then*."""
+        from streamrep.streams.builtin import CACHES
+
+        caches_stream = CACHES.name
 
         def handler(stream: str, instance: str, token: int, rows: list[Any]) -> None:
-            if stream == "caches":
+            if stream == caches_stream:
                 self.handle_rows(rows)
             if then is not None:
                 then(stream, instance, token, rows)
