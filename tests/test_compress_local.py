@@ -270,3 +270,30 @@ def test_undo_puts_the_tables_back(forest: Forest, tmp_path: Path) -> None:
     assert sorted(back.state) == sorted(forest.state)
     again = apply_compression(url, out, undo=True)
     assert again.already_restored == done.deleted and again.already_rewritten == done.rewritten
+
+
+def test_apply_on_streamrep_own_schema(forest: Forest, tmp_path: Path) -> None:
+    import sqlite3
+
+    from streamrep.events.schema import MIGRATIONS
+
+    path = tmp_path / "streamrep.db"
+    conn = sqlite3.connect(path)
+    for statement in MIGRATIONS[0].sqlite:
+        conn.execute(statement)
+    rows = {"state_groups": forest.groups, "state_group_edges": forest.edges,
+            "state_groups_state": forest.state, "event_to_state_groups": forest.event_to_state_groups}
+    for table, data in rows.items():
+        marks = ",".join("?" * len(data[0]))
+        conn.executemany(f"INSERT INTO {table} VALUES ({marks})", data)
+    conn.commit()
+    conn.close()
+    url = f"sqlite:///{path}"
+    out = str(tmp_path / "out")
+    compress_db(url, out, find_unreferenced=True)
+    report = apply_compression(url, out)
+    assert report.rewritten > 0 and report.deleted > 0 and not report.skipped
+    referenced = sorted({g for _, g in forest.event_to_state_groups})
+    after = db_forest(url)
+    assert after.brute_force(referenced) == forest.brute_force(referenced)
+    assert len(after.state) < len(forest.state)
