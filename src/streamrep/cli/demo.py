@@ -32,12 +32,20 @@ import click
                    "again: the check must still pass.")
 @click.option("--redis", "redis_url", default=None, metavar="URL",
               help="Replicate through this Redis server (pub/sub) instead of a hub.")
+@click.option("--tls", is_flag=True,
+              help="TLS on the hub's port, with a throwaway CA and certificates in the work "
+                   "directory; every process checks the hub's certificate.")
+@click.option("--mutual-tls", is_flag=True,
+              help="--tls, and every process presents a client certificate naming its instance.")
+@click.option("--shared-secret", is_flag=True,
+              help="Every process proves a new shared secret (in the work directory) to the hub.")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
                                                case_sensitive=False),
               default="INFO", show_default=True, help="Log level of the child processes.")
 def demo(duration: float, rate: float, rooms: int, workers: int, db: str | None, seed: int,
          workdir: str | None, catch_up_timeout: float, restart_hub_after: float | None,
-         redis_url: str | None, log_level: str) -> None:
+         redis_url: str | None, tls: bool, mutual_tls: bool, shared_secret: bool,
+         log_level: str) -> None:
     """Run a hub, a writer persisting a room workload and WORKERS worker processes.
 
     Shows progress while it runs, then a summary: facts written per stream, facts
@@ -49,11 +57,15 @@ def demo(duration: float, rate: float, rooms: int, workers: int, db: str | None,
 
     if redis_url is not None and restart_hub_after is not None:
         raise click.UsageError("--restart-hub-after restarts the hub; with --redis there is none")
+    if redis_url is not None and (tls or mutual_tls or shared_secret):
+        raise click.UsageError("--tls, --mutual-tls and --shared-secret protect the hub's port; "
+                               "with --redis there is none (use a rediss:// URL for TLS)")
 
     options = DemoOptions(duration=duration, rate=rate, rooms=rooms, workers=workers, db=db,
                           seed=seed, workdir=workdir, catch_up_timeout=catch_up_timeout,
                           log_level=log_level.upper(), restart_hub_after=restart_hub_after,
-                          redis=redis_url)
+                          redis=redis_url, tls=tls, mutual_tls=mutual_tls,
+                          shared_secret=shared_secret)
     try:
         summary = run_demo(options)
     except ConfigError as exc:

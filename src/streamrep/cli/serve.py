@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from streamrep.cli._common import freeze_startup_heap, use_cooperative_sockets
+from streamrep.cli._security import SERVE_FLAGS, hub_security, serve_security_options
 from streamrep.config import DEFAULT_INSTANCE, DEFAULT_LISTEN, config_from_click, config_option
 
 
@@ -35,9 +36,11 @@ def working_directory_database() -> str:
 @click.option("--redis", "redis_url", default=None, metavar="URL",
               help="Publish this instance's writers through Redis pub/sub instead of running the hub.")
 @click.option("--log-level", default="INFO", show_default=True)
+@serve_security_options
 @click.pass_context
 def serve(ctx: click.Context, config_path: str | None, db: str, listen: str, server_name: str,
-          instance_name: str, metrics_listen: str | None, redis_url: str | None, log_level: str) -> None:
+          instance_name: str, metrics_listen: str | None, redis_url: str | None, log_level: str,
+          **security_flags: Any) -> None:
     """Run the replication hub until SIGTERM or SIGINT.
 
     Workers connect to it and follow every stream; writer processes announce to it.
@@ -46,6 +49,12 @@ def serve(ctx: click.Context, config_path: str | None, db: str, listen: str, ser
     With ``--redis`` (or ``replication.redis`` in the file) there is no hub: this
     instance publishes its own writers' facts through Redis and answers every
     ``REPLICATE`` with their positions, until SIGTERM or SIGINT.
+
+    The replication port speaks TLS with ``--tls-cert``/``--tls-key`` (the file's
+    ``tls`` section), asks peers for client certificates naming their instance with
+    ``--require-client-cert`` and for the shared secret with
+    ``--shared-secret-file``. A --listen address other machines can reach needs one
+    of them, or ``--insecure``.
     """
     import gevent
 
@@ -60,11 +69,13 @@ def serve(ctx: click.Context, config_path: str | None, db: str, listen: str, ser
         "db": "database", "listen": "listen", "server_name": "server_name",
         "instance_name": "instance_name", "metrics_listen": "metrics_listen",
         "log_level": "logging.level", "redis_url": "replication.redis.url",
+        **SERVE_FLAGS,
     }, check_own_ports=redis_url is None)
     if config.redis is not None:
         use_cooperative_sockets()
         _serve_redis(config)
         return
+    security = hub_security(config)
     setup_logging(config.logging.level, config.logging.format)
     database = open_database(config.database)
     streams = Streams(database, config.instance_name,
@@ -82,6 +93,7 @@ def serve(ctx: click.Context, config_path: str | None, db: str, listen: str, ser
         stream_writers=config.stream_writers if config_path else None,
         # Relayed rows must fit their stream's row format, checked in place.
         row_check=streams.definitions.check_rows,
+        security=security,
     )
     streams.add_listener(hub_listener(hub))
     hub.start()

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from streamrep.cli._common import freeze_startup_heap, peer_settings, use_cooperative_sockets
+from streamrep.cli._security import peer_security_from_context, peer_security_options
 from streamrep.config import config_option
 
 
@@ -32,6 +33,7 @@ def parse_from(value: str | None) -> dict[Any, int]:
 
 @click.command()
 @config_option
+@peer_security_options
 @click.option("--connect", default=None, help="HOST:PORT of the hub (default: the configuration's listen).")
 @click.option("--redis", "redis_url", default=None, metavar="URL",
               help="Follow through Redis pub/sub instead of the hub (redis://, rediss:// or "
@@ -130,6 +132,7 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
     else:
         client = ReplicationClient(
             host, port, client_name=name, server_name=server_name, handler=handler, source=source,
+            security=peer_security_from_context(config_path, name),
             settings=settings.connection,
             streams=stream_names or None, start_from=start_from,
         )

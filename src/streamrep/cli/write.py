@@ -9,6 +9,7 @@ from typing import Any, Callable
 import click
 
 from streamrep.cli._common import freeze_startup_heap, peer_settings, use_cooperative_sockets
+from streamrep.cli._security import peer_security_from_context, peer_security_options
 from streamrep.config import config_option
 from streamrep.streams.builtin import ACCOUNT_DATA, CACHES, RECEIPTS, TO_DEVICE
 
@@ -39,6 +40,7 @@ def _fact_writer(streams: Any, stream: str, instance: str, rows_per_fact: int) -
 
 @click.command()
 @config_option
+@peer_security_options
 @click.option("--connect", default=None, help="HOST:PORT of the hub (default: the configuration's listen).")
 @click.option("--redis", "redis_url", default=None, metavar="URL",
               help="Publish through Redis pub/sub instead of the hub (needs --server-name).")
@@ -118,6 +120,7 @@ def write(config_path: str | None, connect: str | None, redis_url: str | None, d
     else:
         client = ReplicationClient(
             host, port, client_name=instance_name, server_name=server_name,
+            security=peer_security_from_context(config_path, instance_name),
             settings=settings.connection, writer_positions=positions,
         )
 

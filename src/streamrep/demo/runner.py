@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import os
 import queue
+import secrets
 import signal
 import sys
 import tempfile
@@ -65,6 +66,12 @@ class DemoOptions:
     restart_hub_after: float | None = None
     #: replicate through this Redis server instead of a hub
     redis: str | None = None
+    #: TLS on the hub's port (a throwaway CA and certificates in the work directory)
+    tls: bool = False
+    #: and a client certificate per process, naming its instance (implies tls)
+    mutual_tls: bool = False
+    #: peers prove a shared secret (a new one in the work directory)
+    shared_secret: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -73,8 +80,10 @@ def _writers_for(db_url: str) -> list[str]:
 
 
 def write_config(path: str, db_url: str, port: int, writers: list[str],
-                 log_level: str, redis_url: str | None = None) -> None:
-    """The demo deployment's configuration file."""
+                 log_level: str, redis_url: str | None = None,
+                 security: dict[str, Any] | None = None) -> None:
+    """The demo deployment's configuration file; *security* adds its ``tls``,
+    ``shared_secret_file`` and per-instance certificate keys."""
     # Streams that may have several writers are shared on PostgreSQL; the event
     # store's have one (it hands out their orderings in one process).
     stream_writers = demo_writers(writers)
@@ -89,6 +98,12 @@ def write_config(path: str, db_url: str, port: int, writers: list[str],
         "backpressure": {"max_queue": 100_000},
         "logging": {"level": log_level, "format": "logfmt"},
     }
+    for key, value in (security or {}).items():
+        if key == "instance_map":
+            for name, entry in value.items():
+                data["instance_map"].setdefault(name, {}).update(entry)
+        else:
+            data[key] = value
     if redis_url is not None:
         data["replication"] = {"redis": {"url": redis_url}}
         # The server name is the Redis channel: one of its own per run, so runs
@@ -169,9 +184,30 @@ class _Run:
                            highlight=False, markup=False)
         return self._start_hub(f"hub-{self.hub_restarts + 1}")
 
+    def _security(self) -> dict[str, Any]:
+        """Certificates and a secret for the run, as configuration keys."""
+        options = self.options
+        out: dict[str, Any] = {}
+        if options.tls or options.mutual_tls:
+            from streamrep.demo.certificates import make_deployment_certificates
+
+            instances = self.writer_names + self.worker_names if options.mutual_tls else []
+            certs = make_deployment_certificates(os.path.join(self.workdir, "pki"), instances)
+            out["tls"] = {"cert": certs.hub.cert, "key": certs.hub.key, "ca": certs.ca,
+                          "require_client_cert": options.mutual_tls}
+            out["instance_map"] = {name: {"tls_cert": files.cert, "tls_key": files.key}
+                                   for name, files in certs.clients.items()}
+        if options.shared_secret:
+            path = os.path.join(self.workdir, "replication.secret")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_hex(32) + "\n")
+            out["shared_secret_file"] = path
+        return out
+
     def start(self) -> bool:
         write_config(self.config_path, self.db_url, self.port, self.writer_names,
-                     self.options.log_level, self.options.redis)
+                     self.options.log_level, self.options.redis, self._security())
         self.config = load_config(self.config_path, check_ports_of="main")
         # A database used before holds facts already: workers receive them too.
         self.before = read_facts(self.config)

@@ -49,6 +49,7 @@ from streamrep.events import EventStore
 from streamrep.events.streams import BACKFILL_STREAM, EVENTS_STREAM, EventsStreamFollower
 from streamrep.logsetup import get_logger, setup_logging
 from streamrep.replication import ConnectionSettings, ReplicationClient
+from streamrep.replication.security import PeerSecurity
 from streamrep.streams.builtin import CACHES
 
 log = get_logger("streamrep.demo.worker")
@@ -96,7 +97,8 @@ class DemoWorker:
             self.client = ReplicationClient(
                 config.listen.host, config.listen.port, client_name=name,
                 server_name=config.server_name, handler=self.handle, source=self.source,
-                start_from=start_from, settings=ConnectionSettings.from_config(config))
+                start_from=start_from, settings=ConnectionSettings.from_config(config),
+                security=PeerSecurity.from_config(config, name))
 
     # --- facts ---------------------------------------------------------------------
 

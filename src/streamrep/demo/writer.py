@@ -51,6 +51,7 @@ from streamrep.events.streams import EVENTS_STREAM
 from streamrep.idgen import WriterLease
 from streamrep.logsetup import get_logger, setup_logging
 from streamrep.replication import ConnectionSettings, ReplicationClient
+from streamrep.replication.security import PeerSecurity
 
 log = get_logger("streamrep.demo.writer")
 
@@ -98,7 +99,8 @@ class DemoWriter:
             self.client = ReplicationClient(
                 config.listen.host, config.listen.port, client_name=instance,
                 server_name=config.server_name, writer_positions=self._writer_positions,
-                settings=ConnectionSettings.from_config(config))
+                settings=ConnectionSettings.from_config(config),
+                security=PeerSecurity.from_config(config, instance))
 
     # --- positions and announcing ------------------------------------------------------
 
