@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.impls import IMPLEMENTATIONS, core_module
+from support.impls import IMPLEMENTATIONS, core_module
 
 
 def graph(impl_kind: str, edges: dict[int, list[int]]) -> Any:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
 from typing import Any
 
 import pytest
@@ -19,9 +17,9 @@ from streamrep.matrix.events import MatrixEvent, parse_event
 from streamrep.matrix.powerlevels import CREATOR_POWER_LEVEL, user_level
 from streamrep.matrix.room_versions import ROOM_VERSIONS, StateResAlgorithm, room_version
 
-from tests.support import stateres_build as build
-from tests.support.auth_random import auth_case
-from tests.test_stateres_scenarios import ORACLE, ORACLE_PYTHON
+from support import stateres_build as build
+from support.auth_random import auth_case
+from support.stateres_reference import run_oracle
 
 ALICE, BOB, CAROL = "@alice:a.org", "@bob:b.org", "@carol:a.org"
 
@@ -253,16 +251,8 @@ def test_others_state_and_power_above_own_are_refused() -> None:
 
 
 def test_auth_checks_agree_with_the_reference() -> None:
-    if not ORACLE_PYTHON.exists():
-        pytest.skip(f"reference interpreter {ORACLE_PYTHON} not installed")
     cases = [auth_case(str(v), seed) for v in range(1, 13) for seed in range(40)]
-    done = subprocess.run([str(ORACLE_PYTHON), str(ORACLE), "auth"],
-                          input=json.dumps({"auth": cases}), capture_output=True, text=True,
-                          timeout=120, cwd="/")
-    if done.returncode != 0 and "No module named 'synapse'" in done.stderr:
-        pytest.skip("the reference implementation is not importable")
-    assert done.returncode == 0, done.stderr[-2000:]
-    answers = json.loads(done.stdout)
+    answers = run_oracle({"auth": cases}, "auth")
     compared = 0
     for case in cases:
         theirs = answers[case["name"]]

@@ -14,9 +14,9 @@ from streamrep.matrix.errors import AuthRejection, StateResolutionError
 from streamrep.matrix.room_versions import ROOM_VERSIONS, StateResAlgorithm, room_version
 from streamrep.matrix.stateres import InMemoryEventSource, resolve_state
 
-from tests.support import stateres_build as build
-from tests.support.stateres_random import forked_room
-from tests.test_stateres_scenarios import run_oracle
+from support import stateres_build as build
+from support.stateres_random import forked_room
+from support.stateres_reference import run_oracle
 
 VERSIONS = sorted(ROOM_VERSIONS, key=int)
 cases = st.builds(forked_room, st.sampled_from(VERSIONS), st.integers(0, 10**6),

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support import stateres_build as build
-from tests.support import stateres_scenarios as sc
+from support import stateres_build as build
+from support import stateres_scenarios as sc
+from support.stateres_reference import run_oracle
 
 DOC = sc.load()
-ORACLE_PYTHON = Path(os.environ.get("STREAMREP_REFERENCE_PYTHON", "/work/refvenv/bin/python"))
-ORACLE = Path(__file__).resolve().parent / "support" / "stateres_oracle.py"
 
 
 def _keys_of(case: dict[str, Any]) -> dict[str, tuple[str, str]]:
@@ -40,18 +35,6 @@ def test_explicit_scenario(case: dict[str, Any]) -> None:
 def test_explicit_scenario_in_any_set_order(case: dict[str, Any]) -> None:
     flipped = dict(case, state_sets=list(reversed(case["state_sets"])))
     assert build.explicit_state(flipped) == build.explicit_state(case)
-
-
-def run_oracle(doc: dict[str, Any]) -> dict[str, Any]:
-    """The reference implementation's answers for *doc* (skips when it is absent)."""
-    if not ORACLE_PYTHON.exists():
-        pytest.skip(f"reference interpreter {ORACLE_PYTHON} not installed")
-    done = subprocess.run([str(ORACLE_PYTHON), str(ORACLE)], input=json.dumps(doc),
-                          capture_output=True, text=True, timeout=120, cwd="/")
-    if done.returncode != 0 and "No module named 'synapse'" in done.stderr:
-        pytest.skip("the reference implementation is not importable")
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout)  # type: ignore[no-any-return]
 
 
 def test_reference_agrees_on_every_scenario() -> None:

@@ -48,6 +48,7 @@ cdef class AuthGraph:
     cdef int32_t* _start
     cdef int32_t* _count
     cdef uint32_t* _stamp
+    cdef uint32_t* _mark
     cdef int32_t* _tally
     cdef int32_t* _edges
     cdef Py_ssize_t _nodes
@@ -60,6 +61,7 @@ cdef class AuthGraph:
         self._start = NULL
         self._count = NULL
         self._stamp = NULL
+        self._mark = NULL
         self._tally = NULL
         self._edges = NULL
         self._nodes = 0
@@ -72,6 +74,7 @@ cdef class AuthGraph:
         free(self._start)
         free(self._count)
         free(self._stamp)
+        free(self._mark)
         free(self._tally)
         free(self._edges)
 
@@ -89,9 +92,11 @@ cdef class AuthGraph:
             self._start = <int32_t*>_realloc(self._start, cap * sizeof(int32_t))
             self._count = <int32_t*>_realloc(self._count, cap * sizeof(int32_t))
             self._stamp = <uint32_t*>_realloc(self._stamp, cap * sizeof(uint32_t))
+            self._mark = <uint32_t*>_realloc(self._mark, cap * sizeof(uint32_t))
             self._tally = <int32_t*>_realloc(self._tally, cap * sizeof(int32_t))
             old = self._cap
             memset(self._stamp + old, 0, (cap - old) * sizeof(uint32_t))
+            memset(self._mark + old, 0, (cap - old) * sizeof(uint32_t))
             memset(self._tally + old, 0, (cap - old) * sizeof(int32_t))
             self._cap = cap
         memset(self._start + self._nodes, 0, (node + 1 - self._nodes) * sizeof(int32_t))
@@ -103,6 +108,7 @@ cdef class AuthGraph:
         self._epoch += 1
         if self._epoch == 0:
             memset(self._stamp, 0, self._cap * sizeof(uint32_t))
+            memset(self._mark, 0, self._cap * sizeof(uint32_t))
             self._epoch = 1
         return self._epoch
 
@@ -146,7 +152,8 @@ cdef class AuthGraph:
     @cython.boundscheck(False)
     @cython.wraparound(False)
     cdef Py_ssize_t _walk(self, int32_t* stack, Py_ssize_t depth, uint32_t epoch,
-                          int32_t* out, Py_ssize_t n_out, bint tally) noexcept:
+                          int32_t* out, Py_ssize_t n_out, bint tally,
+                          uint32_t stop=0) noexcept:
         """Walk up from the stacked nodes, stamping with *epoch*; newly stamped nodes
         are appended to *out* (when tallying: only on their first tally)."""
         cdef int32_t node, p
@@ -159,7 +166,7 @@ cdef class AuthGraph:
             end = self._start[node] + self._count[node]
             for j in range(self._start[node], end):
                 p = edges[j]
-                if stamp[p] != epoch:
+                if stamp[p] != epoch and (stop == 0 or self._mark[p] != stop):
                     stamp[p] = epoch
                     stack[depth] = p
                     depth += 1
@@ -194,11 +201,13 @@ cdef class AuthGraph:
             free(stack)
             free(out)
 
-    def auth_chain_difference(self, sets):
-        """Events in the full auth chain of some but not all of *sets*."""
+    def auth_chain_difference(self, sets, common=()):
+        """Events in the full auth chain of some but not all of *sets*; *common*
+        names events in every set, walked once (see the pure twin)."""
         cdef list groups = [[_node(value) for value in roots] for roots in sets]
+        cdef list shared = [_node(value) for value in common]
         cdef Py_ssize_t k = len(groups), depth, n_touched = 0, n_out = 0, i
-        cdef uint32_t epoch
+        cdef uint32_t epoch, stop = 0
         cdef int32_t r
         if k < 2:
             return clone(_Q_TEMPLATE, 0, False)
@@ -206,12 +215,27 @@ cdef class AuthGraph:
         cdef int32_t* touched = self._stack()
         cdef int32_t* tally = self._tally
         cdef uint32_t* stamp = self._stamp
+        cdef uint32_t* mark = self._mark
         try:
+            if shared:
+                stop = self._next_epoch()
+                depth = 0
+                for r in shared:
+                    if r < self._nodes and stamp[r] != stop:
+                        stamp[r] = stop
+                        stack[depth] = r
+                        depth += 1
+                        touched[n_touched] = r
+                        n_touched += 1
+                n_touched = self._walk(stack, depth, stop, touched, n_touched, False)
+                for i in range(n_touched):
+                    mark[touched[i]] = stop
+                n_touched = 0
             for group in groups:
                 epoch = self._next_epoch()
                 depth = 0
                 for r in group:
-                    if r < self._nodes and stamp[r] != epoch:
+                    if r < self._nodes and stamp[r] != epoch and (stop == 0 or mark[r] != stop):
                         stamp[r] = epoch
                         stack[depth] = r
                         depth += 1
@@ -219,7 +243,7 @@ cdef class AuthGraph:
                         if tally[r] == 1:
                             touched[n_touched] = r
                             n_touched += 1
-                n_touched = self._walk(stack, depth, epoch, touched, n_touched, True)
+                n_touched = self._walk(stack, depth, epoch, touched, n_touched, True, stop)
             for i in range(n_touched):
                 r = touched[i]
                 if tally[r] < k:
@@ -227,7 +251,8 @@ cdef class AuthGraph:
                     n_out += 1
                 tally[r] = 0
             # Roots never described count as reached only by their own set.
-            return _merge_unknown(_sorted_array(touched, n_out), groups, self._nodes, k)
+            return _merge_unknown(_sorted_array(touched, n_out), groups, self._nodes, k,
+                                  shared)
         finally:
             free(stack)
             free(touched)
@@ -332,13 +357,15 @@ cdef void* _calloc32(Py_ssize_t count) except NULL:
     return out
 
 
-cdef object _merge_unknown(array found, list groups, Py_ssize_t nodes, Py_ssize_t k):
+cdef object _merge_unknown(array found, list groups, Py_ssize_t nodes, Py_ssize_t k,
+                          list shared):
     # Events beyond node_count have no auth events: a set reaches them only by
     # naming them, so they are in the difference unless every set names them.
     counts = {}
+    common = set(shared)
     for group in groups:
         for r in set(group):
-            if r >= nodes:
+            if r >= nodes and r not in common:
                 counts[r] = counts.get(r, 0) + 1
     extra = [r for r, c in counts.items() if c < k]
     if not extra:

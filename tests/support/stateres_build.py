@@ -9,7 +9,7 @@ from streamrep.matrix.events import MatrixEvent, parse_event
 from streamrep.matrix.room_versions import room_version
 from streamrep.matrix.stateres import InMemoryEventSource, resolve_state
 
-from tests.support import stateres_scenarios as sc
+from support import stateres_scenarios as sc
 
 ROOM = "!room:example.com"
 V6 = room_version("6")

@@ -35,7 +35,9 @@ class _Builder:
         self.rnd = random.Random(seed)
         self.events: list[dict[str, Any]] = []
         self.parsed: dict[str, MatrixEvent] = {}
+        self.by_id: dict[str, MatrixEvent] = {}
         self.rejected: set[str] = set()
+        self.rejected_ids: set[str] = set()
         self.room = "!room:example.org"
         self.ts = 0
 
@@ -74,21 +76,31 @@ class _Builder:
             self.room = event.room_id
         ok = True
         try:
-            auth.authorize(event, self.version, {self.event_id(k): v for k, v in
-                                                 self.parsed.items()},
-                           {self.event_id(r) for r in self.rejected})
+            auth.authorize(event, self.version, self.by_id, self.rejected_ids)
         except AuthRejection:
             ok = False
             spec["rejected"] = "auth"
             self.rejected.add(node)
+            self.rejected_ids.add(event.event_id)
         self.parsed[node] = event
+        self.by_id[event.event_id] = event
         self.events.append(spec)
         return ok
 
 
+#: Users 1..MODERATORS may hold power levels and send power events.
+MODERATORS = 16
+
+
 def forked_room(version_id: str, seed: int, members: int = 8, forks: int = 2,
-                per_fork: int = 6) -> dict[str, Any]:
-    """A random forked room as an explicit scenario case (see the module doc)."""
+                per_fork: int = 6, staff_levels: tuple[int, ...] = (100, 50, 50, 0),
+                topic_level: int | None = None, keep_rejected: float = 0.2
+                ) -> dict[str, Any]:
+    """A random forked room as an explicit scenario case (see the module doc).
+
+    Power levels, join rules, kicks and bans come from the first few users (most of
+    them moderators); joins, leaves and topics from anyone.
+    """
     b = _Builder(version_id, seed)
     rnd = b.rnd
     creator = user(0)
@@ -111,13 +123,18 @@ def forked_room(version_id: str, seed: int, members: int = 8, forks: int = 2,
     last = "CREATE"
     put("J0", MEMBER, creator, creator, {"membership": "join"}, state, [last], depth + 1)
     last, depth = "J0", depth + 2
-    levels = {user(n): rnd.choice([100, 50, 50, 0]) for n in range(1, members)}
+    staff = min(members, MODERATORS + 1)
+    levels = {user(n): rnd.choice(staff_levels) for n in range(1, staff)}
     levels[user(1)] = 100
     users = {u: lv for u, lv in levels.items() if lv and u not in (
         creators if b.version.creator_power else set())}
     if not b.version.creator_power:
         users[creator] = 100
-    put("PL0", PL, "", creator, {"users": users, "ban": 50, "kick": 50}, state, [last], depth)
+    extra: dict[str, Any] = {}
+    if topic_level is not None:
+        extra["events"] = {"m.room.topic": topic_level}
+    put("PL0", PL, "", creator, {"users": users, "ban": 50, "kick": 50, **extra}, state,
+        [last], depth)
     last, depth = "PL0", depth + 1
     put("JR0", JR, "", creator, {"join_rule": "public"}, state, [last], depth)
     last, depth = "JR0", depth + 1
@@ -130,17 +147,18 @@ def forked_room(version_id: str, seed: int, members: int = 8, forks: int = 2,
         st, tip, d = dict(base_state), base_last, base_depth
         for i in range(per_fork):
             node = f"F{f}E{i}"
-            sender = user(rnd.randrange(members))
-            target = user(rnd.randrange(members))
             kind = rnd.choice(["pl", "ban", "kick", "jr", "leave", "join", "topic", "topic"])
-            keep = rnd.random() < 0.2
+            powerful = kind in ("pl", "ban", "kick", "jr")
+            sender = user(rnd.randrange(staff if powerful else members))
+            target = user(rnd.randrange(members))
+            keep = rnd.random() < keep_rejected
             if kind == "pl":
                 new_users = dict(users)
-                moved = user(rnd.randrange(1, members))
+                moved = user(rnd.randrange(1, staff))
                 if not (b.version.creator_power and moved in creators):
                     new_users[moved] = rnd.choice([0, 50, 100])
-                put(node, PL, "", sender, {"users": new_users, "ban": 50, "kick": 50}, st,
-                    [tip], d, keep)
+                put(node, PL, "", sender, {"users": new_users, "ban": 50, "kick": 50, **extra},
+                    st, [tip], d, keep)
             elif kind in ("ban", "kick"):
                 put(node, MEMBER, target, sender,
                     {"membership": "ban" if kind == "ban" else "leave"}, st, [tip], d, keep)

@@ -60,13 +60,16 @@ class AuthGraph:
         node = _node(node)
         return array("q", self._parents[node] if node < len(self._parents) else ())
 
-    def _reach(self, roots: Iterable[int], include_roots: bool) -> set[int]:
+    def _reach(self, roots: Iterable[int], include_roots: bool,
+               stop: set[int] | frozenset[int] = frozenset()) -> set[int]:
         parents = self._parents
         n = len(parents)
         seen: set[int] = set()
         stack: list[int] = []
         for root in roots:
             root = _node(root)
+            if root in stop:
+                continue
             if include_roots:
                 if root not in seen:
                     seen.add(root)
@@ -78,7 +81,7 @@ class AuthGraph:
             if node >= n:
                 continue
             for p in parents[node]:
-                if p not in seen:
+                if p not in seen and p not in stop:
                     seen.add(p)
                     stack.append(p)
         return seen
@@ -87,17 +90,26 @@ class AuthGraph:
         """Every event reachable from *roots* along auth edges."""
         return array("q", sorted(self._reach(roots, include_roots=False)))
 
-    def auth_chain_difference(self, sets: Sequence[Sequence[int]]) -> array[int]:
-        """Events in the full auth chain of some but not all of *sets*."""
+    def auth_chain_difference(self, sets: Sequence[Sequence[int]],
+                              common: Sequence[int] = ()) -> array[int]:
+        """Events in the full auth chain of some but not all of *sets*.
+
+        *common* names events that belong to every set (a state's unconflicted
+        part): passing them once instead of in each set gives the same answer, and
+        the walks from the sets stop where they reach the common events' chain.
+        """
+        for roots in sets:
+            for root in roots:
+                _node(root)
         if len(sets) < 2:
-            for roots in sets:
-                for root in roots:
-                    _node(root)
+            for root in common:
+                _node(root)
             return array("q")
-        chains = [self._reach(roots, include_roots=True) for roots in sets]
+        shared = self._reach(common, include_roots=True)
+        chains = [self._reach(roots, include_roots=True, stop=shared) for roots in sets]
         union = set().union(*chains)
-        common = set.intersection(*chains)
-        return array("q", sorted(union - common))
+        everywhere = set.intersection(*chains)
+        return array("q", sorted(union - everywhere))
 
     def conflicted_subgraph(self, conflicted: Sequence[int]) -> array[int]:
         """Events on some auth path between two of *conflicted* (those included)."""

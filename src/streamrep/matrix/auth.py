@@ -22,8 +22,6 @@ import base64
 import binascii
 from typing import Any, Container, Mapping
 
-import orjson
-
 from streamrep.matrix import powerlevels as pl
 from streamrep.matrix.errors import AuthRejection
 from streamrep.matrix.errors import RejectionReason as R
@@ -400,6 +398,8 @@ def _b64decode(text: str) -> bytes:
 
 
 def _canonical_json(value: Any) -> bytes:
+    import orjson
+
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
@@ -432,7 +432,7 @@ def _third_party_invite_ok(event: MatrixEvent, state: Mapping[StateKey, MatrixEv
     try:
         message = _canonical_json({k: v for k, v in signed.items()
                                    if k not in ("signatures", "unsigned")})
-    except (TypeError, orjson.JSONEncodeError):
+    except TypeError:  # orjson's JSONEncodeError is a TypeError
         return False
     for key in keys:
         if not isinstance(key, str):

@@ -56,16 +56,25 @@ class AuthIndex:
         return {ids[n] for n in numbers}
 
     def _lookup(self, event_ids: Iterable[str]) -> list[int]:
-        return [self._number(e) for e in event_ids]
+        ids = list(event_ids)
+        found = list(map(self._numbers.get, ids))
+        if None in found:
+            return [self._number(e) for e in ids]
+        return found  # type: ignore[return-value]
 
     def auth_chain(self, event_ids: Iterable[str]) -> set[str]:
         """The auth chain of *event_ids* (every event reachable along auth edges)."""
         return self._names(self._graph.auth_chain(self._lookup(event_ids)))
 
-    def auth_chain_difference(self, state_sets: Sequence[Iterable[str]]) -> set[str]:
-        """Events in the full auth chain of some, but not all, of *state_sets*."""
+    def auth_chain_difference(self, state_sets: Sequence[Iterable[str]],
+                              common: Iterable[str] = ()) -> set[str]:
+        """Events in the full auth chain of some, but not all, of *state_sets*.
+
+        *common* names events that are in every set (the unconflicted state): they
+        are walked once, and the sets' walks stop at their auth chain.
+        """
         return self._names(self._graph.auth_chain_difference(
-            [self._lookup(s) for s in state_sets]))
+            [self._lookup(s) for s in state_sets], self._lookup(common)))
 
     def conflicted_subgraph(self, conflicted: Iterable[str]) -> set[str]:
         """Events on an auth path between two *conflicted* events, those included."""

@@ -47,9 +47,9 @@ POWER_LEVELS_KEY: StateKey = (POWER_LEVELS, "")
 JOIN_RULES_KEY: StateKey = (JOIN_RULES, "")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class MatrixEvent:
-    """One event as the room model sees it."""
+    """One event as the room model sees it (build it with :func:`parse_event`)."""
 
     event_id: str
     room_id: str
@@ -66,24 +66,15 @@ class MatrixEvent:
     depth: int
     origin_server_ts: int
     redacts: str | None = None
+    #: ``(type, state_key)``; ``state_key`` is ``""`` for events that have none.
+    key: StateKey = ("", "")
+    #: ``content.membership`` of a membership event, else None.
+    membership: str | None = None
 
     @property
     def is_state(self) -> bool:
         """True for state events (those with a ``state_key``)."""
         return self.state_key is not None
-
-    @property
-    def key(self) -> StateKey:
-        """``(type, state_key)``; only meaningful for state events."""
-        return (self.type, self.state_key if self.state_key is not None else "")
-
-    @property
-    def membership(self) -> str | None:
-        """``content.membership`` of a membership event, else None."""
-        if self.type != MEMBER:
-            return None
-        value = self.content.get("membership")
-        return value if isinstance(value, str) else None
 
 
 def room_id_for_create_event(create_event_id: str) -> str:
@@ -177,4 +168,6 @@ def parse_event(event_id: str, fields: Mapping[str, Any], version: RoomVersion) 
         origin_server_ts=_int(fields.get("origin_server_ts"), "origin_server_ts", event_id,
                               default=0),
         redacts=redacts,
+        key=(etype, state_key if state_key is not None else ""),
+        membership=content.get("membership") if etype == MEMBER else None,
     )

@@ -21,8 +21,10 @@ class EventSource(Protocol):
         """True when the event was rejected by the authorization rules."""
         ...
 
-    def auth_chain_difference(self, state_sets: Sequence[Collection[str]]) -> set[str]:
-        """Events in the full auth chain of some, but not all, of the state sets."""
+    def auth_chain_difference(self, state_sets: Sequence[Collection[str]],
+                              common: Collection[str] = ()) -> set[str]:
+        """Events in the full auth chain of some, but not all, of the state sets,
+        each set taken together with the *common* events."""
         ...
 
     def conflicted_subgraph(self, conflicted: Collection[str]) -> set[str]:
@@ -54,8 +56,9 @@ class InMemoryEventSource:
     def is_rejected(self, event_id: str) -> bool:
         return event_id in self.rejected
 
-    def auth_chain_difference(self, state_sets: Sequence[Collection[str]]) -> set[str]:
-        return self.index.auth_chain_difference(state_sets)
+    def auth_chain_difference(self, state_sets: Sequence[Collection[str]],
+                              common: Collection[str] = ()) -> set[str]:
+        return self.index.auth_chain_difference(state_sets, common)
 
     def conflicted_subgraph(self, conflicted: Collection[str]) -> set[str]:
         return self.index.conflicted_subgraph(conflicted)

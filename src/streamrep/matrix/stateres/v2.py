@@ -26,7 +26,7 @@ The algorithm, as the specification defines it:
 from __future__ import annotations
 
 import heapq
-from typing import Sequence
+from typing import Callable, Sequence
 
 from streamrep.matrix import auth
 from streamrep.matrix import powerlevels as pl
@@ -48,23 +48,81 @@ __all__ = ["resolve_v2", "separate", "is_power_event", "reverse_topological_powe
            "mainline_order"]
 
 
-def separate(state_sets: Sequence[StateMap]) -> tuple[dict[StateKey, str],
-                                                      dict[StateKey, set[str]]]:
-    """Unconflicted state and the conflicted keys' events (v2's definition)."""
-    keys: set[StateKey] = set()
-    for state in state_sets:
-        keys.update(state)
-    unconflicted: dict[StateKey, str] = {}
-    conflicted: dict[StateKey, set[str]] = {}
-    for key in keys:
-        values = {state.get(key) for state in state_sets}
-        if len(values) == 1:
-            only = values.pop()
-            if only is not None:
-                unconflicted[key] = only
-        else:
-            conflicted[key] = {v for v in values if v is not None}
-    return unconflicted, conflicted
+class _Split:
+    """State sets split into conflicted keys and the rest, without copying the rest.
+
+    ``base`` is the first state; every key outside ``differing`` is mapped by every
+    state to ``base``'s event (the unconflicted state). An event ID names one key,
+    so the work is set operations over event IDs (whose hashes strings cache):
+    the events some state lacks name the differing keys.
+    """
+
+    def __init__(self, state_sets: Sequence[StateMap],
+                 key_of: Callable[[str], StateKey | None]) -> None:
+        first = state_sets[0]
+        self.base = first
+        first_ids = set(first.values())
+        extra: set[str] = set()
+        missing: set[str] = set()
+        for state in state_sets[1:]:
+            if state is first:
+                continue
+            ids = set(state.values())
+            extra |= ids - first_ids
+            missing |= first_ids - ids
+        self.common = first_ids - missing
+        differing: set[StateKey] = set()
+        unknown: set[str] = set()
+        for event_id in extra | missing:
+            key = key_of(event_id)
+            if key is None:
+                unknown.add(event_id)
+            else:
+                differing.add(key)
+        if unknown:
+            # Events the source does not hold: find their keys in the states.
+            for state in state_sets:
+                differing.update(k for k, v in state.items() if v in unknown)
+        self.differing = differing
+        self.conflicted: dict[StateKey, set[str]] = {}
+        for key in differing:
+            self.conflicted[key] = {v for v in (s.get(key) for s in state_sets)
+                                    if v is not None}
+
+    def unconflicted(self) -> dict[StateKey, str]:
+        """The unconflicted state as a new dict."""
+        out = dict(self.base)
+        for key in self.differing:
+            out.pop(key, None)
+        return out
+
+
+class _Partial:
+    """The partial state of the iterative auth checks: resolved events over a base."""
+
+    def __init__(self, split: _Split | None) -> None:
+        self.resolved: dict[StateKey, str] = {}
+        self._split = split
+
+    def get(self, key: StateKey) -> str | None:
+        found = self.resolved.get(key)
+        if found is None and self._split is not None and key not in self._split.differing:
+            found = self._split.base.get(key)
+        return found
+
+    def __setitem__(self, key: StateKey, event_id: str) -> None:
+        self.resolved[key] = event_id
+
+
+def separate(state_sets: Sequence[StateMap],
+             key_of: Callable[[str], StateKey | None] = lambda _: None,
+             ) -> tuple[dict[StateKey, str], dict[StateKey, set[str]]]:
+    """Unconflicted state and the conflicted keys' events (v2's definition: a key
+    is conflicted when the states map it to different events or some lack it)."""
+    if not state_sets:
+        return {}, {}
+    split = _Split(state_sets, key_of)
+    return split.unconflicted(), split.conflicted
 
 
 def is_power_event(event: MatrixEvent) -> bool:
@@ -76,55 +134,102 @@ def is_power_event(event: MatrixEvent) -> bool:
     return False
 
 
-def _auth_state(event: MatrixEvent, events: dict[str, MatrixEvent],
-                source: EventSource, skip_rejected: bool) -> dict[StateKey, MatrixEvent]:
-    state: dict[StateKey, MatrixEvent] = {}
-    for aid in event.auth_ids:
-        auth_event = events.get(aid) or source.get_event(aid)
-        if auth_event is None or auth_event.state_key is None:
-            continue
-        if skip_rejected and source.is_rejected(aid):
-            continue
-        events.setdefault(aid, auth_event)
-        state[auth_event.key] = auth_event
-    return state
+class _Context:
+    """The events one resolution reads, and what it derives from them once."""
+
+    def __init__(self, version: RoomVersion, events: dict[str, MatrixEvent],
+                 source: EventSource) -> None:
+        self.version = version
+        self.events = events
+        self.source = source
+        self._rejected: dict[str, bool] = {}
+        self._auth_state: dict[tuple[str, bool], dict[StateKey, MatrixEvent]] = {}
+        self._levels: dict[str, int] = {}
+        self._pl_parent: dict[str, str | None] = {}
+
+    def get(self, event_id: str) -> MatrixEvent | None:
+        event = self.events.get(event_id)
+        if event is None:
+            event = self.source.get_event(event_id)
+            if event is not None:
+                self.events[event_id] = event
+        return event
+
+    def rejected(self, event_id: str) -> bool:
+        found = self._rejected.get(event_id)
+        if found is None:
+            found = self._rejected[event_id] = self.source.is_rejected(event_id)
+        return found
+
+    def auth_state(self, event: MatrixEvent, skip_rejected: bool
+                   ) -> dict[StateKey, MatrixEvent]:
+        """The state the event's own (held) auth events define."""
+        memo = (event.event_id, skip_rejected)
+        found = self._auth_state.get(memo)
+        if found is None:
+            found = {}
+            for aid in event.auth_ids:
+                auth_event = self.get(aid)
+                if auth_event is None or auth_event.state_key is None:
+                    continue
+                if skip_rejected and self.rejected(aid):
+                    continue
+                found[auth_event.key] = auth_event
+            self._auth_state[memo] = found
+        return found
+
+    def sender_level(self, event: MatrixEvent) -> int:
+        """The sender's power level by the event's own auth events."""
+        found = self._levels.get(event.event_id)
+        if found is None:
+            state = self.auth_state(event, skip_rejected=False)
+            if event.type != CREATE and CREATE_KEY not in state:
+                found = 0
+            else:
+                found = pl.user_level(event.sender, state, self.version)
+            self._levels[event.event_id] = found
+        return found
+
+    def power_levels_parent(self, event_id: str) -> str | None:
+        """The power levels event among the event's auth events, if any."""
+        if event_id in self._pl_parent:
+            return self._pl_parent[event_id]
+        found = None
+        event = self.get(event_id)
+        if event is not None:
+            for aid in event.auth_ids:
+                auth_event = self.get(aid)
+                if auth_event is not None and auth_event.key == POWER_LEVELS_KEY:
+                    found = aid
+                    break
+        self._pl_parent[event_id] = found
+        return found
 
 
-def _sender_level(event: MatrixEvent, version: RoomVersion, events: dict[str, MatrixEvent],
-                  source: EventSource) -> int:
-    """The sender's power level by the event's own auth events."""
-    state = _auth_state(event, events, source, skip_rejected=False)
-    if event.type != CREATE and CREATE_KEY not in state:
-        return 0
-    return pl.user_level(event.sender, state, version)
-
-
-def reverse_topological_power_order(
-    event_ids: Sequence[str] | set[str], full_conflicted: set[str], version: RoomVersion,
-    events: dict[str, MatrixEvent], source: EventSource,
-) -> list[str]:
+def reverse_topological_power_order(event_ids: Sequence[str] | set[str],
+                                    full_conflicted: set[str], ctx: _Context) -> list[str]:
     """*event_ids* and their auth ancestors within *full_conflicted*, auth events
-    first, ties by (-sender power level, origin_server_ts, event ID)."""
-    auth_edges: dict[str, list[str]] = {}
+    first (Kahn's algorithm), ties by (-sender power level, origin_server_ts, event ID)."""
+    events = ctx.events
+    auth_edges: dict[str, set[str]] = {}
     stack = list(event_ids)
     while stack:
         eid = stack.pop()
         if eid in auth_edges:
             continue
-        edges = [a for a in events[eid].auth_ids if a in full_conflicted and a in events]
+        edges = {a for a in events[eid].auth_ids if a in full_conflicted}
         auth_edges[eid] = edges
         stack.extend(a for a in edges if a not in auth_edges)
     children: dict[str, list[str]] = {eid: [] for eid in auth_edges}
     waiting: dict[str, int] = {}
     for eid, edges in auth_edges.items():
-        unique = set(edges)
-        waiting[eid] = len(unique)
-        for a in unique:
+        waiting[eid] = len(edges)
+        for a in edges:
             children[a].append(eid)
 
     def order_key(eid: str) -> tuple[int, int, str]:
         event = events[eid]
-        return (-_sender_level(event, version, events, source), event.origin_server_ts, eid)
+        return (-ctx.sender_level(event), event.origin_server_ts, eid)
 
     ready = [(order_key(e), e) for e, n in waiting.items() if n == 0]
     heapq.heapify(ready)
@@ -139,31 +244,15 @@ def reverse_topological_power_order(
     return out
 
 
-def _power_levels_parent(event: MatrixEvent, events: dict[str, MatrixEvent],
-                         source: EventSource) -> str | None:
-    for aid in event.auth_ids:
-        auth_event = events.get(aid) or source.get_event(aid)
-        if auth_event is not None and auth_event.type == POWER_LEVELS and (
-                auth_event.state_key == ""):
-            events.setdefault(aid, auth_event)
-            return aid
-    return None
-
-
 def mainline_order(event_ids: Sequence[str], power_levels_id: str | None,
-                   events: dict[str, MatrixEvent], source: EventSource) -> list[str]:
+                   ctx: _Context) -> list[str]:
     """*event_ids* by (mainline position, origin_server_ts, event ID)."""
     mainline: list[str] = []
     current = power_levels_id
-    while current is not None:
-        event = events.get(current) or source.get_event(current)
-        if event is None:
-            break
-        events.setdefault(current, event)
+    while current is not None and ctx.get(current) is not None:
         mainline.append(current)
-        current = _power_levels_parent(event, events, source)
+        current = ctx.power_levels_parent(current)
     position = {eid: i + 1 for i, eid in enumerate(reversed(mainline))}
-    memo: dict[str, int] = {}
 
     def depth(eid: str) -> int:
         walked: list[str] = []
@@ -173,66 +262,71 @@ def mainline_order(event_ids: Sequence[str], power_levels_id: str | None,
             if current in position:
                 found = position[current]
                 break
-            if current in memo:
-                found = memo[current]
-                break
             walked.append(current)
-            event = events.get(current) or source.get_event(current)
-            if event is None:
-                break
-            current = _power_levels_parent(event, events, source)
+            current = ctx.power_levels_parent(current)
         for w in walked:
-            memo[w] = found
+            position[w] = found
         return found
 
-    def sort_key(eid: str) -> tuple[int, int, str]:
-        return (depth(eid), events[eid].origin_server_ts, eid)
-
-    return sorted(event_ids, key=sort_key)
+    events = ctx.events
+    return sorted(event_ids, key=lambda eid: (depth(eid), events[eid].origin_server_ts, eid))
 
 
-def _iterative_auth_checks(order: Sequence[str], partial: dict[StateKey, str],
-                           version: RoomVersion, events: dict[str, MatrixEvent],
-                           source: EventSource) -> dict[StateKey, str]:
+def _iterative_auth_checks(order: Sequence[str], partial: _Partial, ctx: _Context) -> None:
+    version = ctx.version
     for eid in order:
-        event = events[eid]
-        if event.state_key is None or source.is_rejected(eid):
+        event = ctx.events[eid]
+        if event.state_key is None or ctx.rejected(eid):
             continue
-        state = _auth_state(event, events, source, skip_rejected=True)
+        state = dict(ctx.auth_state(event, skip_rejected=True))
         for key in auth.auth_types_for_event(event, version):
             held = partial.get(key)
-            if held is None or source.is_rejected(held):
+            if held is None or ctx.rejected(held):
                 continue
-            held_event = events.get(held) or source.get_event(held)
+            held_event = ctx.get(held)
             if held_event is not None:
-                events.setdefault(held, held_event)
                 state[key] = held_event
         if passes_auth(event, version, state):
             partial[event.key] = eid
-    return partial
 
 
 def resolve_v2(room_id: str, version: RoomVersion, state_sets: Sequence[StateMap],
                source: EventSource) -> dict[StateKey, str]:
     """Resolve *state_sets* of *room_id* with v2, or v2.1 when *version* says so."""
-    unconflicted, conflicted = separate(state_sets)
+    if not state_sets:
+        return {}
+
+    def key_of(event_id: str) -> StateKey | None:
+        event = source.get_event(event_id)
+        return event.key if event is not None and event.state_key is not None else None
+
+    split = _Split(state_sets, key_of)
+    conflicted = split.conflicted
     if not conflicted:
-        return unconflicted
+        return dict(split.base)
     conflicted_ids: set[str] = set().union(*conflicted.values())
     full = set(conflicted_ids)
-    full |= source.auth_chain_difference([set(s.values()) for s in state_sets])
+    # The unconflicted events are in every set: pass them once.
+    full |= source.auth_chain_difference(
+        [{s[k] for k in conflicted if k in s} for s in state_sets], split.common)
     v21 = version.state_res is StateResAlgorithm.V2_1
     if v21:
         full |= source.conflicted_subgraph(conflicted_ids)
     events = load_events(room_id, full, source)
     full = set(events)
+    ctx = _Context(version, events, source)
     power = [eid for eid in full if is_power_event(events[eid])]
-    power_order = reverse_topological_power_order(power, full, version, events, source)
-    partial: dict[StateKey, str] = {} if v21 else dict(unconflicted)
-    partial = _iterative_auth_checks(power_order, partial, version, events, source)
+    power_order = reverse_topological_power_order(power, full, ctx)
+    # v2 starts from the unconflicted state, v2.1 from nothing.
+    partial = _Partial(None if v21 else split)
+    _iterative_auth_checks(power_order, partial, ctx)
     placed = set(power_order)
     others = [eid for eid in full if eid not in placed]
-    others = mainline_order(others, partial.get(POWER_LEVELS_KEY), events, source)
-    partial = _iterative_auth_checks(others, partial, version, events, source)
-    partial.update(unconflicted)
-    return partial
+    others = mainline_order(others, partial.get(POWER_LEVELS_KEY), ctx)
+    _iterative_auth_checks(others, partial, ctx)
+    # The unconflicted state is applied over the result.
+    result = split.unconflicted()
+    for key, event_id in partial.resolved.items():
+        if key in split.differing or key not in split.base:
+            result[key] = event_id
+    return result

@@ -1,0 +1,206 @@
+"""State resolution of a conflicted merge in a room of 10,000 members.
+
+The room (``support.stateres_random.forked_room``): 10,000 members joined on one
+linear base, then 2 or 8 forks of power levels changes, kicks, bans, join rule
+changes, leaves, joins and topics; the forks' states are resolved into one. Each
+case reports the number of conflicted events it resolves.
+
+Rows, side by side in one run:
+
+* ``streamrep-compiled`` / ``streamrep-pure`` - :func:`streamrep.matrix.stateres.
+  resolve_state` with the compiled auth chain core or its pure twin; the room's auth
+  index is built once beforehand (a store keeps it up to date as events arrive);
+* ``reference`` - the reference implementation's own v2 resolver
+  (``synapse.state.v2.resolve_events_with_store``) over an in-memory store that
+  answers its auth chain questions by walking the events' auth edges. Present only
+  when the reference is importable, e.g. in its own virtualenv with streamrep's
+  source on the path::
+
+      PYTHONPATH=src:tests /work/refvenv/bin/python -m pytest bench/test_bench_stateres.py \\
+          -p no:cacheprovider --benchmark-only -o addopts= -o pythonpath=tests
+
+Every row's answer is checked equal to the others' before anything is timed.
+Run in the development environment (no reference row):
+``python -m pytest bench/test_bench_stateres.py --benchmark-only``
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib.util
+import sys
+from typing import Any
+
+import pytest
+
+if importlib.util.find_spec("streamrep._core") is None and importlib.util.find_spec("_core"):
+    # Running from the source tree on PYTHONPATH (the reference's virtualenv): the
+    # compiled core lives in src/_core, installed as streamrep._core.
+    import _core
+
+    sys.modules["streamrep._core"] = _core
+
+from streamrep.matrix.room_versions import room_version
+from streamrep.matrix.stateres import InMemoryEventSource, resolve_state
+from streamrep.matrix.stateres.v2 import separate
+
+from support import stateres_build as build
+from support.impls import IMPLEMENTATIONS
+from support.stateres_random import forked_room
+
+MEMBERS = 10_000
+#: (forks, events per fork)
+SHAPES = {"2-forks": (2, 150), "8-forks": (8, 60)}
+VERSIONS = ("10", "12")
+
+
+@functools.lru_cache(maxsize=None)
+def room_case(shape: str, version_id: str) -> dict[str, Any]:
+    forks, per_fork = SHAPES[shape]
+    return forked_room(version_id, seed=1, members=MEMBERS, forks=forks, per_fork=per_fork,
+                       staff_levels=(100, 50), topic_level=0, keep_rejected=0.0)
+
+
+@functools.lru_cache(maxsize=None)
+def streamrep_input(shape: str, version_id: str, kind: str) -> tuple[Any, ...]:
+    from streamrep import _impl
+    from streamrep.matrix import authindex
+
+    case = room_case(shape, version_id)
+    # Build the auth index on the implementation under test.
+    saved = authindex._authchain
+    authindex._authchain = (_impl.load_compiled("authchain") if kind == "compiled"
+                            else _impl.load_pure("authchain"))
+    try:
+        room, held, id_of = build.explicit_source(case)
+        source = InMemoryEventSource(held.events.values(), held.rejected)
+    finally:
+        authindex._authchain = saved
+    sets = [{(t, k): id_of[n] for t, k, n in s} for s in case["state_sets"]]
+    return room, source, sets, {v: k for k, v in id_of.items()}
+
+
+def _by_node(state: Any, node_of: dict[str, str]) -> dict[tuple[str, str], str]:
+    return {k: node_of[v] for k, v in state.items()}
+
+
+@pytest.mark.parametrize("version_id", VERSIONS)
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("kind", IMPLEMENTATIONS)
+def test_resolve_streamrep(benchmark: Any, kind: str, shape: str, version_id: str) -> None:
+    room, source, sets, node_of = streamrep_input(shape, version_id, kind)
+    version = room_version(version_id)
+    _, conflicted = separate(sets)
+    benchmark.group = f"stateres {shape} v{version_id}"
+    benchmark.name = f"streamrep-{kind}"
+    benchmark.extra_info["conflicted_events"] = sum(len(v) for v in conflicted.values())
+    result = benchmark(resolve_state, room, version, sets, source)
+    if "compiled" in IMPLEMENTATIONS and kind == "pure":
+        other = streamrep_input(shape, version_id, "compiled")
+        assert _by_node(result, node_of) == _by_node(
+            resolve_state(other[0], version, other[2], other[1]), other[3])
+
+
+# --- the reference implementation -------------------------------------------------
+
+
+def _reference_input(shape: str, version_id: str) -> tuple[Any, ...]:
+    rv = pytest.importorskip("synapse.api.room_versions",
+                             reason="the reference implementation is not installed")
+    events_mod = pytest.importorskip("synapse.events")
+    federation = pytest.importorskip("synapse.storage.databases.main.event_federation")
+    version = rv.KNOWN_ROOM_VERSIONS[version_id]
+    case = room_case(shape, version_id)
+    events: dict[str, Any] = {}
+    id_of: dict[str, str] = {}
+    room = "!room:example.org"
+    for n, spec in enumerate(case["events"]):
+        d = {"type": spec["type"], "sender": spec["sender"], "content": spec["content"],
+             "depth": spec["depth"], "origin_server_ts": spec["ts"],
+             "auth_events": [id_of[a] for a in spec["auth"]],
+             "prev_events": [id_of[p] for p in spec["prev"]], "hashes": {"sha256": ""},
+             "signatures": {}}
+        if "state_key" in spec:
+            d["state_key"] = spec["state_key"]
+        is_create = spec["type"] == "m.room.create"
+        if not (is_create and version.msc4291_room_ids_as_hashes):
+            d["room_id"] = room
+        event = events_mod.make_event_from_dict(
+            d, version, rejected_reason="auth" if spec.get("rejected") else None)
+        if is_create:
+            room = event.room_id
+        events[event.event_id] = event
+        id_of[spec["id"]] = event.event_id
+    sets = [{(t, k): id_of[n] for t, k, n in s} for s in case["state_sets"]]
+    store = _MemoryStore(events, federation.StateDifference)
+    return room, version, sets, store, {v: k for k, v in id_of.items()}
+
+
+class _MemoryStore:
+    """The reference resolver's store interface over events in memory."""
+
+    def __init__(self, events: dict[str, Any], difference: Any) -> None:
+        self.events = events
+        self.difference = difference
+
+    async def get_events(self, event_ids: Any, allow_rejected: bool = False) -> dict[str, Any]:
+        return {e: self.events[e] for e in event_ids if e in self.events}
+
+    def _chain(self, roots: Any) -> set[str]:
+        seen: set[str] = set()
+        stack = list(roots)
+        while stack:
+            e = stack.pop()
+            if e not in seen:
+                seen.add(e)
+                stack.extend(self.events[e].auth_event_ids())
+        return seen
+
+    async def get_auth_chain_difference(self, room_id: str, state_sets: Any,
+                                        conflicted_state: Any = None,
+                                        additional_backwards_reachable_conflicted_events: Any
+                                        = None) -> Any:
+        chains = [self._chain(s) for s in state_sets]
+        diff = set().union(*chains) - set.intersection(*chains)
+        subgraph = None
+        if conflicted_state is not None:
+            extra = additional_backwards_reachable_conflicted_events or set()
+            backwards = self._chain(set(conflicted_state) | set(extra))
+            children: dict[str, set[str]] = {}
+            for e in backwards:
+                for a in self.events[e].auth_event_ids():
+                    children.setdefault(a, set()).add(e)
+            forwards: set[str] = set()
+            stack = list(conflicted_state)
+            while stack:
+                e = stack.pop()
+                if e not in forwards:
+                    forwards.add(e)
+                    stack.extend(children.get(e, ()))
+            subgraph = backwards & forwards
+        return self.difference(auth_difference=diff, conflicted_subgraph=subgraph)
+
+
+class _Clock:
+    async def sleep(self, _duration: Any) -> None:
+        return None
+
+
+@pytest.mark.parametrize("version_id", VERSIONS)
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_resolve_reference(benchmark: Any, shape: str, version_id: str) -> None:
+    room, version, sets, store, node_of = _reference_input(shape, version_id)
+    v2 = pytest.importorskip("synapse.state.v2")
+
+    def run() -> Any:
+        return asyncio.run(v2.resolve_events_with_store(_Clock(), room, version, sets, None,
+                                                        store))
+
+    mine = streamrep_input(shape, version_id, IMPLEMENTATIONS[0])
+    expected = _by_node(resolve_state(mine[0], room_version(version_id), mine[2], mine[1]),
+                        mine[3])
+    assert _by_node(dict(run()), node_of) == expected
+    benchmark.group = f"stateres {shape} v{version_id}"
+    benchmark.name = "reference"
+    benchmark(run)
