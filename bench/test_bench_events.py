@@ -58,11 +58,11 @@ def _report(benchmark: Any, name: str, count: int, impl_kind: str) -> None:
 @pytest.fixture
 def use_impl(impl_kind: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """Point the event store's core modules at *impl_kind* for this benchmark."""
-    import streamrep.events.persist as persist
+    import streamrep.events.dag as dag
     import streamrep.events.state as state
     import streamrep.events.store as store
 
-    monkeypatch.setattr(persist, "_core_ext", core_module("extremities", impl_kind))
+    monkeypatch.setattr(dag, "_core_ext", core_module("extremities", impl_kind))
     monkeypatch.setattr(state, "_core_state", core_module("state", impl_kind))
     monkeypatch.setattr(store, "_core_changecache", core_module("changecache", impl_kind))
     return impl_kind

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import orjson
 
 from streamrep.db import Transaction
+from streamrep.db.inlists import chunks, in_list
 from streamrep.events.redaction import prune_event_json
 from streamrep.events.tokens import TopologicalToken
 from streamrep.events.visibility import MEMBERSHIP_AT_EVENT_SQL, VISIBLE_TO_USER_SQL
@@ -71,12 +72,11 @@ def event_from_row(row: Sequence[Any]) -> StoredEvent:
 
 def fetch_events(txn: Transaction, event_ids: Sequence[str]) -> dict[str, StoredEvent]:
     out: dict[str, StoredEvent] = {}
-    ids = list(event_ids)
-    for start in range(0, len(ids), 500):
-        chunk = ids[start:start + 500]
+    for chunk in chunks(list(event_ids)):
+        params: list[Any] = []
         for row in txn.fetchall(
-                f"SELECT {EVENT_COLUMNS} FROM events e"
-                " WHERE e.event_id IN (" + ",".join("?" * len(chunk)) + ")", chunk):
+                f"SELECT {EVENT_COLUMNS} FROM events e WHERE "
+                + in_list(txn, "e.event_id", chunk, params), params):
             event = event_from_row(row)
             out[event.event_id] = event
     return out

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Mapping
 
 from streamrep import _impl
 from streamrep.db import Transaction
+from streamrep.db.inlists import chunks, in_list
 from streamrep.errors import StateCorruptionError
 from streamrep.lru import Lru
 from streamrep.events.resolver import StateKey
@@ -103,10 +104,6 @@ class StateOverlay(Mapping[StateKey, str]):
 _MAX_CHAIN = 100_000
 
 
-def _placeholders(n: int) -> str:
-    return ",".join("?" * n)
-
-
 class StateGroupStore:
     """Reads, caches and writes state groups (one per process, single writer)."""
 
@@ -139,11 +136,11 @@ class StateGroupStore:
                 missing.append(event_id)
             else:
                 out[event_id] = group
-        for start in range(0, len(missing), 500):
-            chunk = missing[start:start + 500]
+        for chunk in chunks(missing):
+            event_params: list[object] = []
             for event_id, group in txn.fetchall(
-                "SELECT event_id, state_group FROM event_to_state_groups WHERE event_id IN ("
-                + _placeholders(len(chunk)) + ")", chunk):
+                "SELECT event_id, state_group FROM event_to_state_groups WHERE "
+                + in_list(txn, "event_id", chunk, event_params), event_params):
                 out[event_id] = int(group)
                 self.event_group_cache.put(event_id, int(group))
         return out
@@ -184,11 +181,11 @@ class StateGroupStore:
         else:
             chain_to_read = chain
         rows: dict[int, list[tuple[str, str, str]]] = {g: [] for g in chain_to_read}
-        for start in range(0, len(chain_to_read), 500):
-            chunk = chain_to_read[start:start + 500]
+        for group_chunk in chunks(chain_to_read):
+            params: list[object] = []
             for sg, etype, state_key, event_id in txn.fetchall(
-                "SELECT state_group, type, state_key, event_id FROM state_groups_state"
-                " WHERE state_group IN (" + _placeholders(len(chunk)) + ")", chunk):
+                "SELECT state_group, type, state_key, event_id FROM state_groups_state WHERE "
+                + in_list(txn, "state_group", group_chunk, params, cast="bigint"), params):
                 rows[int(sg)].append((etype, state_key, event_id))
         if parents[-1] == -1 and not txn.fetchval(
                 "SELECT 1 FROM state_groups WHERE id = ?", (chain[-1],)):

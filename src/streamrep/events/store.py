@@ -15,6 +15,7 @@ import gevent.lock
 
 from streamrep import _impl
 from streamrep.db import Database, Transaction
+from streamrep.db.inlists import in_list
 from streamrep.errors import (
     DatabaseConfigError,
     EventNotFoundError,
@@ -23,13 +24,9 @@ from streamrep.errors import (
 )
 from streamrep.events import schema
 from streamrep.lru import Lru
-from streamrep.events.persist import (
-    GeneratorAllocator,
-    PersistOutcome,
-    StreamAllocator,
-    current_state_of,
-    persist_batch,
-)
+from streamrep.events.batch import BatchCaches, PersistOutcome
+from streamrep.events.orderings import GeneratorAllocator, StreamAllocator
+from streamrep.events.persist import persist_batch
 from streamrep.events.reading import (
     StoredEvent,
     fetch_events,
@@ -37,6 +34,7 @@ from streamrep.events.reading import (
     visible_timeline,
 )
 from streamrep.events.resolver import DepthOrderResolver, StateKey, StateResolver
+from streamrep.events.room_state import current_state_of
 from streamrep.events.state import GroupState, StateGroupStore, StateOverlay
 from streamrep.events.tokens import StreamToken, TopologicalToken, parse_token
 from streamrep.events.validation import EventRecord, parse_event
@@ -216,9 +214,8 @@ class EventStore:
                      backfilled: bool) -> PersistOutcome:
         return persist_batch(
             txn, records, backfilled, states=self.states, resolver=self.resolver,
-            allocator=self._allocator, forward_cache=self._forward,
-            current_state_cache=self._current_state,
-            visibility_cache=self._visibility_values)
+            allocator=self._allocator,
+            caches=BatchCaches(self._forward, self._current_state, self._visibility_values))
 
     def _apply_outcome(self, outcome: PersistOutcome) -> list[CacheRow]:
         """Bring the caches up to date with a committed batch; return the ``caches``
@@ -399,10 +396,10 @@ class EventStore:
 
     def get_user_rooms(self, user_id: str, memberships: Sequence[str] = ("join",)) -> list[str]:
         """Rooms where *user_id*'s current membership is one of *memberships*."""
+        params: list[Any] = ["m.room.member", user_id]
         rows = self.db.fetchall(
-            "SELECT room_id FROM current_state_events WHERE type = ? AND state_key = ?"
-            " AND membership IN (" + ",".join("?" * len(memberships)) + ") ORDER BY room_id",
-            ("m.room.member", user_id, *memberships))
+            "SELECT room_id FROM current_state_events WHERE type = ? AND state_key = ? AND "
+            + in_list(self.db, "membership", memberships, params) + " ORDER BY room_id", params)
         return [r[0] for r in rows]
 
     def get_pending_invites(self, user_id: str) -> list[StoredEvent]:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from streamrep.db import Database
 from streamrep.events import schema
+from streamrep.events.orderings import backfill_position, live_position
 from streamrep.idgen import BackingTable
 from streamrep.streams import RowFormat, StreamDefinition
 
@@ -75,14 +76,12 @@ def _backfill_row(row: Sequence[Any]) -> list[Any]:
 
 def current_events_token(db: Database) -> int:
     """The highest position on the ``events`` stream."""
-    return max(int(db.fetchval("SELECT MAX(stream_ordering) FROM events", (), 0)),
-               int(db.fetchval("SELECT MAX(stream_id) FROM current_state_delta_stream", (), 0)),
-               0)
+    return live_position(db)
 
 
 def current_backfill_token(db: Database) -> int:
     """The highest position on the ``backfill`` stream (``-MIN(stream_ordering)``)."""
-    return max(-int(db.fetchval("SELECT MIN(stream_ordering) FROM events", (), 0)), 0)
+    return backfill_position(db)
 
 
 def get_events_stream_rows(db: Database, from_token: int, to_token: int,

@@ -1,0 +1,61 @@
+"""``IN`` lists for both engines, and the chunks long lists are queried in.
+
+A query that tests a column against a list of values takes the list in chunks of
+:data:`CHUNK_SIZE` (SQLite bounds the number of parameters of a statement) and
+writes the test with :func:`in_list`:
+
+>>> for chunk in chunks(event_ids):
+...     params = []
+...     rows = txn.fetchall("SELECT ... WHERE " + in_list(txn, "event_id", chunk, params),
+...                         params)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Protocol, Sequence, TypeVar
+
+import orjson
+
+__all__ = ["CHUNK_SIZE", "chunks", "in_list", "placeholders"]
+
+#: Values per query: far below SQLite's parameter limit, large enough that a
+#: batch's lookups are one or two statements.
+CHUNK_SIZE = 500
+
+T = TypeVar("T")
+
+
+class _Dialect(Protocol):
+    @property
+    def is_postgres(self) -> bool: ...
+
+
+def chunks(items: Sequence[T], size: int = CHUNK_SIZE) -> Iterator[Sequence[T]]:
+    """*items* in consecutive slices of at most *size*."""
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def placeholders(n: int) -> str:
+    """*n* ``?`` placeholders for an ``IN (...)`` list; ``NULL`` (matching nothing)
+    for none."""
+    return ",".join("?" * n) if n else "NULL"
+
+
+def in_list(conn: _Dialect, column: str, values: Sequence[Any], params: list[Any],
+            cast: str = "") -> str:
+    """SQL that tests *column* against *values*, whose parameters go on *params*.
+
+    *conn* is the transaction or database the SQL runs on. On PostgreSQL the values
+    travel as one JSON array: psycopg2 quotes one string instead of adapting each
+    value, and the server plans one parameter however many values there are (a long
+    ``IN`` list costs it more to plan than to run). *cast* (e.g. ``"bigint"``)
+    converts the array's text elements there for a column that is not text.
+    """
+    if conn.is_postgres:
+        params.append(orjson.dumps(list(values)).decode())
+        element = f"::{cast}" if cast else ""
+        return (f"{column} = ANY(ARRAY(SELECT json_array_elements_text(?::json)"
+                f"{element}))")
+    params.extend(values)
+    return f"{column} IN ({placeholders(len(values))})"

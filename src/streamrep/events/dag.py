@@ -1,0 +1,190 @@
+"""The room DAG of a batch: its order, and the forward and backward extremities it
+moves.
+
+The extremity update itself runs in the ``extremities`` core: this module interns
+the room's share of the batch into dense integers, tells the core which of them
+are stored, forward extremities or have a counted child, and queues the rows the
+core says to add and remove.
+"""
+
+from __future__ import annotations
+
+import heapq
+from array import array
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+from streamrep import _impl
+from streamrep.db import Transaction
+from streamrep.db.inlists import chunks, in_list
+from streamrep.events.batch import Batch
+from streamrep.events.validation import EventRecord
+
+if TYPE_CHECKING:
+    from streamrep._pure import extremities as _core_ext
+else:
+    _core_ext = _impl.load("extremities")
+
+__all__ = ["group_by_room", "topological_sort", "update_extremities"]
+
+
+def group_by_room(records: list[EventRecord]) -> dict[str, list[EventRecord]]:
+    """*records* by room, in order (a batch is mostly one room: no loop then)."""
+    if not records:
+        return {}
+    first = records[0].room_id
+    if all(r.room_id == first for r in records):
+        return {first: records}
+    rooms: dict[str, list[EventRecord]] = {}
+    for record in records:
+        rooms.setdefault(record.room_id, []).append(record)
+    return rooms
+
+
+def topological_sort(records: Sequence[EventRecord]) -> list[EventRecord]:
+    """Order *records* so that each comes after the batch events it lists as
+    prev_events (stable otherwise; cycles keep their input order)."""
+    by_id = {r.event_id: i for i, r in enumerate(records)}
+    if all(by_id.get(p, -1) < i for i, r in enumerate(records) for p in r.prev_events):
+        return list(records)  # already in order (the usual case)
+    indegree = [0] * len(records)
+    children: list[list[int]] = [[] for _ in records]
+    for i, record in enumerate(records):
+        for prev in record.prev_events:
+            j = by_id.get(prev)
+            if j is not None:
+                indegree[i] += 1
+                children[j].append(i)
+    ready = [i for i, d in enumerate(indegree) if d == 0]
+    heapq.heapify(ready)
+    out: list[EventRecord] = []
+    done = [False] * len(records)
+    while len(out) < len(records):
+        if not ready:  # a cycle: release the earliest remaining event
+            ready = [min(i for i in range(len(records)) if not done[i])]
+        i = heapq.heappop(ready)
+        if done[i]:
+            continue
+        done[i] = True
+        out.append(records[i])
+        for c in children[i]:
+            indegree[c] -= 1
+            if indegree[c] == 0 and not done[c]:
+                heapq.heappush(ready, c)
+    return out
+
+
+@dataclass
+class _Interned:
+    """One room's share of a batch as the extremity core takes it: batch event *k*
+    has ID *k*; then come the prev_events outside the batch, then the room's
+    current forward extremities."""
+
+    names: list[str]
+    ids: dict[str, int]
+    batch_ids: "array[int]"
+    batch_flags: bytes
+    offsets: "array[int]"
+    prev_ids: "array[int]"
+    id_flags: bytearray
+
+
+def _intern(non_outliers: list[EventRecord], forward: frozenset[str],
+            stored: dict[str, bool]) -> _Interned:
+    ids: dict[str, int] = {r.event_id: k for k, r in enumerate(non_outliers)}
+    names: list[str] = [r.event_id for r in non_outliers]
+    if len(ids) != len(names):  # the same event twice: keep the first ID of each
+        ids = {}
+        names = []
+        for record in non_outliers:
+            if record.event_id not in ids:
+                ids[record.event_id] = len(names)
+                names.append(record.event_id)
+    n_batch = len(names)
+    setdefault = ids.setdefault
+    non_outlier_flag = _core_ext.BATCH_NON_OUTLIER
+    counted_flag = _core_ext.BATCH_NON_OUTLIER | _core_ext.BATCH_COUNTED
+    batch_ids = array("q", [ids[r.event_id] for r in non_outliers])
+    batch_flags = bytes([counted_flag if not (r.rejected or r.soft_failed) else non_outlier_flag
+                         for r in non_outliers])
+    offsets = array("q", [0])
+    prev_list: list[int] = []
+    for record in non_outliers:
+        for p in record.prev_events:
+            i = setdefault(p, len(names))
+            if i == len(names):
+                names.append(p)
+            prev_list.append(i)
+        offsets.append(len(prev_list))
+    n_batch_known = len(names)
+    for event_id in forward:
+        if setdefault(event_id, len(names)) == len(names):
+            names.append(event_id)
+    id_flags = bytearray(len(names))
+    for event_id in forward:
+        id_flags[ids[event_id]] |= _core_ext.ID_FORWARD
+    # prev_events (not batch events) stored as non-outliers.
+    stored_flag = _core_ext.ID_STORED_NON_OUTLIER
+    for i in range(n_batch, n_batch_known):
+        if stored.get(names[i]) is False:
+            id_flags[i] |= stored_flag
+    return _Interned(names, ids, batch_ids, batch_flags, offsets, array("q", prev_list), id_flags)
+
+
+def _mark_counted_children(txn: Transaction, room_id: str, interned: _Interned,
+                           counted: list[str]) -> None:
+    """Flag those of *counted* (batch events that are backward extremities) that a
+    stored counted event lists as a prev_event."""
+    for chunk in chunks(counted):
+        params: list[Any] = [room_id]
+        for (event_id,) in txn.fetchall(
+                "SELECT DISTINCT ee.prev_event_id FROM event_edges ee"
+                " JOIN events e ON e.event_id = ee.event_id"
+                " WHERE NOT e.outlier AND NOT e.rejected AND NOT e.soft_failed"
+                " AND ee.room_id = ? AND " + in_list(txn, "ee.prev_event_id", chunk, params),
+                params):
+            interned.id_flags[interned.ids[event_id]] |= _core_ext.ID_HAS_COUNTED_CHILD
+
+
+def update_extremities(batch: Batch, room_id: str, records: list[EventRecord],
+                       stored: dict[str, bool],
+                       backward: set[tuple[str, str]]) -> frozenset[str] | None:
+    """Run the extremity core for one room's share of the batch and queue the
+    changes on *writes*; return the room's new forward extremities, or None when
+    they did not change and were cached.
+
+    *stored* tells, for the batch's events and prev_events, which are stored and
+    whether as outliers; *backward* holds the ``(room, event)`` backward extremities
+    among the batch's events."""
+    non_outliers = [r for r in records if not r.outlier]
+    if not non_outliers:
+        return None
+    txn, writes, forward_cache = batch.txn, batch.writes, batch.caches.forward
+    forward = forward_cache.get(room_id)
+    if forward is None:
+        forward = frozenset(e for (e,) in txn.fetchall(
+            "SELECT event_id FROM event_forward_extremities WHERE room_id = ?", (room_id,)))
+    interned = _intern(non_outliers, forward, stored)
+    # Only batch events that are backward extremities can have a stored child.
+    backward_hits = {r.event_id for r in non_outliers if (room_id, r.event_id) in backward}
+    _mark_counted_children(txn, room_id, interned, sorted(
+        r.event_id for r in non_outliers if r.counts and r.event_id in backward_hits))
+    f_add, f_rem, b_add, b_rem = _core_ext.update_extremities(
+        interned.batch_ids, interned.batch_flags, interned.offsets, interned.prev_ids,
+        bytes(interned.id_flags))
+    names = interned.names
+    if f_rem:
+        writes.delete_in("event_forward_extremities", "event_id", [names[i] for i in f_rem],
+                         room_id)
+    if f_add:
+        writes.insert("event_forward_extremities", "event_id, room_id",
+                      [(names[i], room_id) for i in f_add])
+    gone = [names[i] for i in b_rem if names[i] in backward_hits]
+    if gone:
+        writes.delete_in("event_backward_extremities", "event_id", gone, room_id)
+    if b_add:
+        writes.insert("event_backward_extremities", "event_id, room_id",
+                      [(names[i], room_id) for i in b_add], " ON CONFLICT DO NOTHING")
+    if f_add or f_rem or room_id not in forward_cache:
+        return (forward - {names[i] for i in f_rem}) | {names[i] for i in f_add}
+    return None
