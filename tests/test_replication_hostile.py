@@ -379,3 +379,57 @@ def test_a_relayed_row_must_fit_its_streams_row_format() -> None:
         for peer in peers:
             peer.close()
         hub.stop()
+
+
+def test_running_out_of_file_descriptors_prints_no_traceback(tmp_path: Any) -> None:
+    import resource
+    import socket
+
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+
+    def few_descriptors() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+    hub = subprocess.Popen(
+        [sys.executable, "-m", "streamrep", "serve", "--listen", f"127.0.0.1:{port}",
+         "--db", f"sqlite:///{tmp_path}/streamrep.db"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=few_descriptors)
+    held: list[socket.socket] = []
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert hub.poll() is None and time.monotonic() < deadline, "hub did not start"
+                time.sleep(0.1)
+        for _ in range(100):  # more than the hub has descriptors for
+            held.append(socket.create_connection(("127.0.0.1", port), timeout=1))
+        time.sleep(0.5)
+        assert hub.poll() is None
+        for sock in held:
+            sock.close()
+        held.clear()
+        time.sleep(0.5)
+        worker = LineClient(("127.0.0.1", port))
+        try:
+            worker.send("NAME worker\nREPLICATE\n")
+            assert worker.line() == "SERVER localhost"
+        finally:
+            worker.close()
+        hub.send_signal(__import__("signal").SIGTERM)
+        assert hub.wait(timeout=10) == 0
+        errors = hub.stderr.read().decode()  # type: ignore[union-attr]
+        assert "Traceback" not in errors
+        assert "cannot accept connections: Too many open files" in errors
+    finally:
+        for sock in held:
+            sock.close()
+        if hub.poll() is None:
+            hub.kill()
+            hub.wait()
+        hub.stderr.close()  # type: ignore[union-attr]
