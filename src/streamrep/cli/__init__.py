@@ -7,9 +7,12 @@ Each subcommand lives in its own module and is imported only when it runs, so
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
 import click
+
+from streamrep.cli import exits
 
 #: subcommand name -> "module:attribute" of its click command or group.
 SUBCOMMANDS: dict[str, str] = {
@@ -33,9 +36,56 @@ class _LazyGroup(click.Group):
         if target is None:
             return super().get_command(ctx, cmd_name)
         module_name, attr = target.split(":")
-        command: Any = getattr(importlib.import_module(module_name), attr)
+        try:
+            command: Any = getattr(importlib.import_module(module_name), attr)
+        except ModuleNotFoundError as exc:  # a subcommand whose extra is not installed
+            sys.exit(exits.report(exc, f"streamrep {cmd_name}"))
         assert isinstance(command, click.Command)
+        return with_log_level(command)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        # Operational failures end as one line and a distinct status (streamrep.cli.exits).
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort,
+                SystemExit, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            name = ctx.invoked_subcommand
+            sys.exit(exits.report(exc, f"streamrep {name}" if name else "streamrep"))
+
+
+def _note_log_level(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    if value is not None:
+        exits.note_log_level(str(value), ctx.command_path)
+    return value
+
+
+def _set_up_logging(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    from streamrep.logsetup import setup_logging
+
+    exits.note_log_level(value, ctx.command_path)
+    setup_logging(value)
+
+
+def with_log_level(command: click.Command) -> click.Command:
+    """Give *command* (and every subcommand of a group) a ``--log-level`` option: one
+    that sets up logging where the command has none, else its own, noted so that a
+    failure's traceback is printed only at ``debug``."""
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            with_log_level(sub)
         return command
+    own = next((p for p in command.params if p.name == "log_level"), None)
+    if own is None:
+        command.params.append(click.Option(
+            ["--log-level"], type=click.Choice(["debug", "info", "warning", "error"],
+                                               case_sensitive=False),
+            default="warning", show_default=True, expose_value=False, is_eager=True,
+            callback=_set_up_logging, help="Log level (debug also prints tracebacks)."))
+    elif own.callback is None:
+        own.callback = _note_log_level
+    return command
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

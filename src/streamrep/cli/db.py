@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import click
 
-from streamrep.errors import StreamrepError
 
 
 @click.group("db")
@@ -26,10 +25,8 @@ def repair_sequences_command(db_url: str, dry_run: bool) -> None:
     from streamrep.idgen import repair_sequences
     from streamrep.catalogue import known_streams
 
-    try:
-        database = Database.open(db_url, migrate=False)
-    except StreamrepError as exc:
-        raise click.ClickException(str(exc)) from exc
+    # A database that cannot be opened is reported by streamrep.cli.exits.
+    database = Database.open(db_url, migrate=False)
     try:
         if not database.is_postgres:
             click.echo("SQLite streams have a single writer and no sequences: nothing to repair.")

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from streamrep.cli.exits import ExitCode
 from streamrep.errors import StreamrepError
 
 
@@ -102,8 +103,18 @@ def reconstruct(input_dir: str | None, jdbc_url: str | None, db_url: str | None,
             result = _run_spark(source, options, master, shuffle_partitions, jdbc_partitions, conf)
     except StreamrepError as exc:
         click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
-        sys.exit(2)
+        sys.exit(_status_of(exc))
     click.echo(result.summary())
+
+
+def _status_of(exc: StreamrepError) -> ExitCode:
+    from streamrep.errors import StateCorruptionError, StateVerificationError
+
+    if isinstance(exc, StateCorruptionError):
+        return ExitCode.STATE_CORRUPT
+    if isinstance(exc, StateVerificationError):
+        return ExitCode.STATE_MISMATCH
+    return ExitCode.USAGE
 
 
 def _run_spark(source: Any, options: Any, master: str | None, shuffle_partitions: int | None,
@@ -194,12 +205,12 @@ def compress(input_dir: str | None, jdbc_url: str | None, db_url: str | None, ou
                 session.stop()
     except StateCorruptionError as exc:
         click.echo(f"error: StateCorruptionError: {exc}", err=True)
-        sys.exit(3)
+        sys.exit(ExitCode.STATE_CORRUPT)
     except StateVerificationError as exc:
         click.echo(f"error: StateVerificationError: {exc} (nothing was written to the database)",
                    err=True)
-        sys.exit(4)
+        sys.exit(ExitCode.STATE_MISMATCH)
     except StreamrepError as exc:
         click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
-        sys.exit(2)
+        sys.exit(ExitCode.USAGE)
     click.echo(result.summary())

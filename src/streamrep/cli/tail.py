@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 from typing import Any
 
 import click
 
 from streamrep.cli._common import freeze_startup_heap, peer_settings, use_cooperative_sockets
+from streamrep.cli.exits import CommandFailed, ExitCode
 from streamrep.cli._security import peer_security_from_context, peer_security_options
 from streamrep.config import config_option
 
@@ -31,6 +33,48 @@ def parse_from(value: str | None) -> dict[Any, int]:
     return out
 
 
+class HubWatch:
+    """Says on stderr why the hub cannot be reached (each new reason at once, the same
+    one again at most every *quiet* seconds) and decides when to give up."""
+
+    def __init__(self, give_up_after: float | None, quiet: float = 10.0) -> None:
+        self.give_up_after = give_up_after
+        self.quiet = quiet
+        self.problem: str | None = None
+        self.down_since: float | None = time.monotonic()
+        self._said: tuple[str, float] | None = None
+
+    def retrying(self, problem: str, delay: float) -> None:
+        """The client's ``on_retry``: an attempt failed or the connection was lost."""
+        now = time.monotonic()
+        self.problem = problem
+        if self.down_since is None:
+            self.down_since = now
+        if self._said is None or self._said[0] != problem or now - self._said[1] >= self.quiet:
+            self._said = (problem, now)
+            click.echo(f"tail: {problem}; retrying in {delay:.1f}s", err=True)
+
+    def connected(self) -> None:
+        if self.problem is not None:
+            click.echo("tail: connected", err=True)
+        self.problem = None
+        self.down_since = None
+        self._said = None
+
+    def given_up(self) -> bool:
+        return (self.give_up_after is not None and self.down_since is not None
+                and time.monotonic() - self.down_since >= self.give_up_after)
+
+    def failure(self) -> CommandFailed:
+        problem = self.problem or "no connection to the hub"
+        if "says it is" in problem:
+            return CommandFailed(ExitCode.WRONG_SERVER, f"gave up after {self.give_up_after:g}s: "
+                                 f"{problem}; pass the hub's name as --server-name (or fix "
+                                 "server_name in the configuration)")
+        return CommandFailed(ExitCode.HUB_UNREACHABLE, f"gave up after {self.give_up_after:g}s: "
+                             f"{problem}; start the hub (streamrep serve) or fix --connect")
+
+
 @click.command()
 @config_option
 @peer_security_options
@@ -46,8 +90,12 @@ def parse_from(value: str | None) -> dict[Any, int]:
               help="Database URL, to catch up from the database directly (with --config: its database).")
 @click.option("--server-name", default=None, help="Expected SERVER name of the hub.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Exit after this many facts.")
+@click.option("--give-up-after", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Exit (status 5, or 6 for a wrong server name) once the hub has been "
+                   "unreachable this long; default: keep retrying.")
 def tail(config_path: str | None, connect: str | None, redis_url: str | None, stream_names: tuple[str, ...],
-         from_token: str | None, name: str, db: str | None, server_name: str | None, limit: int | None) -> None:
+         from_token: str | None, name: str, db: str | None, server_name: str | None, limit: int | None,
+         give_up_after: float | None) -> None:
     """Follow streams and print each fact as one JSON object per line.
 
     Keys: ``stream``, ``instance``, ``token``, ``row`` (one line per row; rows of one
@@ -110,6 +158,7 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
             done.set()
 
     client: Any
+    watch = HubWatch(give_up_after)
     if settings.redis_url is not None:
         from streamrep.replication.transport.redis import RedisReplication, describe_url
 
@@ -134,9 +183,19 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
             host, port, client_name=name, server_name=server_name, handler=handler, source=source,
             security=peer_security_from_context(config_path, name),
             settings=settings.connection,
-            streams=stream_names or None, start_from=start_from,
+            streams=stream_names or None, start_from=start_from, on_retry=watch.retrying,
         )
         where = f"{host}:{port}"
+
+        def watch_hub() -> None:
+            while not done.is_set():
+                if client.connected:
+                    watch.connected()
+                elif watch.given_up():
+                    done.set()
+                gevent.sleep(0.1)
+
+        gevent.spawn(watch_hub)
     for signum in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(signum, done.set)
     click.echo(f"tail: following {', '.join(stream_names) or 'every stream'} on {where}", err=True)
@@ -150,4 +209,6 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
             streams_handle.close()
         if database is not None:
             database.close()
+    if watch.given_up():
+        raise watch.failure()
     click.echo(f"tail: {printed['facts']} facts", err=True)

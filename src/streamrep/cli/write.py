@@ -9,16 +9,10 @@ from typing import Any, Callable
 import click
 
 from streamrep.cli._common import freeze_startup_heap, peer_settings, use_cooperative_sockets
+from streamrep.cli.exits import ExitCode
 from streamrep.cli._security import peer_security_from_context, peer_security_options
 from streamrep.config import config_option
 from streamrep.streams.builtin import ACCOUNT_DATA, CACHES, RECEIPTS, TO_DEVICE
-
-#: Exit statuses besides 0 (done) and 1 (persisted, not announced): another process
-#: holds this writer's lease; the lease was lost while writing; the database stayed
-#: away longer than its reconnect_timeout.
-EXIT_LEASE_HELD = 3
-EXIT_LEASE_LOST = 4
-EXIT_DATABASE_UNAVAILABLE = 5
 
 #: Streams ``write`` can fill with synthetic facts.
 WRITABLE_STREAMS = (CACHES.name, ACCOUNT_DATA.name, TO_DEVICE.name, RECEIPTS.name)
@@ -99,8 +93,8 @@ def write(config_path: str | None, connect: str | None, redis_url: str | None, d
     except (WriterLeaseHeldError, DatabaseUnavailableError) as exc:
         database.close()
         click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_LEASE_HELD if isinstance(exc, WriterLeaseHeldError)
-                 else EXIT_DATABASE_UNAVAILABLE)
+        sys.exit(ExitCode.LEASE_HELD if isinstance(exc, WriterLeaseHeldError)
+                 else ExitCode.DATABASE_UNAVAILABLE)
     streams = Streams(database, instance_name, {stream: writers or [instance_name]})
     lease.guard([streams.generator(stream)])
     source = RegistrySource(streams, [stream])
@@ -178,11 +172,11 @@ def write(config_path: str | None, connect: str | None, redis_url: str | None, d
             f" {'announced' if ok else 'NOT announced (hub unreachable)'}",
             err=True,
         )
-        code = 0 if ok else 1
+        code = ExitCode.OK if ok else ExitCode.FAILED
     except (WriterLeaseLostError, DatabaseUnavailableError) as exc:
         click.echo(f"error: {exc}", err=True)
-        code = (EXIT_LEASE_LOST if isinstance(exc, WriterLeaseLostError)
-                else EXIT_DATABASE_UNAVAILABLE)
+        code = (ExitCode.LEASE_LOST if isinstance(exc, WriterLeaseLostError)
+                else ExitCode.DATABASE_UNAVAILABLE)
     finally:
         client.stop()
         streams.close()

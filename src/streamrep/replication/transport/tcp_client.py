@@ -85,6 +85,8 @@ class ReplicationClient:
     * *writer_positions*: ``() -> [(stream, instance, token)]`` for a process that
       writes streams: its persisted positions, announced on every connection.
     * *on_command*: called with relayed commands (``USER_SYNC``, ``USER_IP``, ...).
+    * *on_retry* ``(problem, delay)``: called when an attempt to connect fails or a
+      connection is lost, with one line saying why, before waiting *delay* seconds.
     * *security*: TLS towards the hub and the shared secret
       (:class:`~streamrep.replication.security.PeerSecurity`); default plain TCP.
       With a secret, nothing is sent before the hub has proved it holds it too.
@@ -103,6 +105,7 @@ class ReplicationClient:
         start_from: Mapping[Any, int] | None = None,
         writer_positions: Callable[[], Sequence[tuple[str, str, int]]] | None = None,
         on_command: Callable[[Any], None] | None = None,
+        on_retry: Callable[[str, float], None] | None = None,
         settings: ConnectionSettings | None = None,
         backoff: Backoff | None = None,
         connect_timeout: float = 5.0,
@@ -116,6 +119,7 @@ class ReplicationClient:
         self.follower = StreamFollower(handler, source, streams, start_from) if handler is not None else None
         self.writer_positions = writer_positions
         self.on_command = on_command
+        self.on_retry = on_retry
         self.settings = settings or ConnectionSettings()
         self.backoff = backoff or Backoff()
         self.connect_timeout = connect_timeout
@@ -190,6 +194,8 @@ class ReplicationClient:
             except (OSError, StreamrepError) as exc:
                 delay = self.backoff.next_delay()
                 logger.info("cannot reach hub %s:%s (%s); retrying in %.2fs", self.host, self.port, exc, delay)
+                if self.on_retry is not None:
+                    self.on_retry(f"cannot connect to {self.host}:{self.port}: {exc}", delay)
                 gevent.sleep(delay)
                 continue
             follower = self.follower
@@ -210,6 +216,8 @@ class ReplicationClient:
                 break
             delay = self.backoff.next_delay()
             logger.info("lost hub %s:%s (%s); reconnecting in %.2fs", self.host, self.port, conn.close_reason, delay)
+            if self.on_retry is not None:
+                self.on_retry(self._why_lost(conn), delay)
             gevent.sleep(delay)
 
     def _greeting(self, conn: ClientConnection, session: ClientSession) -> list[Action]:
@@ -221,6 +229,15 @@ class ReplicationClient:
         self.connections_made += 1
         self._up.set()
         return greeting
+
+    def _why_lost(self, conn: ClientConnection) -> str:
+        where = f"{self.host}:{self.port}"
+        if conn.close_reason == DisconnectReason.WRONG_SERVER:
+            return (f"the hub at {where} says it is {conn.server_name!r}, "
+                    f"not {self.server_name!r}")
+        if not conn.established:
+            return f"the hub at {where} closed the connection before replicating ({conn.close_reason})"
+        return f"lost the hub at {where} ({conn.close_reason})"
 
     def connection_lost(self, conn: TcpConnection, reason: str) -> None:
         assert isinstance(conn, ClientConnection)

@@ -1,0 +1,170 @@
+"""What a new user's mistakes look like: one line naming what failed and how to fix
+it, the exit status of streamrep.cli.exits, no traceback (unless --log-level debug)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from streamrep.cli import SUBCOMMANDS, main, with_log_level
+from streamrep.cli.exits import ExitCode
+
+MISSING_DIR = "/nonexistent-streamrep-dir/sub"
+BAD_SQLITE = f"sqlite:///{MISSING_DIR}/streamrep.db"
+# Nothing listens on port 1 of the loopback address.
+DEAD_POSTGRES = "postgresql://postgres@127.0.0.1:1/test?connect_timeout=2"
+
+
+def free_address() -> str:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+def run(*args: str, cwd: Path, prelude: str = "", timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``streamrep ARGS`` in a fresh interpreter (after running *prelude* in it)."""
+    code = f"{prelude}\nimport sys\nfrom streamrep.cli import main\nsys.argv = ['streamrep', *sys.argv[1:]]\nmain()"
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "PYTHONWARNINGS": ""})
+
+
+def assert_one_line(proc: subprocess.CompletedProcess[str], code: ExitCode, *needles: str) -> str:
+    """The process exited with *code* and its last stderr line is the report, naming
+    *needles*; no traceback anywhere."""
+    assert proc.returncode == code, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert ": error: " in line, proc.stderr
+    for needle in needles:
+        assert needle in line, (needle, line)
+    return line
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+def test_serve_with_a_bad_sqlite_path(workdir: Path) -> None:
+    proc = run("serve", "--db", BAD_SQLITE, "--listen", free_address(), cwd=workdir)
+    assert_one_line(proc, ExitCode.BAD_PATH, "streamrep serve", MISSING_DIR, "directory exists")
+
+
+def test_serve_with_an_unreachable_postgres(workdir: Path) -> None:
+    proc = run("serve", "--db", DEAD_POSTGRES, "--listen", free_address(), cwd=workdir)
+    assert_one_line(proc, ExitCode.DATABASE_UNAVAILABLE, "streamrep serve", "PostgreSQL",
+                    "127.0.0.1:1", "start the database server")
+
+
+def test_demo_with_a_bad_sqlite_path(workdir: Path) -> None:
+    proc = run("demo", "--db", BAD_SQLITE, "--duration", "1", "--workers", "1",
+               "--workdir", str(workdir / "demo"), cwd=workdir)
+    assert_one_line(proc, ExitCode.BAD_PATH, "streamrep demo", MISSING_DIR)
+
+
+def test_demo_with_an_unreachable_postgres(workdir: Path) -> None:
+    proc = run("demo", "--db", DEAD_POSTGRES, "--duration", "1", "--workers", "1",
+               "--workdir", str(workdir / "demo"), cwd=workdir)
+    assert_one_line(proc, ExitCode.DATABASE_UNAVAILABLE, "streamrep demo", "PostgreSQL")
+
+
+def test_write_with_a_bad_sqlite_path(workdir: Path) -> None:
+    proc = run("write", "--db", BAD_SQLITE, "--connect", "127.0.0.1:1", "--instance-name", "w1",
+               "--stream", "caches", "--count", "1", cwd=workdir)
+    assert_one_line(proc, ExitCode.BAD_PATH, "streamrep write", MISSING_DIR)
+
+
+def test_db_with_an_unreachable_postgres(workdir: Path) -> None:
+    proc = run("db", "repair-sequences", "--db", DEAD_POSTGRES, "--dry-run", cwd=workdir)
+    assert_one_line(proc, ExitCode.DATABASE_UNAVAILABLE, "streamrep db repair-sequences",
+                    "PostgreSQL")
+
+
+def test_state_export_with_a_bad_sqlite_path(workdir: Path) -> None:
+    pytest.importorskip("pyarrow")
+    proc = run("state", "export", "--db", BAD_SQLITE, "--out", str(workdir / "out"), cwd=workdir)
+    assert_one_line(proc, ExitCode.BAD_PATH, "streamrep state export", "--db")
+
+
+def test_spark_without_its_extra(workdir: Path) -> None:
+    # As on a base install: importing pyarrow fails.
+    proc = run("spark", "reconstruct", "--input", str(workdir), "--output", str(workdir / "out"),
+               "--single-process", cwd=workdir, prelude="import sys; sys.modules['pyarrow'] = None")
+    assert_one_line(proc, ExitCode.MISSING_EXTRA, "streamrep spark reconstruct", "pyarrow",
+                    "pip install 'streamrep[spark]'")
+
+
+def test_tail_with_nothing_listening_says_so_and_gives_up(workdir: Path) -> None:
+    proc = run("tail", "--connect", "127.0.0.1:1", "--give-up-after", "1", cwd=workdir)
+    line = assert_one_line(proc, ExitCode.HUB_UNREACHABLE, "streamrep tail", "gave up after 1s",
+                           "127.0.0.1:1", "streamrep serve")
+    # It said why while it was retrying, not only at the end.
+    retries = [x for x in proc.stderr.splitlines() if "retrying in" in x]
+    assert retries and "refused" in retries[0].lower(), proc.stderr
+    assert "refused" in line.lower()
+
+
+@pytest.fixture
+def hub() -> Iterator[tuple[str, int]]:
+    from streamrep.replication import ReplicationHub
+    from streamrep.replication.source import MemorySource
+
+    hub = ReplicationHub("example.com", MemorySource(), port=0)
+    hub.start()
+    try:
+        yield hub.address[0], hub.address[1]
+    finally:
+        hub.stop()
+
+
+def test_tail_with_a_wrong_server_name_says_the_name_it_found(workdir: Path,
+                                                               hub: tuple[str, int]) -> None:
+    import gevent
+
+    host, port = hub
+    # The hub runs in this process's greenlets: let them serve while tail runs.
+    job = gevent.get_hub().threadpool.spawn(
+        run, "tail", "--connect", f"{host}:{port}", "--server-name", "wrong.example",
+        "--give-up-after", "1", cwd=workdir)
+    proc = job.get(timeout=60)
+    line = assert_one_line(proc, ExitCode.WRONG_SERVER, "streamrep tail", "'example.com'",
+                           "'wrong.example'", "--server-name")
+    assert "says it is 'example.com'" in line
+
+
+def test_debug_log_level_prints_the_traceback(workdir: Path) -> None:
+    proc = run("db", "repair-sequences", "--db", DEAD_POSTGRES, "--log-level", "debug",
+               cwd=workdir)
+    assert proc.returncode == ExitCode.DATABASE_UNAVAILABLE
+    assert "Traceback" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("streamrep db repair-sequences: error:")
+
+
+def _leaves(command: object, path: str) -> Iterator[tuple[str, object]]:
+    import click
+
+    assert isinstance(command, click.Command)
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            yield from _leaves(sub, f"{path} {name}")
+    else:
+        yield path, command
+
+
+def test_every_command_takes_log_level() -> None:
+    import click
+
+    ctx = click.Context(main)
+    for name in SUBCOMMANDS:
+        command = main.get_command(ctx, name)
+        assert command is not None and with_log_level(command) is command
+        for path, leaf in _leaves(command, name):
+            assert isinstance(leaf, click.Command)
+            assert any("--log-level" in getattr(p, "opts", ()) for p in leaf.params), path
