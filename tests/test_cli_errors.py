@@ -168,3 +168,11 @@ def test_every_command_takes_log_level() -> None:
         for path, leaf in _leaves(command, name):
             assert isinstance(leaf, click.Command)
             assert any("--log-level" in getattr(p, "opts", ()) for p in leaf.params), path
+
+
+def test_operations_page_lists_every_exit_status() -> None:
+    import re
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    listed = {int(code): name for code, name in re.findall(r"^\| (\d+) \| `(\w+)` \|", page, re.M)}
+    assert listed == {code.value: code.name for code in ExitCode}

@@ -55,16 +55,25 @@ class _LazyGroup(click.Group):
             sys.exit(exits.report(exc, f"streamrep {name}" if name else "streamrep"))
 
 
+def _command_name(ctx: click.Context) -> str:
+    """``streamrep db repair-sequences``, however the program was started."""
+    names = []
+    while ctx.parent is not None:
+        names.append(ctx.info_name or "")
+        ctx = ctx.parent
+    return " ".join(["streamrep", *reversed(names)])
+
+
 def _note_log_level(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     if value is not None:
-        exits.note_log_level(str(value), ctx.command_path)
+        exits.note_log_level(str(value), _command_name(ctx))
     return value
 
 
 def _set_up_logging(ctx: click.Context, param: click.Parameter, value: Any) -> None:
     from streamrep.logsetup import setup_logging
 
-    exits.note_log_level(value, ctx.command_path)
+    exits.note_log_level(value, _command_name(ctx))
     setup_logging(value)
 
 
