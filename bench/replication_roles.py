@@ -22,6 +22,17 @@ import orjson
 from streamrep.cli._common import freeze_startup_heap
 
 
+def _security() -> Any:
+    """TLS towards the hub when the benchmark runs it with a certificate
+    (``STREAMREP_BENCH_TLS_CA``: the CA to check it against)."""
+    import os
+
+    from streamrep.replication.security import PeerSecurity
+
+    ca = os.environ.get("STREAMREP_BENCH_TLS_CA")
+    return PeerSecurity.from_options(tls=True, ca=ca) if ca else PeerSecurity()
+
+
 def worker(connect: str, name: str, rows_wanted: int, out_path: str) -> None:
     from streamrep.replication import ReplicationClient
 
@@ -39,7 +50,8 @@ def worker(connect: str, name: str, rows_wanted: int, out_path: str) -> None:
         if state["rows"] >= rows_wanted:
             done.set()
 
-    client = ReplicationClient(host, int(port), client_name=name, handler=handler, streams=["to_device"])
+    client = ReplicationClient(host, int(port), client_name=name, handler=handler, streams=["to_device"],
+                               security=_security())
     client.start()
     if not client.wait_connected(30):
         raise SystemExit("worker could not connect")
@@ -68,6 +80,7 @@ def writer(connect: str, db: str, fact_count: int, rows_per_fact: int, rate: flo
     client = ReplicationClient(
         host, int(port), client_name=instance,
         writer_positions=lambda: [("to_device", instance, streams.current_token("to_device", instance))],
+        security=_security(),
     )
     commits: list[tuple[int, int]] = []
     # The rows of the fact being committed, exactly as the stream reads them back

@@ -8,7 +8,9 @@
   commit to the worker's handler.
 
 Each runs with the compiled core and with the pure-Python twins (every process
-of the run uses the same one), ``STREAMREP_BENCH_ROUNDS`` times (default 3); the
+of the run uses the same one), and once more with the compiled core over TLS
+(``transport=tls``: the hub's certificate from a CA made for the run, every
+process checking it), ``STREAMREP_BENCH_ROUNDS`` times (default 3); the
 figures of the median round are in ``extra_info`` and printed, with every round's
 rate and p99.
 """
@@ -56,12 +58,21 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _run(tmp: str, impl_kind: str, facts: int, rows_per_fact: int, rate: float) -> dict[str, Any]:
+def _run(tmp: str, impl_kind: str, facts: int, rows_per_fact: int, rate: float,
+         transport: str = "plain") -> dict[str, Any]:
     env = dict(os.environ)
     if impl_kind == "pure":
         env["STREAMREP_NO_EXTENSIONS"] = "1"
     else:
         env.pop("STREAMREP_NO_EXTENSIONS", None)
+    serve_tls: list[str] = []
+    env.pop("STREAMREP_BENCH_TLS_CA", None)
+    if transport == "tls":
+        from streamrep.demo.certificates import make_deployment_certificates
+
+        certs = make_deployment_certificates(os.path.join(tmp, "pki"), [])
+        serve_tls = ["--tls-cert", certs.hub.cert, "--tls-key", certs.hub.key]
+        env["STREAMREP_BENCH_TLS_CA"] = certs.ca
     db = f"sqlite:///{tmp}/bench.db"
     port = _free_port()
     procs: list[subprocess.Popen[bytes]] = []
@@ -77,7 +88,7 @@ def _run(tmp: str, impl_kind: str, facts: int, rows_per_fact: int, rate: float) 
 
     try:
         start([sys.executable, "-m", "streamrep", "serve", "--db", db, "--listen", f"127.0.0.1:{port}",
-               "--log-level", "WARNING"], cwd=tmp)
+               "--log-level", "WARNING", *serve_tls], cwd=tmp)
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -182,15 +193,34 @@ def _rounds(benchmark: Any, tmp_path: Any, impl_kind: str, **params: Any) -> dic
     return figures
 
 
+#: Plain TCP, and TLS on the replication port (compiled core only: what TLS costs
+#: is the same whichever core decodes).
+TRANSPORTS = ["plain", "tls"]
+
+
+def _transport(impl_kind: str, transport: str) -> None:
+    if transport == "tls":
+        if impl_kind == "pure":
+            pytest.skip("TLS is measured with the compiled core")
+        pytest.importorskip("cryptography")
+
+
 @pytest.mark.benchmark(group="replication-e2e-throughput")
-def test_bench_replication_throughput(benchmark: Any, impl_kind: str, tmp_path: Any) -> None:
-    figures = _rounds(benchmark, tmp_path, impl_kind, facts=150, rows_per_fact=1000, rate=0)
-    _report(benchmark, f"throughput[{impl_kind}]", figures)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_bench_replication_throughput(benchmark: Any, impl_kind: str, transport: str, tmp_path: Any) -> None:
+    _transport(impl_kind, transport)
+    figures = _rounds(benchmark, tmp_path, impl_kind, facts=150, rows_per_fact=1000, rate=0,
+                      transport=transport)
+    _report(benchmark, f"throughput[{impl_kind}-{transport}]", figures)
     assert figures["delivered_lines"] == WORKERS * 150 * 1000
 
 
 @pytest.mark.benchmark(group="replication-e2e-latency")
-def test_bench_replication_latency_at_50k_rows_per_second(benchmark: Any, impl_kind: str, tmp_path: Any) -> None:
-    figures = _rounds(benchmark, tmp_path, impl_kind, facts=15_000, rows_per_fact=10, rate=50_000)
-    _report(benchmark, f"latency[{impl_kind}]", figures)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_bench_replication_latency_at_50k_rows_per_second(benchmark: Any, impl_kind: str, transport: str,
+                                                          tmp_path: Any) -> None:
+    _transport(impl_kind, transport)
+    figures = _rounds(benchmark, tmp_path, impl_kind, facts=15_000, rows_per_fact=10, rate=50_000,
+                      transport=transport)
+    _report(benchmark, f"latency[{impl_kind}-{transport}]", figures)
     assert figures["delivered_lines"] == WORKERS * 15_000 * 10
