@@ -38,7 +38,7 @@ def working_directory_database() -> str:
 @click.option("--log-level", default="INFO", show_default=True)
 @serve_security_options
 @click.pass_context
-def serve(ctx: click.Context, config_path: str | None, db: str, listen: str, server_name: str,
+def serve(ctx: click.Context, /, config_path: str | None, db: str, listen: str, server_name: str,
           instance_name: str, metrics_listen: str | None, redis_url: str | None, log_level: str,
           **security_flags: Any) -> None:
     """Run the replication hub until SIGTERM or SIGINT.
