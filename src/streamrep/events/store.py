@@ -7,7 +7,7 @@ pagination) from in-memory caches where it can. See docs/events.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
@@ -41,6 +41,7 @@ from streamrep.events.validation import EventRecord, parse_event
 
 if TYPE_CHECKING:
     from streamrep._pure import changecache as _core_changecache
+    from streamrep.matrix.gate import Rejection, RoomRules
     from streamrep.streams import Streams
 else:
     _core_changecache = _impl.load("changecache")
@@ -59,6 +60,9 @@ class PersistResult:
 
     orderings: Mapping[str, int]
     max_stream: int
+    #: With room rules: each event of the batch the authorization rules rejected,
+    #: with the reason (``"<reason>: <detail>"``); it is stored, flagged rejected.
+    rejected: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,12 @@ class EventStore:
     ``caches`` stream rows to write. ``max_delta_hops`` bounds state-group delta
     chains; ``cache_size`` and ``max_cached_state_entries`` bound the in-memory
     caches (entries, and state keys held by cached states); ``resolver`` merges
-    conflicting states (default :class:`~streamrep.events.resolver.DepthOrderResolver`).
+    conflicting states (default :class:`~streamrep.events.resolver.DepthOrderResolver`,
+    or with ``room_rules`` the Matrix resolver of each room's version).
+    ``room_rules`` (a :class:`streamrep.matrix.gate.RoomRules`) checks every batch
+    against the Matrix authorization rules: rejected events are stored flagged
+    rejected with a ``rejections`` row, soft-failed ones flagged soft-failed, and
+    each event's auth events go into ``event_auth``.
     """
 
     def __init__(
@@ -110,11 +119,17 @@ class EventStore:
         max_cached_state_entries: int = 5_000_000,
         on_persisted: Callable[[PersistOutcome, list[CacheRow]], None] | None = None,
         streams: "Streams | None" = None,
+        room_rules: "RoomRules | None" = None,
     ) -> None:
         self._owns_db = isinstance(database, str)
         self.db = Database.open(database, migrate=False) if isinstance(database, str) else database
         self.db.ensure_schema(schema.COMPONENT)
-        self.resolver: StateResolver = resolver or DepthOrderResolver()
+        self.room_rules = room_rules
+        if room_rules is not None:
+            room_rules.attach(self.db)
+        self.resolver: StateResolver = resolver or (
+            room_rules.resolver if room_rules is not None else DepthOrderResolver())
+        self._rejections: dict[str, Rejection] = {}
         self.states = StateGroupStore(max_delta_hops, cache_size, max_cached_state_entries)
         self._allocator: StreamAllocator
         self._streams = streams
@@ -180,6 +195,8 @@ class EventStore:
             try:
                 outcome = self.db.run(self._persist_txn, records, backfilled, name="persist_events")
             except BaseException:
+                if self.room_rules is not None:
+                    self.room_rules.forget()
                 self._allocator.reset()
                 self.states.reset_allocator()
                 self._forward.clear()
@@ -191,7 +208,10 @@ class EventStore:
                 self._streams.add_cache_invalidation(cache_name, keys)
         if self._on_persisted is not None:
             self._on_persisted(outcome, cache_rows)
-        return PersistResult(MappingProxyType(outcome.event_orderings), outcome.max_live)
+        rejected = {e: f"{r.reason}: {r.detail}" for e, r in self._rejections.items()
+                    if e in outcome.event_orderings}
+        return PersistResult(MappingProxyType(outcome.event_orderings), outcome.max_live,
+                             MappingProxyType(rejected))
 
     @staticmethod
     def _validate(events: Iterable[Any]) -> list[EventRecord]:
@@ -212,10 +232,16 @@ class EventStore:
 
     def _persist_txn(self, txn: Transaction, records: list[EventRecord],
                      backfilled: bool) -> PersistOutcome:
-        return persist_batch(
+        rules = self.room_rules
+        if rules is not None:
+            self._rejections = rules.check_batch(txn, records, backfilled)
+        outcome = persist_batch(
             txn, records, backfilled, states=self.states, resolver=self.resolver,
             allocator=self._allocator,
             caches=BatchCaches(self._forward, self._current_state, self._visibility_values))
+        if rules is not None:
+            rules.write_rows(txn, outcome.persisted, records, self._rejections)
+        return outcome
 
     def _apply_outcome(self, outcome: PersistOutcome) -> list[CacheRow]:
         """Bring the caches up to date with a committed batch; return the ``caches``
@@ -253,6 +279,8 @@ class EventStore:
 
     def invalidate_current_state(self, room_id: str | None) -> None:
         """Drop cached current state and extremities of *room_id* (None: of every room)."""
+        if self.room_rules is not None:
+            self.room_rules.forget(room_id)
         if room_id is None:
             self._current_state.clear()
             self._forward.clear()

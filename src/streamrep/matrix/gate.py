@@ -1,0 +1,350 @@
+"""The Matrix room rules at the event store's door, and its state resolver.
+
+:class:`RoomRules` keeps, per room, the room version and every stored state event
+(auth events are always state events) in memory with an auth chain index, loading a
+room from the database the first time a batch or a resolution touches it. For each
+batch it decides, before anything is written:
+
+* **rejected** - the event fails the authorization rules against its own auth
+  events (or cites auth events streamrep does not hold, or rejected ones). The
+  event is stored with the ``rejected`` flag (never in state, never an extremity)
+  and a ``rejections`` row with the reason;
+* **soft-failed** - a live, non-outlier event that passes against its auth events
+  but fails against the room's current state. It is stored with the
+  ``soft_failed`` flag (not an extremity, not sent to clients).
+
+After the batch's rows are written, :meth:`RoomRules.write_rows` adds its
+``event_auth``, ``rejections`` and ``rooms`` rows in the same transaction.
+:class:`MatrixStateResolver` is the store's :class:`StateResolver` that resolves
+with the algorithm of the room's version over that in-memory room.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+import orjson
+
+from streamrep.matrix import auth
+from streamrep.matrix import schema as _schema
+from streamrep.matrix.errors import AuthRejection, MatrixError, RejectionReason
+from streamrep.matrix.events import CREATE, MatrixEvent, StateKey, parse_event
+from streamrep.matrix.room_versions import DEFAULT_ROOM_VERSION, RoomVersion, room_version
+from streamrep.matrix.stateres import InMemoryEventSource, resolve_state
+
+if TYPE_CHECKING:
+    from streamrep.db.database import Database, Transaction
+
+__all__ = ["Rejection", "RoomModel", "RoomRules", "MatrixStateResolver"]
+
+_CHUNK = 500
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why an event was rejected: a :class:`RejectionReason` value and one line."""
+
+    reason: str
+    detail: str
+
+
+class RoomModel:
+    """One room as the rules see it: its version and its state events."""
+
+    def __init__(self, room_id: str, version: RoomVersion | None) -> None:
+        self.room_id = room_id
+        self.version = version
+        self.source = InMemoryEventSource()
+
+    def add(self, event: MatrixEvent, rejected: bool) -> None:
+        """Hold *event* (a state event) for later authorization and resolution."""
+        self.source.add(event, rejected=rejected)
+
+
+def _topological(records: list[Any], bodies: dict[str, dict[str, Any]]) -> list[Any]:
+    """Batch records with the batch events they cite as auth events first."""
+    by_id = {r.event_id: r for r in records}
+    waiting: dict[str, int] = {}
+    children: dict[str, list[str]] = {}
+    for r in records:
+        cited = {a for a in _listed_auth(bodies[r.event_id]) if a in by_id and a != r.event_id}
+        waiting[r.event_id] = len(cited)
+        for a in cited:
+            children.setdefault(a, []).append(r.event_id)
+    position = {r.event_id: i for i, r in enumerate(records)}
+    ready = [(position[e], e) for e, n in waiting.items() if n == 0]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        _, eid = heapq.heappop(ready)
+        out.append(by_id[eid])
+        for child in children.get(eid, ()):
+            waiting[child] -= 1
+            if waiting[child] == 0:
+                heapq.heappush(ready, (position[child], child))
+    if len(out) < len(records):  # a cycle: its events cite each other; keep given order
+        seen = {r.event_id for r in out}
+        out.extend(r for r in records if r.event_id not in seen)
+    return out
+
+
+def _listed_auth(body: Mapping[str, Any]) -> list[str]:
+    out = []
+    for item in body.get("auth_events", ()) or ():
+        if isinstance(item, list) and item:
+            item = item[0]
+        if isinstance(item, str):
+            out.append(item)
+    return out
+
+
+class RoomRules:
+    """Authorization at persist and room models for state resolution (see module)."""
+
+    def __init__(self, max_rooms: int = 256) -> None:
+        self._rooms: OrderedDict[str, RoomModel] = OrderedDict()
+        self._max_rooms = max_rooms
+        self._db: Database | None = None
+        self.resolver = MatrixStateResolver(self)
+
+    def attach(self, db: Database) -> None:
+        """Use *db* (its ``matrix`` tables are created or brought up to date)."""
+        db.ensure_schema(_schema.COMPONENT)
+        self._db = db
+
+    def forget(self, room_id: str | None = None) -> None:
+        """Drop the in-memory room (all rooms when None): after a failed batch, or
+        when another process wrote the room."""
+        if room_id is None:
+            self._rooms.clear()
+        else:
+            self._rooms.pop(room_id, None)
+
+    # --- loading -------------------------------------------------------------------
+
+    def room(self, txn: Transaction, room_id: str) -> RoomModel:
+        """The room's model, loaded through *txn* when not held."""
+        model = self._rooms.get(room_id)
+        if model is not None:
+            self._rooms.move_to_end(room_id)
+            return model
+        model = self._load(txn, room_id)
+        self._rooms[room_id] = model
+        while len(self._rooms) > self._max_rooms:
+            self._rooms.popitem(last=False)
+        return model
+
+    def _load(self, txn: Transaction, room_id: str) -> RoomModel:
+        stored = txn.fetchval("SELECT room_version FROM rooms WHERE room_id = ?", (room_id,))
+        version = room_version(stored) if stored is not None else None
+        rows = txn.fetchall(
+            "SELECT event_id, json, rejected FROM events"
+            " WHERE room_id = ? AND state_key IS NOT NULL", (room_id,))
+        bodies = []
+        for event_id, raw, rejected in rows:
+            body = orjson.loads(bytes(raw))
+            bodies.append((event_id, body, bool(rejected)))
+            if version is None and body.get("type") == CREATE and body.get("state_key") == "":
+                version = _version_of(body)
+        model = RoomModel(room_id, version)
+        if version is not None:
+            for event_id, body, rejected in bodies:
+                try:
+                    model.add(_parse(event_id, body, version), rejected)
+                except MatrixError:
+                    continue  # stored before these rules; it can authorize nothing
+        return model
+
+    # --- the batch -----------------------------------------------------------------
+
+    def check_batch(self, txn: Transaction, records: list[Any],
+                    backfilled: bool = False) -> dict[str, Rejection]:
+        """Authorize a batch: set ``rejected``/``soft_failed`` on its records and
+        return the rejected ones' reasons."""
+        bodies = {r.event_id: orjson.loads(r.json) for r in records}
+        out: dict[str, Rejection] = {}
+        rooms: dict[str, list[Any]] = {}
+        for r in records:
+            rooms.setdefault(r.room_id, []).append(r)
+        for room_id, room_records in rooms.items():
+            model = self.room(txn, room_id)
+            current = None if backfilled else _CurrentState(txn, room_id, model)
+            for record in _topological(room_records, bodies):
+                rejection = self._check(model, record, bodies[record.event_id], current)
+                if rejection is not None:
+                    out[record.event_id] = rejection
+        return out
+
+    def _check(self, model: RoomModel, record: Any, body: dict[str, Any],
+               current: _CurrentState | None) -> Rejection | None:
+        if model.version is None:
+            if record.type == CREATE and record.state_key == "":
+                model.version = room_version(_version_of(body)) if _known_version(
+                    body) else None
+            if model.version is None:
+                reason = (RejectionReason.BAD_CREATE_EVENT if record.type == CREATE
+                          else RejectionReason.NO_CREATE_EVENT)
+                record.rejected = True
+                return Rejection(reason.value, "the room has no usable create event")
+        version = model.version
+        try:
+            event = _parse(record.event_id, body, version)
+        except MatrixError as exc:
+            record.rejected = True
+            return Rejection(RejectionReason.MALFORMED.value, str(exc))
+        if event.room_id != record.room_id:
+            # Version 12: the room ID must be the one the create event defines.
+            record.rejected = True
+            return Rejection(RejectionReason.BAD_CREATE_EVENT.value,
+                             f"room {record.room_id} is not the room {event.room_id} "
+                             "this create event defines")
+        rejection: Rejection | None = None
+        if record.rejected:
+            rejection = Rejection("flagged", "persisted with the rejected flag")
+        else:
+            try:
+                auth.authorize(event, version, model.source.events, model.source.rejected)
+            except AuthRejection as exc:
+                record.rejected = True
+                rejection = Rejection(exc.reason.value, exc.detail)
+        if rejection is None and current is not None and not record.outlier:
+            try:
+                auth.check_against_state(event, version, current.for_event(event, version))
+            except AuthRejection:
+                record.soft_failed = True
+        if event.state_key is not None:
+            model.add(event, rejected=rejection is not None)
+            if current is not None and rejection is None and not record.soft_failed and (
+                    not record.outlier):
+                current.apply(event)
+        return rejection
+
+    def write_rows(self, txn: Transaction, persisted: Iterable[str], records: list[Any],
+                   rejections: Mapping[str, Rejection]) -> None:
+        """``event_auth``, ``rejections`` and ``rooms`` rows of the batch's newly
+        stored events."""
+        new = set(persisted)
+        if not new:
+            return
+        by_id = {r.event_id: r for r in records}
+        auth_rows: list[tuple[str, str, str]] = []
+        rooms: list[tuple[str, str]] = []
+        for event_id in new:
+            record = by_id.get(event_id)
+            if record is None:
+                continue
+            model = self._rooms.get(record.room_id)
+            event = model.source.get_event(event_id) if model is not None else None
+            if event is not None:
+                ids: Sequence[str] = event.auth_ids
+            else:
+                ids = _listed_auth(orjson.loads(record.json))
+            auth_rows.extend((event_id, a, record.room_id) for a in ids)
+            if record.type == CREATE and record.state_key == "" and event_id not in rejections:
+                if model is not None and model.version is not None:
+                    rooms.append((record.room_id, model.version.identifier))
+        now = int(time.time() * 1000)
+        rejected_rows = [(e, r.reason, now) for e, r in rejections.items() if e in new]
+        if auth_rows:
+            txn.executemany(
+                "INSERT INTO event_auth (event_id, auth_id, room_id) VALUES (?, ?, ?)", auth_rows)
+        if rejected_rows:
+            txn.executemany(
+                "INSERT INTO rejections (event_id, reason, last_check) VALUES (?, ?, ?)",
+                rejected_rows)
+        if rooms:
+            txn.executemany("INSERT INTO rooms (room_id, room_version) VALUES (?, ?)"
+                            " ON CONFLICT (room_id) DO NOTHING", rooms)
+
+    def loaded(self, room_id: str) -> RoomModel:
+        """The room's model, loaded in a transaction of its own when not held."""
+        model = self._rooms.get(room_id)
+        if model is not None:
+            return model
+        if self._db is None:
+            raise MatrixError(f"room {room_id} is not loaded and no database is attached")
+        db = self._db
+        return db.run(lambda txn: self.room(txn, room_id), name="load_room_rules")
+
+
+class _CurrentState:
+    """The room's current state, read for the keys the batch's events need."""
+
+    def __init__(self, txn: Transaction, room_id: str, model: RoomModel) -> None:
+        self._txn = txn
+        self._room_id = room_id
+        self._model = model
+        self._state: dict[StateKey, str | None] = {}
+
+    def _fetch(self, keys: set[StateKey]) -> None:
+        wanted = [k for k in keys if k not in self._state]
+        for i in range(0, len(wanted), _CHUNK):
+            chunk = wanted[i:i + _CHUNK]
+            for key in chunk:
+                self._state[key] = None
+            clause = " OR ".join(["(type = ? AND state_key = ?)"] * len(chunk))
+            params: list[str] = [self._room_id]
+            for etype, skey in chunk:
+                params.extend((etype, skey))
+            rows = self._txn.fetchall(
+                "SELECT type, state_key, event_id FROM current_state_events"
+                f" WHERE room_id = ? AND ({clause})", tuple(params))
+            for etype, skey, event_id in rows:
+                self._state[(etype, skey)] = event_id
+
+    def for_event(self, event: MatrixEvent, version: RoomVersion
+                  ) -> dict[StateKey, MatrixEvent]:
+        keys = auth.auth_types_for_event(event, version)
+        self._fetch(keys)
+        out: dict[StateKey, MatrixEvent] = {}
+        for key in keys:
+            event_id = self._state.get(key)
+            held = self._model.source.get_event(event_id) if event_id else None
+            if held is not None:
+                out[key] = held
+        return out
+
+    def apply(self, event: MatrixEvent) -> None:
+        self._state[event.key] = event.event_id
+
+
+class MatrixStateResolver:
+    """The event store's :class:`~streamrep.events.resolver.StateResolver` with the
+    Matrix algorithm of each room's version."""
+
+    def __init__(self, rules: RoomRules) -> None:
+        self._rules = rules
+
+    def resolve(self, room_id: str, state_sets: Sequence[Mapping[StateKey, str]],
+                orderings: Mapping[str, tuple[int, int]]) -> dict[StateKey, str]:
+        model = self._rules.loaded(room_id)
+        version = model.version or room_version(DEFAULT_ROOM_VERSION)
+        return resolve_state(room_id, version, state_sets, model.source)
+
+
+def _known_version(body: Mapping[str, Any]) -> bool:
+    try:
+        room_version(_version_of(body))
+    except MatrixError:
+        return False
+    return True
+
+
+def _version_of(body: Mapping[str, Any]) -> Any:
+    content = body.get("content")
+    return content.get("room_version", DEFAULT_ROOM_VERSION) if isinstance(
+        content, dict) else DEFAULT_ROOM_VERSION
+
+
+def _parse(event_id: str, body: dict[str, Any], version: RoomVersion) -> MatrixEvent:
+    if version.room_id_from_create_event and body.get("type") == CREATE and body.get(
+            "state_key") == "" and "room_id" in body:
+        # The store needs a room ID on every event; a version 12 create event has
+        # none of its own, so the one the store was given is set aside here.
+        body = {k: v for k, v in body.items() if k != "room_id"}
+    return parse_event(event_id, body, version)
+

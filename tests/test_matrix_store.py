@@ -1,0 +1,223 @@
+"""The event store with Matrix room rules, per room version family, on SQLite and
+PostgreSQL (``db_url``): forks merged by the room version's state resolution,
+rejected and soft-failed events, auth events and room versions stored."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from streamrep import EventStore
+from streamrep.db import Database
+from streamrep.matrix import auth
+from streamrep.matrix.events import parse_event, room_id_for_create_event
+from streamrep.matrix.gate import RoomRules
+from streamrep.matrix.room_versions import room_version
+
+ALICE, BOB, CAROL = "@alice:a.org", "@bob:b.org", "@carol:a.org"
+FAMILIES = ["1", "5", "10", "12"]
+
+
+class Room:
+    """Builds a room's events client-side, each citing the auth events of the state
+    at its prev events (tracked per event here)."""
+
+    def __init__(self, version_id: str) -> None:
+        self.version = room_version(version_id)
+        self.state_after: dict[str, dict[tuple[str, str], str]] = {}
+        self.n = 0
+        self.room_id = "!room:a.org"
+        content: dict[str, Any] = {"room_version": version_id}
+        if not self.version.implicit_room_creator:
+            content["creator"] = ALICE
+        create_id = self._id("create")
+        if self.version.room_id_from_create_event:
+            self.room_id = room_id_for_create_event(create_id)
+        self.create = self.event("create", [], "m.room.create", "", ALICE, content, create_id)
+
+    def _id(self, name: str) -> str:
+        return f"${name}:a.org" if self.version.event_ids_have_domain else f"${name}"
+
+    def event(self, name: str, prevs: list[str], etype: str, state_key: str | None,
+              sender: str, content: dict[str, Any], event_id: str | None = None,
+              state: dict[tuple[str, str], str] | None = None) -> dict[str, Any]:
+        """The event dict for the store; *state* overrides the state it cites."""
+        self.n += 1
+        event_id = event_id or self._id(name)
+        before: dict[tuple[str, str], str] = {}
+        for p in prevs:
+            before.update(self.state_after[p])
+        if state is not None:
+            before = state
+        body: dict[str, Any] = {"room_id": self.room_id, "type": etype, "sender": sender,
+                                "content": content, "depth": self.n, "prev_events": prevs,
+                                "origin_server_ts": self.n}
+        if state_key is not None:
+            body["state_key"] = state_key
+        probe = parse_event(event_id, {k: v for k, v in body.items() if
+                                       not (etype == "m.room.create" and k == "room_id"
+                                            and self.version.room_id_from_create_event)},
+                            self.version)
+        cited = sorted(before[k] for k in auth.auth_types_for_event(probe, self.version)
+                       if k in before)
+        if self.version.room_id_from_create_event:
+            cited = [c for c in cited if c != self._id("create")]
+        body["auth_events"] = ([[c, {}] for c in cited] if self.version.event_ids_have_domain
+                               else cited)
+        after = dict(before)
+        if state_key is not None:
+            after[(etype, state_key)] = event_id
+        self.state_after[event_id] = after
+        return {"event_id": event_id, **body}
+
+    def id(self, name: str) -> str:
+        return self._id(name)
+
+
+def build(version_id: str) -> tuple[Room, list[dict[str, Any]]]:
+    """Create, Alice joins, power levels (Bob 50), public join rules, topic, Bob and
+    Carol join."""
+    r = Room(version_id)
+    users = {BOB: 50} if r.version.creator_power else {ALICE: 100, BOB: 50}
+    events = [r.create]
+    chain = [("alice", "m.room.member", ALICE, ALICE, {"membership": "join"}),
+             ("power", "m.room.power_levels", "", ALICE, {"users": users}),
+             ("rules", "m.room.join_rules", "", ALICE, {"join_rule": "public"}),
+             ("topic0", "m.room.topic", "", ALICE, {"topic": "first"}),
+             ("bob", "m.room.member", BOB, BOB, {"membership": "join"}),
+             ("carol", "m.room.member", CAROL, CAROL, {"membership": "join"})]
+    prev = r.create["event_id"]
+    for name, etype, sk, sender, content in chain:
+        events.append(r.event(name, [prev], etype, sk, sender, content))
+        prev = events[-1]["event_id"]
+    return r, events
+
+
+@pytest.fixture
+def store(db_url: str) -> Any:
+    s = EventStore(db_url, room_rules=RoomRules())
+    yield s
+    s.close()
+
+
+@pytest.mark.parametrize("version_id", FAMILIES)
+def test_a_ban_racing_a_topic_resets_the_topic(store: EventStore, version_id: str) -> None:
+    r, events = build(version_id)
+    result = store.persist_events(events)
+    assert result.rejected == {}
+    tip = r.id("carol")
+    ban = r.event("ban", [tip], "m.room.member", BOB, ALICE, {"membership": "ban"})
+    topic = r.event("topic_b", [tip], "m.room.topic", "", BOB, {"topic": "bob's"})
+    # The topic arrives first; the ban, sent concurrently, after it (the other
+    # order would soft-fail the topic: Bob is banned in the current state by then).
+    store.persist_events([topic])
+    store.persist_events([ban])
+    assert store.get_forward_extremities(r.room_id) == {r.id("ban"), r.id("topic_b")}
+    merge = r.event("merge", [r.id("ban"), r.id("topic_b")], "m.room.message", None, ALICE,
+                    {"body": "hi"})
+    assert store.persist_events([merge]).rejected == {}
+    state = store.get_state_after_event(r.id("merge"))
+    # Bob is banned on one side, so his topic on the other does not survive.
+    assert state[("m.room.member", BOB)] == r.id("ban")
+    assert state[("m.room.topic", "")] == r.id("topic0")
+    assert store.get_current_state(r.room_id) == state
+    assert store.db.fetchval("SELECT room_version FROM rooms WHERE room_id = ?",
+                             (r.room_id,)) == version_id
+
+
+@pytest.mark.parametrize("version_id", FAMILIES)
+def test_a_forbidden_ban_is_stored_rejected_with_its_reason(store: EventStore,
+                                                            version_id: str) -> None:
+    r, events = build(version_id)
+    store.persist_events(events)
+    bad = r.event("carol_bans", [r.id("carol")], "m.room.member", BOB, CAROL,
+                  {"membership": "ban"})
+    result = store.persist_events([bad])
+    assert set(result.rejected) == {bad["event_id"]}
+    assert result.rejected[bad["event_id"]].startswith("insufficient_power:")
+    stored = store.get_event(bad["event_id"])
+    assert stored.rejected
+    assert store.get_forward_extremities(r.room_id) == {r.id("carol")}
+    assert store.get_current_state(r.room_id)[("m.room.member", BOB)] == r.id("bob")
+    assert store.db.fetchval("SELECT reason FROM rejections WHERE event_id = ?",
+                             (bad["event_id"],)) == "insufficient_power"
+    cited = {row[0] for row in store.db.fetchall(
+        "SELECT auth_id FROM event_auth WHERE event_id = ?", (bad["event_id"],))}
+    assert r.id("power") in cited and r.id("create") in cited
+
+
+@pytest.mark.parametrize("version_id", FAMILIES)
+def test_missing_auth_events_reject_with_their_names(store: EventStore,
+                                                     version_id: str) -> None:
+    r, events = build(version_id)
+    store.persist_events(events)
+    orphan = r.event("orphan", [r.id("carol")], "m.room.topic", "", ALICE, {"topic": "?"})
+    gone = r.id("never_seen")
+    orphan["auth_events"] = orphan["auth_events"] + (
+        [[gone, {}]] if r.version.event_ids_have_domain else [gone])
+    result = store.persist_events([orphan])
+    assert gone in result.rejected[orphan["event_id"]]
+    assert result.rejected[orphan["event_id"]].startswith("missing_auth_events")
+
+
+@pytest.mark.parametrize("version_id", FAMILIES)
+def test_an_event_failing_only_the_current_state_is_soft_failed(store: EventStore,
+                                                                version_id: str) -> None:
+    r, events = build(version_id)
+    store.persist_events(events)
+    store.persist_events([r.event("ban", [r.id("carol")], "m.room.member", BOB, ALICE,
+                                  {"membership": "ban"})])
+    # Bob, unaware of the ban, sends from before it: fine by its auth events.
+    late = r.event("late", [r.id("carol")], "m.room.message", None, BOB, {"body": "hey"})
+    result = store.persist_events([late])
+    assert result.rejected == {}
+    stored = store.get_event(late["event_id"])
+    assert stored.soft_failed and not stored.rejected
+    assert store.get_forward_extremities(r.room_id) == {r.id("ban")}
+
+
+@pytest.mark.parametrize("version_id", FAMILIES)
+def test_an_outlier_with_its_auth_chain_is_de_outliered_later(store: EventStore,
+                                                              version_id: str) -> None:
+    r, events = build(version_id)
+    base, rest = events[:4], events[4:]
+    store.persist_events(base)
+    # Carol's join arrives first as an outlier, with the auth events it cites.
+    carol = next(e for e in events if e["event_id"] == r.id("carol"))
+    result = store.persist_events([dict(carol, outlier=True)])
+    assert result.rejected == {}
+    assert store.get_event(carol["event_id"]).outlier
+    store.persist_events(rest)
+    assert not store.get_event(carol["event_id"]).outlier
+    assert store.get_current_state(r.room_id)[("m.room.member", CAROL)] == carol["event_id"]
+
+
+def test_unknown_room_version_rejects_the_create_event(store: EventStore) -> None:
+    create = {"event_id": "$c", "room_id": "!r:a.org", "type": "m.room.create",
+              "state_key": "", "sender": ALICE, "depth": 1, "prev_events": [],
+              "content": {"room_version": "99", "creator": ALICE}}
+    member = {"event_id": "$m", "room_id": "!r:a.org", "type": "m.room.member",
+              "state_key": ALICE, "sender": ALICE, "depth": 2, "prev_events": ["$c"],
+              "auth_events": ["$c"], "content": {"membership": "join"}}
+    result = store.persist_events([create, member])
+    assert set(result.rejected) == {"$c", "$m"}
+    assert store.get_forward_extremities("!r:a.org") == set()
+    assert store.get_current_state("!r:a.org") == {}
+
+
+def test_existing_databases_get_the_tables_filled(db_url: str) -> None:
+    r, events = build("10")
+    plain = EventStore(db_url)
+    plain.persist_events(events)
+    plain.close()
+    ruled = EventStore(db_url, room_rules=RoomRules())
+    try:
+        assert ruled.db.fetchval("SELECT room_version FROM rooms WHERE room_id = ?",
+                                 (r.room_id,)) == "10"
+        rows = ruled.db.fetchall("SELECT auth_id FROM event_auth WHERE event_id = ?",
+                                 (r.id("bob"),))
+        assert {row[0] for row in rows} == {r.id("create"), r.id("power"), r.id("rules")}
+    finally:
+        ruled.close()
+    assert isinstance(Database, type)
