@@ -81,6 +81,15 @@ def test_write_with_a_bad_sqlite_path(workdir: Path) -> None:
     assert_one_line(proc, ExitCode.BAD_PATH, "streamrep write", MISSING_DIR)
 
 
+def test_write_with_nothing_listening_says_so_and_fails(workdir: Path) -> None:
+    proc = run("write", "--db", f"sqlite:///{workdir}/w.db", "--connect", "127.0.0.1:1",
+               "--instance-name", "w1", "--stream", "caches", "--count", "2",
+               "--announce-timeout", "1", cwd=workdir)
+    assert_one_line(proc, ExitCode.HUB_UNREACHABLE, "streamrep write", "2 facts persisted",
+                    "not announced", "127.0.0.1:1", "refused")
+    assert "write: cannot connect to 127.0.0.1:1" in proc.stderr
+
+
 def test_db_with_an_unreachable_postgres(workdir: Path) -> None:
     proc = run("db", "repair-sequences", "--db", DEAD_POSTGRES, "--dry-run", cwd=workdir)
     assert_one_line(proc, ExitCode.DATABASE_UNAVAILABLE, "streamrep db repair-sequences",

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import signal
 import sys
-import time
 from typing import Any
 
 import click
 
 from streamrep.cli._common import freeze_startup_heap, peer_settings, use_cooperative_sockets
-from streamrep.cli.exits import CommandFailed, ExitCode
+from streamrep.cli._hubwatch import HubWatch
 from streamrep.cli._security import peer_security_from_context, peer_security_options
 from streamrep.config import config_option
 
@@ -31,48 +30,6 @@ def parse_from(value: str | None) -> dict[Any, int]:
     except ValueError:
         raise click.BadParameter(f"{value!r}: expected TOKEN or INSTANCE=TOKEN,...", param_hint="--from") from None
     return out
-
-
-class HubWatch:
-    """Says on stderr why the hub cannot be reached (each new reason at once, the same
-    one again at most every *quiet* seconds) and decides when to give up."""
-
-    def __init__(self, give_up_after: float | None, quiet: float = 10.0) -> None:
-        self.give_up_after = give_up_after
-        self.quiet = quiet
-        self.problem: str | None = None
-        self.down_since: float | None = time.monotonic()
-        self._said: tuple[str, float] | None = None
-
-    def retrying(self, problem: str, delay: float) -> None:
-        """The client's ``on_retry``: an attempt failed or the connection was lost."""
-        now = time.monotonic()
-        self.problem = problem
-        if self.down_since is None:
-            self.down_since = now
-        if self._said is None or self._said[0] != problem or now - self._said[1] >= self.quiet:
-            self._said = (problem, now)
-            click.echo(f"tail: {problem}; retrying in {delay:.1f}s", err=True)
-
-    def connected(self) -> None:
-        if self.problem is not None:
-            click.echo("tail: connected", err=True)
-        self.problem = None
-        self.down_since = None
-        self._said = None
-
-    def given_up(self) -> bool:
-        return (self.give_up_after is not None and self.down_since is not None
-                and time.monotonic() - self.down_since >= self.give_up_after)
-
-    def failure(self) -> CommandFailed:
-        problem = self.problem or "no connection to the hub"
-        if "says it is" in problem:
-            return CommandFailed(ExitCode.WRONG_SERVER, f"gave up after {self.give_up_after:g}s: "
-                                 f"{problem}; pass the hub's name as --server-name (or fix "
-                                 "server_name in the configuration)")
-        return CommandFailed(ExitCode.HUB_UNREACHABLE, f"gave up after {self.give_up_after:g}s: "
-                             f"{problem}; start the hub (streamrep serve) or fix --connect")
 
 
 @click.command()
@@ -158,7 +115,7 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
             done.set()
 
     client: Any
-    watch = HubWatch(give_up_after)
+    watch = HubWatch("tail", give_up_after)
     if settings.redis_url is not None:
         from streamrep.replication.transport.redis import RedisReplication, describe_url
 

@@ -9,6 +9,7 @@ from typing import Any, Callable
 import click
 
 from streamrep.cli._common import freeze_startup_heap, peer_settings, use_cooperative_sockets
+from streamrep.cli._hubwatch import HubWatch
 from streamrep.cli.exits import ExitCode
 from streamrep.cli._security import peer_security_from_context, peer_security_options
 from streamrep.config import config_option
@@ -103,6 +104,7 @@ def write(config_path: str | None, connect: str | None, redis_url: str | None, d
 
     positions = lambda: [(stream, instance_name, streams.current_token(stream, instance_name))]  # noqa: E731
     client: Any
+    watch = HubWatch("write")
     if settings.redis_url is not None:
         from streamrep.replication.transport.redis import RedisReplication
 
@@ -115,7 +117,7 @@ def write(config_path: str | None, connect: str | None, redis_url: str | None, d
         client = ReplicationClient(
             host, port, client_name=instance_name, server_name=server_name,
             security=peer_security_from_context(config_path, instance_name),
-            settings=settings.connection, writer_positions=positions,
+            settings=settings.connection, writer_positions=positions, on_retry=watch.retrying,
         )
 
     def announce_upto(position: int) -> None:
@@ -172,6 +174,9 @@ def write(config_path: str | None, connect: str | None, redis_url: str | None, d
             f" {'announced' if ok else 'NOT announced (hub unreachable)'}",
             err=True,
         )
+        if not ok and settings.redis_url is None:
+            raise watch.failure(f"{count} facts persisted but not announced within "
+                                f"--announce-timeout {announce_timeout:g}s")
         code = ExitCode.OK if ok else ExitCode.FAILED
     except (WriterLeaseLostError, DatabaseUnavailableError) as exc:
         click.echo(f"error: {exc}", err=True)
