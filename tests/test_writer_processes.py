@@ -12,6 +12,8 @@ from typing import Any
 import psycopg2
 import pytest
 
+from streamrep.cli.exits import ExitCode
+
 from test_replication_processes import (
     TIMEOUT, Proc, _assert_exactly_once_in_order, _free_port, _serve, _start, _tail,
     _tokens_in_db, _wait, procs)
@@ -45,7 +47,7 @@ def test_a_second_writer_with_the_same_name_refuses_to_start(
     first = _write(started, cwd, db, port, "writer1", count, 100)
     _wait(lambda: len(worker.lines) >= 20, "the first writer's first facts")
     second = _write(started, cwd, db, port, "writer1", 100, 1000)
-    assert second.proc.wait(TIMEOUT) == 3
+    assert second.proc.wait(TIMEOUT) == ExitCode.LEASE_HELD
     errors = [line for line in _stderr(second).splitlines() if line.startswith("error:")]
     assert len(errors) == 1, _stderr(second)
     assert "writer writer1 is already running" in errors[0]
