@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib.util
+import itertools
 import sys
 from typing import Any
 
@@ -204,3 +205,86 @@ def test_resolve_reference(benchmark: Any, shape: str, version_id: str) -> None:
     benchmark.group = f"stateres {shape} v{version_id}"
     benchmark.name = "reference"
     benchmark(run)
+
+
+# --- the auth chain core alone ----------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", IMPLEMENTATIONS)
+def test_auth_chain_difference_core(benchmark: Any, kind: str) -> None:
+    """The auth difference of the 8-fork merge, unconflicted events passed once."""
+    room, source, sets, _ = streamrep_input("8-forks", "10", kind)
+    _, conflicted = separate(sets)
+    per_set = [{s[k] for k in conflicted if k in s} for s in sets]
+    common = set(sets[0].values()) - set().union(*conflicted.values())
+    benchmark.group = "auth chain difference, 10,000 members, 8 forks"
+    benchmark.name = f"core-{kind}"
+    found = benchmark(source.auth_chain_difference, per_set, common)
+    assert found == source.index.auth_chain_difference(per_set, common)
+    assert found == source.index.auth_chain_difference([s | common for s in per_set])
+
+
+# --- persisting with and without the room rules -------------------------------------
+
+
+def _matrix_history(room: str) -> Any:
+    """A version 10 room: create, join, power levels, join rules, then messages from
+    the creator and, one event in 20, a new member joining; each cites its auth events."""
+    alice = "@a:x"
+    setup = [
+        ("create", "m.room.create", "", {"creator": alice, "room_version": "10"}, []),
+        ("alice", "m.room.member", alice, {"membership": "join"}, ["create"]),
+        ("power", "m.room.power_levels", "", {"users": {alice: 100}}, ["create", "alice"]),
+        ("rules", "m.room.join_rules", "", {"join_rule": "public"},
+         ["create", "alice", "power"]),
+    ]
+    prev = None
+    for n, (name, etype, sk, content, auth_names) in enumerate(setup, start=1):
+        eid = f"${room}-{name}"
+        yield {"event_id": eid, "room_id": room, "type": etype, "state_key": sk,
+               "sender": alice, "depth": n, "prev_events": [prev] if prev else [],
+               "auth_events": [f"${room}-{a}" for a in auth_names], "content": content}
+        prev = eid
+    base = [f"${room}-create", f"${room}-power"]
+    for n in itertools.count(len(setup) + 1):
+        eid = f"${room}-{n}"
+        event = {"event_id": eid, "room_id": room, "depth": n, "prev_events": [prev]}
+        if n % 20 == 0:
+            user = f"@u{n}:x"
+            event.update(type="m.room.member", state_key=user, sender=user,
+                         content={"membership": "join"},
+                         auth_events=base + [f"${room}-rules"])
+        else:
+            event.update(type="m.room.message", sender=alice,
+                         content={"body": f"message {n}", "msgtype": "m.text"},
+                         auth_events=base + [f"${room}-alice"])
+        yield event
+        prev = eid
+
+
+@pytest.mark.parametrize("rules", ["rules-off", "rules-on"])
+def test_persist_matrix_history_sqlite(benchmark: Any, tmp_path: Any, rules: str) -> None:
+    from streamrep import EventStore
+    from streamrep.matrix.gate import RoomRules
+
+    store = EventStore(f"sqlite:///{tmp_path}/bench.db",
+                       room_rules=RoomRules() if rules == "rules-on" else None)
+    source = _matrix_history("!bench:x")
+    batch, per_round = 100, 30
+
+    def next_round() -> tuple[tuple[list[list[dict[str, Any]]]], dict[str, Any]]:
+        return ([[next(source) for _ in range(batch)] for _ in range(per_round)],), {}
+
+    def run(batches: list[list[dict[str, Any]]]) -> None:
+        for events in batches:
+            assert not store.persist_events(events).rejected
+
+    benchmark.group = "persist 100-event batches, SQLite"
+    benchmark.name = rules
+    try:
+        benchmark.pedantic(run, setup=next_round, rounds=6, iterations=1, warmup_rounds=1)
+        if benchmark.stats is not None:
+            benchmark.extra_info["events_per_s"] = round(
+                batch * per_round / benchmark.stats.stats.mean)
+    finally:
+        store.close()

@@ -134,6 +134,10 @@ def test_a_forbidden_ban_is_stored_rejected_with_its_reason(store: EventStore,
     bad = r.event("carol_bans", [r.id("carol")], "m.room.member", BOB, CAROL,
                   {"membership": "ban"})
     result = store.persist_events([bad])
+    for user in (ALICE, BOB, CAROL):
+        seen = store.get_new_events_for_user(user, "s0")
+        assert bad["event_id"] not in {e.event_id for e in seen.events}
+        assert bad["event_id"] not in {e.event_id for e in seen.membership_changes}
     assert set(result.rejected) == {bad["event_id"]}
     assert result.rejected[bad["event_id"]].startswith("insufficient_power:")
     stored = store.get_event(bad["event_id"])
@@ -174,6 +178,8 @@ def test_an_event_failing_only_the_current_state_is_soft_failed(store: EventStor
     assert result.rejected == {}
     stored = store.get_event(late["event_id"])
     assert stored.soft_failed and not stored.rejected
+    seen = store.get_new_events_for_user(ALICE, "s0")
+    assert late["event_id"] not in {e.event_id for e in seen.events}
     assert store.get_forward_extremities(r.room_id) == {r.id("ban")}
 
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any, Container, Mapping
+from collections.abc import Container, Mapping
+from typing import Any
 
 from streamrep.matrix import powerlevels as pl
 from streamrep.matrix.errors import AuthRejection

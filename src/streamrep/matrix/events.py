@@ -9,7 +9,8 @@ object and is never modified.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from streamrep.matrix.errors import MalformedEventError
 from streamrep.matrix.room_versions import RoomVersion
@@ -88,6 +89,9 @@ def create_event_id_for_room(room_id: str) -> str:
 
 
 def _ids(value: object, field: str, event_id: str, version: RoomVersion) -> tuple[str, ...]:
+    if type(value) is list and not version.event_ids_have_domain and all(
+            type(item) is str and item for item in value):
+        return tuple(value)  # the usual case, checked in one pass
     if not isinstance(value, list):
         raise MalformedEventError(f"event {event_id}: {field} must be a list")
     out: list[str] = []
@@ -103,6 +107,8 @@ def _ids(value: object, field: str, event_id: str, version: RoomVersion) -> tupl
 
 
 def _int(value: object, field: str, event_id: str, default: int | None = None) -> int:
+    if type(value) is int:
+        return value
     if value is None and default is not None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):

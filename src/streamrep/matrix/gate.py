@@ -109,6 +109,8 @@ class RoomRules:
         self._rooms: OrderedDict[str, RoomModel] = OrderedDict()
         self._max_rooms = max_rooms
         self._db: Database | None = None
+        # The last batch's events as parsed, for its event_auth rows.
+        self._parsed: dict[str, MatrixEvent] = {}
         self.resolver = MatrixStateResolver(self)
 
     def attach(self, db: Database) -> None:
@@ -166,6 +168,7 @@ class RoomRules:
         """Authorize a batch: set ``rejected``/``soft_failed`` on its records and
         return the rejected ones' reasons."""
         bodies = {r.event_id: orjson.loads(r.json) for r in records}
+        self._parsed = {}
         out: dict[str, Rejection] = {}
         rooms: dict[str, list[Any]] = {}
         for r in records:
@@ -196,6 +199,7 @@ class RoomRules:
         except MatrixError as exc:
             record.rejected = True
             return Rejection(RejectionReason.MALFORMED.value, str(exc))
+        self._parsed[event.event_id] = event
         if event.room_id != record.room_id:
             # Version 12: the room ID must be the one the create event defines.
             record.rejected = True
@@ -212,10 +216,13 @@ class RoomRules:
                 record.rejected = True
                 rejection = Rejection(exc.reason.value, exc.detail)
         if rejection is None and current is not None and not record.outlier:
-            try:
-                auth.check_against_state(event, version, current.for_event(event, version))
-            except AuthRejection:
-                record.soft_failed = True
+            now = current.for_event(event, version)
+            # Citing exactly the current state's events, it has just passed against them.
+            if {e.event_id for e in now.values()} != set(event.auth_ids):
+                try:
+                    auth.check_against_state(event, version, now)
+                except AuthRejection:
+                    record.soft_failed = True
         if event.state_key is not None:
             model.add(event, rejected=rejection is not None)
             if current is not None and rejection is None and not record.soft_failed and (
@@ -238,7 +245,7 @@ class RoomRules:
             if record is None:
                 continue
             model = self._rooms.get(record.room_id)
-            event = model.source.get_event(event_id) if model is not None else None
+            event = self._parsed.get(event_id)
             if event is not None:
                 ids: Sequence[str] = event.auth_ids
             else:

@@ -9,7 +9,8 @@ every version; a value that cannot be read as an integer counts as absent.
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from streamrep.matrix.events import CREATE, CREATE_KEY, POWER_LEVELS_KEY, MatrixEvent, StateKey
 from streamrep.matrix.room_versions import RoomVersion
