@@ -227,3 +227,14 @@ def test_existing_databases_get_the_tables_filled(db_url: str) -> None:
     finally:
         ruled.close()
     assert isinstance(Database, type)
+
+
+def test_a_version_12_create_event_without_room_id_makes_its_room(store: EventStore) -> None:
+    r, events = build("12")
+    create = {k: v for k, v in events[0].items() if k != "room_id"}
+    result = store.persist_events([create, *events[1:]])
+    assert result.rejected == {}
+    assert r.room_id == "!" + create["event_id"][1:]
+    assert store.get_event(create["event_id"]).room_id == r.room_id
+    assert b"room_id" not in store.get_event_json(create["event_id"])
+    assert store.get_current_state(r.room_id)[("m.room.member", CAROL)] == r.id("carol")

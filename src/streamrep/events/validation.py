@@ -103,6 +103,11 @@ def _build(event_id: Any, body: Any, raw: bytes, flags: Mapping[str, Any]) -> Ev
     room_id = body.get("room_id")
     etype = body.get("type")
     sender = body.get("sender")
+    if room_id is None and etype == "m.room.create" and body.get("state_key") == "" and (
+            event_id.startswith("$")):
+        # Room version 12: a create event has no room_id; the room's ID is the
+        # create event's ID with "!" for "$" (the JSON is stored as received).
+        room_id = "!" + event_id[1:]
     # The common case costs three type checks; the helper explains any failure.
     if type(room_id) is not str or not room_id:
         room_id = _str_field(body, "room_id", event_id)
