@@ -95,6 +95,11 @@ class RedisServer:
             time.sleep(0.05)
         raise RuntimeError(f"redis-server on port {self.port} did not answer in {timeout:g}s")
 
+    def log(self) -> str:
+        """What the server logged so far."""
+        with open(os.path.join(self.dir, "redis.log"), encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+
     def kill(self) -> None:
         """SIGKILL: no goodbye to any client."""
         if self.process is not None and self.process.poll() is None:

@@ -1149,6 +1149,12 @@ class BusSession(Session):
     database). With *stream_writers*, rows and positions of an instance that is
     not a configured writer of the stream are dropped (nobody can be
     disconnected on a bus) and counted in :attr:`refused`.
+
+    A writer's rows count only once one of its ``POSITION`` commands arrived on
+    the current subscription (:meth:`announce` starts one): rows published while
+    this process was not subscribed are unknown to it, and that ``POSITION``
+    fills everything up to it from the database, whereas the first rows heard
+    would otherwise move the position past them.
     """
 
     peer_side = None
@@ -1166,12 +1172,16 @@ class BusSession(Session):
         self.own_positions: dict[tuple[str, str], int] = {}
         #: commands dropped because their writer may not write that stream
         self.refused = 0
+        #: writers whose POSITION arrived on the current subscription
+        self.heard: set[tuple[str, str]] = set()
 
     def announce(self, writer_positions: Sequence[tuple[str, str, int]]) -> list[Action]:
         """On (re)subscribing: ``REPLICATE`` (when following), then the position of
         every stream this process writes (peers cannot see a bus reconnect)."""
         out: list[Action] = []
+        self.heard.clear()
         if self.follower is not None:
+            self.follower.connection_lost()
             out.append(Send(C.encode_one(C.replicate()), 1, "REPLICATE"))
         for stream, instance, token in writer_positions:
             self.own_positions[(stream, instance)] = token
@@ -1205,7 +1215,8 @@ class BusSession(Session):
         follower = self.follower
         for item in _group_rdata(commands):
             if type(item) is tuple:
-                if follower is not None and self._allowed(item[0], item[1]):
+                if (follower is not None and (item[0], item[1]) in self.heard
+                        and self._allowed(item[0], item[1])):
                     follower.rdata_run(item[0], item[1], item[2], item[3], out)
                 continue
             handler = handlers.get(item.NAME)
@@ -1219,6 +1230,7 @@ class BusSession(Session):
 
     def on_POSITION(self, command: Any, out: list[Action]) -> None:
         if self.follower is not None and self._allowed(command.stream_name, command.instance_name):
+            self.heard.add((command.stream_name, command.instance_name))
             self.follower.position(command.stream_name, command.instance_name, command.prev_token,
                                    command.new_token, out)
 

@@ -18,6 +18,11 @@ There is no hub: every process connects to one Redis server and
   off a subscriber that fell behind its output-buffer limit) it reconnects with
   exponential backoff and jitter and announces itself again.
 
+What to send and what a received command means is decided by the sans-IO
+:class:`~streamrep.replication.protocol.BusSession`; this module only moves its
+commands through Redis and carries out its actions (facts and gap filling through
+:class:`~streamrep.replication.follower.StreamFollower`).
+
 Two connections per process, as Redis requires: a subscribed connection accepts
 no other commands than (un)subscribing and pinging. redis-py does the talking (with
 hiredis when installed), on sockets that gevent made cooperative: a process using
@@ -39,6 +44,9 @@ from streamrep.errors import ProtocolError, StreamrepError
 from streamrep.replication import commands as C
 from streamrep.replication.backoff import Backoff
 from streamrep.replication.follower import Handler, StreamFollower
+from streamrep.replication.protocol import (
+    Action, BusSession, Close, ConnectionSettings, FillGap, GapUnfilled, Received, Send,
+)
 from streamrep.replication.source import StreamSource
 from streamrep.replication.transport.redis_format import EchoFilter, channel_for, channels
 
@@ -124,6 +132,11 @@ class RedisReplication:
         self.client_name = instance_name
         self.source = source
         self.follower = StreamFollower(handler, source, streams, start_from) if handler is not None else None
+        self.settings = ConnectionSettings(ping_interval=ping_interval, ping_timeout=ping_timeout,
+                                           max_queued_commands=max_queued_commands,
+                                           max_line_length=max_line_length)
+        self.session = BusSession(self.settings, instances=[instance_name],
+                                  follower=self.follower.state if self.follower is not None else None)
         self.writer_positions = writer_positions
         self.on_command = on_command
         self.on_unfilled_gap = on_unfilled_gap
@@ -136,10 +149,7 @@ class RedisReplication:
         self.connect_timeout = connect_timeout
         #: subscriptions confirmed so far (1 after the first connection)
         self.connections_made = 0
-        self._instance_bytes = instance_name.encode()
         self._echoes = EchoFilter()
-        #: writers heard from with a POSITION on the current subscription
-        self._synced: set[tuple[str, str]] = set()
         self._fillable: frozenset[str] = frozenset(source.stream_names()) if source is not None else frozenset()
         self._outbox: list[tuple[str, bytes]] = []
         self._outbox_ready = gevent.event.Event()
@@ -249,8 +259,6 @@ class RedisReplication:
         finally:
             self._subscribed = False
             self._up.clear()
-            if self.follower is not None:
-                self.follower.connection_lost()
             if writer is not None:
                 self._outbox_ready.set()
                 writer.join(1.0)
@@ -264,13 +272,12 @@ class RedisReplication:
     def _subscribed_now(self) -> None:
         """The subscription is confirmed: start afresh and announce ourselves."""
         self._echoes.clear()
-        self._synced.clear()
         self._outbox.clear()  # announced again below as positions
         self._subscribed = True
         self.connections_made += 1
         self.backoff.reset()
-        self.send(C.replicate())
-        self._announce_positions()
+        positions = self.writer_positions() if self.writer_positions is not None else ()
+        self._carry_out(self.session.announce(positions))
         self._up.set()
 
     # --- reading ---------------------------------------------------------------------
@@ -278,15 +285,18 @@ class RedisReplication:
     def _read_loop(self, pubsub: Any) -> None:
         get_message = pubsub.get_message
         decoder = C.new_decoder(self.max_line_length)
-        now = time.monotonic()
-        last_heard = last_ping = now
+        last_ping = time.monotonic()
+        # When the answer to our last ping is overdue (None: nothing outstanding).
+        # Measured from the ping, not from the last message, so a process that was
+        # itself suspended does not blame Redis.
+        answer_due: float | None = None
+        patience = self.ping_timeout - self.ping_interval
         while True:
             if self._lost is not None:
                 raise _Lost(self._lost)
             message = get_message(timeout=_POLL_SECONDS)
-            now = time.monotonic()
             if message is not None:
-                last_heard = now
+                answer_due = None
                 lines: list[bytes] = []
                 while message is not None:
                     if message["type"] == "message":
@@ -296,12 +306,14 @@ class RedisReplication:
                     message = get_message(timeout=0)
                 if lines:
                     self._received(decoder, lines)
-                now = time.monotonic()
-            elif now - last_heard > self.ping_timeout:
+            now = time.monotonic()
+            if answer_due is not None and now > answer_due:
                 raise _Lost(f"no answer from Redis for {self.ping_timeout:g}s")
             if now - last_ping >= self.ping_interval:
-                pubsub.ping()  # answered on the subscription, which counts as hearing
+                pubsub.ping()  # answered on the subscription
                 last_ping = now
+                if answer_due is None:
+                    answer_due = now + patience
 
     def _received(self, decoder: Any, lines: list[bytes]) -> None:
         echoes = self._echoes
@@ -316,72 +328,65 @@ class RedisReplication:
             # the good ones (the same lines the reference would act on).
             logger.warning("ignoring a replication message from Redis: %s", exc)
             commands = exc.commands
-        for item in C.group_rdata(commands):
-            if type(item) is tuple:
-                self._on_rdata_run(*item)
-            else:
-                self._dispatch(item)
+        self._carry_out(self.session.receive(commands, time.monotonic()))
 
-    def _on_rdata_run(self, stream: str, instance: str, token: int | None, commands: list[Any]) -> None:
-        if instance == self.instance_name or self.follower is None:
-            return
-        if (stream, instance) not in self._synced:
-            # Until this writer's POSITION arrives we do not know what came before
-            # these rows; that POSITION fills everything up to it from the database.
-            return
-        self.follower.on_rdata_run(stream, instance, token, commands)
-
-    def _dispatch(self, command: Any) -> None:
-        name = command.NAME
-        if name == "POSITION":
-            self._on_position(command)
-        elif name == "REPLICATE":
-            self._announce_positions()
-        elif name in ("PING", "SERVER", "NAME"):
-            pass  # TCP greetings and keepalive mean nothing on Redis
-        elif name == "ERROR":
-            logger.warning("a replication peer said ERROR %s", C.error_message(command))
-        elif self.on_command is not None:
-            self.on_command(command)
-
-    def _on_position(self, command: Any) -> None:
-        stream, instance = command.stream_name, command.instance_name
-        if instance == self.instance_name:
-            return
-        key = (stream, instance)
-        self._synced.add(key)
+    def _carry_out(self, actions: list[Action]) -> None:
+        """Do what the session asked, in order."""
         follower = self.follower
-        if follower is None or not follower.follows(stream):
-            return
-        prev, new = command.prev_token, command.new_token
-        if stream in self._fillable:
-            follower.on_position(stream, instance, prev, new)
-            return
-        base = follower.positions.get(key)
-        if base is None:
-            base = follower.start_from.get(key, follower.start_from.get(stream))
-        if base is not None and prev > base and self.on_unfilled_gap is not None:
-            self.on_unfilled_gap(stream, instance, base, prev)
-        # Nothing to fill from: go on from the writer's position.
-        if base is None or new > base:
-            follower.positions[key] = new
+        if follower is not None and actions:
+            actions = follower.run([self._unfillable(a) if type(a) is FillGap else a for a in actions])
+        for action in actions:
+            kind = type(action)
+            if kind is Send:
+                assert isinstance(action, Send)
+                self._publish(action.data)
+            elif kind is GapUnfilled:
+                assert isinstance(action, GapUnfilled) and follower is not None
+                if self.on_unfilled_gap is not None:
+                    self.on_unfilled_gap(action.stream, action.instance, action.from_token, action.upto_token)
+                # Nothing to fill from: go on from the writer's position.
+                follower.state.skip_gap(action)
+            elif kind is Received:
+                assert isinstance(action, Received)
+                command = action.command
+                if command.NAME == "ERROR":
+                    logger.warning("a replication peer said ERROR %s", C.error_message(command))
+                elif self.on_command is not None:
+                    self.on_command(command)
+            elif kind is Close:
+                assert isinstance(action, Close)
+                logger.warning("replication through Redis: %s (%s)", action.reason, action.error)
+
+    def _unfillable(self, gap: FillGap) -> Action:
+        """A gap of a stream the database does not hold (one only the reference
+        writes) cannot be filled from it."""
+        if gap.stream in self._fillable:
+            return gap
+        return GapUnfilled(gap.stream, gap.instance, gap.from_token, gap.upto_token)
 
     # --- writing ---------------------------------------------------------------------
 
-    def _announce_positions(self) -> None:
-        if self.writer_positions is None:
-            return
-        for stream, instance, token in self.writer_positions():
-            self.send(C.position(stream, instance, token, token))
+    def _publish(self, data: bytes) -> bool:
+        """Queue encoded command lines, one message each."""
+        if not self._subscribed:
+            return False
+        messages = data.split(b"\n")
+        messages.pop()  # after the last newline
+        echoes = self._echoes
+        channel = self.server_name
+        out = []
+        for message in messages:
+            if not message.startswith(_NAMED_BY_WRITER):
+                echoes.published(message)
+                name = message.partition(b" ")[0].decode()
+                out.append((channel_for(name, channel), message))
+            else:
+                out.append((channel, message))
+        return self._queue(out)
 
     def send(self, command: Any) -> bool:
         """Publish any command now if subscribed; False otherwise."""
-        if not self._subscribed:
-            return False
-        payload = command.to_bytes()
-        if not payload.startswith(_NAMED_BY_WRITER):
-            self._echoes.published(payload)
-        return self._queue([(channel_for(command.NAME, self.server_name), payload)])
+        return self._publish(C.encode_one(command))
 
     def announce(self, stream: str, instance: str, rows: Sequence[tuple[int, bytes]]) -> bool:
         """Publish rows ``(token, row_json)`` this process committed (token order).
@@ -391,12 +396,15 @@ class RedisReplication:
         """
         if not self._subscribed or not rows:
             return False
-        channel = self.server_name
-        return self._queue([(channel, line[:-1]) for line in C.rdata_line_list(stream, instance, rows)])
+        actions = self.session.rows(stream, instance, rows)
+        return all(self._publish(a.data) for a in actions if type(a) is Send)
 
     def announce_position(self, stream: str, instance: str, prev_token: int, new_token: int) -> bool:
         """Announce that a writer moved from *prev_token* to *new_token* with no rows."""
-        return self.send(C.position(stream, instance, prev_token, new_token))
+        if not self._subscribed:
+            return False
+        actions = self.session.position(stream, instance, prev_token, new_token)
+        return all(self._publish(a.data) for a in actions if type(a) is Send)
 
     def _queue(self, messages: list[tuple[str, bytes]]) -> bool:
         outbox = self._outbox

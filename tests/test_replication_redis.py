@@ -1,0 +1,347 @@
+"""Replication through Redis pub/sub: the format, the configuration, and real
+processes (``streamrep write``, ``tail``, ``demo``) on a real Redis server, through
+Redis crashes and Redis cutting off a subscriber that fell behind."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from typing import IO, Any
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from streamrep.cli.config import check_config
+from streamrep.config import load_config, redis_url_for_display
+from streamrep.errors import ConfigError
+from streamrep.replication.transport.redis_format import EchoFilter, channel_for, channels
+from support.redis_server import own_redis_server, shared_redis_url, unique_server_name
+
+# --- the format (sans-IO) ------------------------------------------------------------
+
+
+def test_channels_follow_the_reference_layout() -> None:
+    assert channels("example.com") == ["example.com"]
+    assert channels("example.com", user_ip=True) == ["example.com/USER_IP", "example.com"]
+    assert channel_for("RDATA", "example.com") == "example.com"
+    assert channel_for("REPLICATE", "example.com") == "example.com"
+    assert channel_for("USER_IP", "example.com") == "example.com/USER_IP"
+
+
+def test_echo_filter_takes_our_messages_in_order_and_nobody_elses() -> None:
+    echoes = EchoFilter()
+    echoes.published(b"REPLICATE")
+    echoes.published(b"USER_SYNC main @a:x true 1")
+    # Another process's message first: not ours.
+    assert not echoes.is_echo(b"USER_SYNC other @b:x true 1")
+    assert echoes.is_echo(b"REPLICATE")
+    # Ours come back in publishing order.
+    assert not echoes.is_echo(b"REPLICATE")
+    assert echoes.is_echo(b"USER_SYNC main @a:x true 1")
+    assert len(echoes) == 0
+
+
+def test_echo_filter_is_bounded() -> None:
+    echoes = EchoFilter(max_waiting=3)
+    for i in range(10):
+        echoes.published(b"%d" % i)
+    assert len(echoes) == 3
+    assert echoes.is_echo(b"7")
+
+
+def _decode(text: str) -> list[Any]:
+    from streamrep.replication import commands as C
+
+    return list(C.new_decoder(65536).feed(text.encode()))
+
+
+def test_a_writers_rows_count_only_after_its_position_on_this_subscription() -> None:
+    """Rows heard before a writer's POSITION would move the reader past facts it
+    missed while unsubscribed; that POSITION fills them from the database first."""
+    from streamrep.replication.protocol import BusSession, ConnectionSettings, Fact, FillGap, FollowerState
+
+    follower = FollowerState(start_from={"caches": 0}, can_fill=True)
+    bus = BusSession(ConnectionSettings(), instances=["reader"], follower=follower, now=0.0)
+    bus.announce([])
+    out = bus.receive(_decode('RDATA caches w1 15 ["x"]\nPOSITION caches w1 15 15\n'
+                              'RDATA caches w1 16 ["y"]\n'), 0.0)
+    assert out == [FillGap("caches", "w1", 0, 15), Fact("caches", "w1", 16, [["y"]], 15)]
+    # A new subscription forgets what it heard.
+    bus.announce([])
+    assert bus.receive(_decode('RDATA caches w1 17 ["z"]\n'), 0.0) == []
+    assert bus.receive(_decode('POSITION caches w1 17 17\nRDATA caches w1 18 ["w"]\n'), 0.0) == [
+        FillGap("caches", "w1", 16, 17), Fact("caches", "w1", 18, [["w"]], 17)]
+
+
+# --- configuration -------------------------------------------------------------------
+
+
+def _config_file(tmp_path: pathlib.Path, text: str) -> str:
+    path = tmp_path / "streamrep.yaml"
+    path.write_text("server_name: example.com\n" + text)
+    return str(path)
+
+
+def test_config_reads_the_redis_url(tmp_path: pathlib.Path) -> None:
+    config = load_config(_config_file(tmp_path, "replication:\n  redis:\n    url: rediss://:pw@r.internal:6380/0\n"))
+    assert config.redis is not None and config.redis.url == "rediss://:pw@r.internal:6380/0"
+    assert load_config(_config_file(tmp_path, "")).redis is None
+    unix = load_config(_config_file(tmp_path, "replication: {redis: {url: 'unix:///run/redis.sock'}}\n"))
+    assert unix.redis is not None and unix.redis.url == "unix:///run/redis.sock"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("replication:\n  redis:\n    url: http://r:1\n", "unsupported scheme 'http'"),
+    ("replication:\n  redis:\n    url: 'redis://'\n", "names no host"),
+    ("replication:\n  redis:\n    url: 'unix://'\n", "names no socket path"),
+    ("replication:\n  redis:\n    url: 'redis://:secret@r:99999'\n", "is not a Redis URL"),
+    ("replication:\n  redis:\n    uri: redis://r\n", "replication.redis.uri: unknown key"),
+    ("replication:\n  redis: redis://r\n", "replication.redis: expected a mapping"),
+    ("replication:\n  hub: {}\n", "replication.hub: unknown key"),
+])
+def test_config_refuses_bad_redis_settings(tmp_path: pathlib.Path, text: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(_config_file(tmp_path, text))
+    assert expected in str(info.value)
+    assert "secret" not in str(info.value)
+
+
+def test_check_config_names_redis_without_its_password(tmp_path: pathlib.Path) -> None:
+    path = _config_file(tmp_path, "replication:\n  redis:\n    url: redis://:hunter2@127.0.0.1:6379\n")
+    result = CliRunner().invoke(check_config, [path, "--no-port-check"])
+    assert result.exit_code == 0, result.output
+    assert "replication through Redis at redis://:***@127.0.0.1:6379, channel example.com" in result.output
+    assert "hunter2" not in result.output
+    bad = _config_file(tmp_path, "replication:\n  redis:\n    url: redis:/nohost\n")
+    result = CliRunner().invoke(check_config, [bad, "--no-port-check"])
+    assert result.exit_code == 2
+    assert "replication.redis.url" in result.output
+
+
+def test_url_display_masks_passwords() -> None:
+    assert redis_url_for_display("redis://u:p@h:1/0") == "redis://u:***@h:1/0"
+    assert redis_url_for_display("redis://h:1") == "redis://h:1"
+    assert redis_url_for_display("unix:///s.sock?password=p") == "unix:///s.sock?***"
+
+
+# --- processes on a real Redis -------------------------------------------------------
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("STREAMREP_CONFIG", None)
+    return env
+
+
+def _streamrep(log: pathlib.Path, *args: str, out: pathlib.Path | None = None) -> subprocess.Popen[bytes]:
+    """``streamrep ARGS`` with stderr into *log* and stdout into *out* (None: a pipe)."""
+    with log.open("wb") as err, (out.open("wb") if out is not None else open(os.devnull, "wb")) as sink:
+        return subprocess.Popen([sys.executable, "-m", "streamrep", *args],
+                                stdout=sink if out is not None else subprocess.PIPE,
+                                stderr=err, env=_env())
+
+
+def _tail(url: str, server: str, db: str | None, limit: int, out: pathlib.Path, *extra: str
+          ) -> subprocess.Popen[bytes]:
+    args = ["tail", "--redis", url, "--server-name", server, "--from", "0", "--limit", str(limit), *extra]
+    if db is not None:
+        args += ["--db", db]
+    return _streamrep(out.with_suffix(".err"), *args, out=out)
+
+
+def _write(url: str, server: str, db: str, instance: str, count: int, log: pathlib.Path,
+           *extra: str) -> subprocess.Popen[bytes]:
+    return _streamrep(log, "write", "--redis", url, "--server-name", server, "--db", db,
+                      "--instance-name", instance, *extra, "--count", str(count), out=log.with_suffix(".out"))
+
+
+def _wait_subscribed(url: str, server: str, subscribers: int, timeout: float = 30.0) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if dict(client.pubsub_numsub(server)).get(server.encode(), 0) >= subscribers:
+                return
+            time.sleep(0.05)
+    finally:
+        client.close()
+    raise AssertionError(f"{subscribers} subscribers did not appear on {server}")
+
+
+def _facts(path: pathlib.Path) -> Counter[tuple[str, str, int]]:
+    """Facts printed by tail (rows of one fact share its token)."""
+    seen: list[tuple[str, str, int]] = []
+    for line in path.read_bytes().splitlines():
+        item = orjson.loads(line)
+        key = (item["stream"], item["instance"], item["token"])
+        if not seen or seen[-1] != key:
+            seen.append(key)
+    return Counter(seen)
+
+
+def _finish(proc: subprocess.Popen[bytes], timeout: float, what: str) -> int:
+    try:
+        code = proc.wait(timeout)
+        if proc.stdout is not None:
+            proc.stdout.close()
+        return code
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+        raise AssertionError(f"{what} did not finish in {timeout:g}s") from None
+
+
+def _assert_exactly_once(path: pathlib.Path, stream: str, instance: str, count: int) -> None:
+    facts = _facts(path)
+    assert sorted(t for (s, i, t) in facts if (s, i) == (stream, instance)) == list(range(1, count + 1))
+    assert max(facts.values()) == 1, [k for k, n in facts.items() if n > 1][:5]
+
+
+def test_write_and_tail_through_redis(tmp_path: pathlib.Path) -> None:
+    url = shared_redis_url()
+    server = unique_server_name("wt")
+    db = f"sqlite:///{tmp_path}/s.db"
+    tail = _tail(url, server, db, 200, tmp_path / "tail.out")
+    _wait_subscribed(url, server, 1)
+    writer = _write(url, server, db, "w1", 200, tmp_path / "write.err", "--stream", "caches", "--rate", "400")
+    assert _finish(writer, 60, "write") == 0, (tmp_path / "write.err").read_text()
+    assert _finish(tail, 60, "tail") == 0, (tmp_path / "tail.err").read_text()
+    _assert_exactly_once(tmp_path / "tail.out", "caches", "w1", 200)
+
+
+def test_tail_without_a_database_says_once_that_it_cannot_fill_a_gap(tmp_path: pathlib.Path) -> None:
+    url = shared_redis_url()
+    server = unique_server_name("gap")
+    db = f"sqlite:///{tmp_path}/s.db"
+    # Facts persisted while nobody listens: a reader starting from 0 sees a gap.
+    first = _write(url, server, db, "w1", 20, tmp_path / "write1.err", "--stream", "caches")
+    assert _finish(first, 60, "write") == 0, (tmp_path / "write1.err").read_text()
+    tail = _tail(url, server, None, 1000, tmp_path / "tail.out")
+    _wait_subscribed(url, server, 1)
+    second = _write(url, server, db, "w1", 20, tmp_path / "write2.err", "--stream", "caches", "--rate", "10")
+    assert _finish(second, 60, "write") == 0, (tmp_path / "write2.err").read_text()
+    deadline = time.monotonic() + 30
+    while ("caches", "w1", 40) not in _facts(tmp_path / "tail.out") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    tail.send_signal(signal.SIGTERM)
+    assert _finish(tail, 30, "tail") == 0, (tmp_path / "tail.err").read_text()
+    err = (tmp_path / "tail.err").read_text()
+    assert err.count("cannot fetch them without --db") == 1, err
+    assert "caches/w1 after token 0" in err
+    # It went on from the writer's position when it first heard of it (what the
+    # writer persisted before its subscription was confirmed is missed too).
+    tokens = sorted(t for (_s, _i, t) in _facts(tmp_path / "tail.out"))
+    assert tokens and tokens[0] > 20 and tokens == list(range(tokens[0], 41))
+
+
+def test_every_fact_exactly_once_through_a_redis_crash(tmp_path: pathlib.Path) -> None:
+    """Redis killed with SIGKILL mid-stream and started again (empty): the writer
+    keeps persisting, both readers resubscribe and fill the gap from the database."""
+    redis_server = own_redis_server()
+    try:
+        url, server, count = redis_server.url, unique_server_name("crash"), 600
+        db = f"sqlite:///{tmp_path}/s.db"
+        tails = [_tail(url, server, db, count, tmp_path / f"tail{i}.out") for i in (1, 2)]
+        _wait_subscribed(url, server, 2)
+        writer = _write(url, server, db, "w1", count, tmp_path / "write.err",
+                        "--stream", "caches", "--rate", "300")
+        time.sleep(0.8)
+        redis_server.kill()
+        time.sleep(0.8)
+        redis_server.start()
+        assert _finish(writer, 60, "write") == 0, (tmp_path / "write.err").read_text()
+        for i, tail in enumerate(tails, 1):
+            err = tmp_path / f"tail{i}.err"
+            assert _finish(tail, 60, f"tail {i}") == 0, err.read_text()
+            _assert_exactly_once(tmp_path / f"tail{i}.out", "caches", "w1", count)
+            assert "reconnecting" in err.read_text()
+    finally:
+        redis_server.stop()
+
+
+def test_a_slow_subscriber_is_cut_off_by_redis_and_catches_up(tmp_path: pathlib.Path) -> None:
+    """Redis's output-buffer limit cuts off a reader that stopped reading; it
+    reconnects and catches up from the database; the other reader is unaffected."""
+    redis_server = own_redis_server("--client-output-buffer-limit", "pubsub 256kb 64kb 1")
+    try:
+        url, server = redis_server.url, unique_server_name("slow")
+        count, rows, more = 1000, 100, 5
+        db = f"sqlite:///{tmp_path}/s.db"
+        fast = _tail(url, server, db, count + more, tmp_path / "fast.out")
+        slow = _tail(url, server, db, count + more, tmp_path / "slow.out")
+        _wait_subscribed(url, server, 2)
+        # Stopped before anything flows, the slow reader's socket buffers stay
+        # small, and what it does not read piles up in Redis (about 10 MB).
+        slow.send_signal(signal.SIGSTOP)
+        try:
+            writer = _write(url, server, db, "w1", count, tmp_path / "write.err", "--stream", "to_device",
+                            "--rows-per-fact", str(rows))
+            assert _finish(writer, 120, "write") == 0, (tmp_path / "write.err").read_text()
+        finally:
+            slow.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 30
+        while "reconnecting" not in (tmp_path / "slow.err").read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # The writer goes on: its POSITION tells the slow reader what it missed.
+        writer = _write(url, server, db, "w1", more, tmp_path / "write2.err", "--stream", "to_device",
+                        "--rows-per-fact", str(rows))
+        assert _finish(writer, 60, "write") == 0, (tmp_path / "write2.err").read_text()
+        assert _finish(fast, 60, "fast tail") == 0, (tmp_path / "fast.err").read_text()
+        assert _finish(slow, 60, "slow tail") == 0, (tmp_path / "slow.err").read_text()
+        # Redis closed the slow reader's connection; nobody else's.
+        assert "reconnecting" in (tmp_path / "slow.err").read_text()
+        assert "reconnecting" not in (tmp_path / "fast.err").read_text()
+        for name in ("fast", "slow"):
+            _assert_exactly_once(tmp_path / f"{name}.out", "to_device", "w1", count + more)
+            assert len((tmp_path / f"{name}.out").read_bytes().splitlines()) == (count + more) * rows
+    finally:
+        redis_server.stop()
+
+
+def _run_demo(tmp_path: pathlib.Path, url: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "streamrep", "demo", "--duration", "3", "--rate", "120", "--rooms", "4",
+         "--workers", "2", "--catch-up-timeout", "60", "--redis", url, "--workdir",
+         str(tmp_path / "demo"), *extra],
+        capture_output=True, text=True, timeout=240, env=_env())
+
+
+def _assert_demo_passed(proc: subprocess.CompletedProcess[str]) -> None:
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "exactly-once check passed: 2 workers" in proc.stdout
+    assert "facts: 0 lost, 0 duplicated" in proc.stdout
+    assert "through Redis" in proc.stderr
+    for stream in ("events", "backfill", "caches", "account_data", "receipts", "to_device"):
+        assert stream in proc.stdout
+    # No hub ran.
+    assert not (tmp_path_of(proc) / "hub.log").exists()
+
+
+def tmp_path_of(proc: subprocess.CompletedProcess[str]) -> pathlib.Path:
+    args = list(proc.args)
+    return pathlib.Path(args[args.index("--workdir") + 1])
+
+
+def test_demo_over_redis_on_sqlite(tmp_path: pathlib.Path) -> None:
+    _assert_demo_passed(_run_demo(tmp_path, shared_redis_url()))
+
+
+@pytest.mark.postgres
+def test_demo_over_redis_on_postgres_with_two_writers(tmp_path: pathlib.Path, pg_url: str) -> None:
+    proc = _run_demo(tmp_path, shared_redis_url(), "--db", pg_url)
+    _assert_demo_passed(proc)
+    assert "writers writer1, writer2," in proc.stderr
+
+
+def test_demo_refuses_a_hub_restart_over_redis(tmp_path: pathlib.Path) -> None:
+    proc = _run_demo(tmp_path, "redis://127.0.0.1:1", "--restart-hub-after", "1")
+    assert proc.returncode == 2
+    assert "with --redis there is none" in proc.stderr
