@@ -84,8 +84,8 @@ def writer(connect: str, db: str, fact_count: int, rows_per_fact: int, rate: flo
     )
     commits: list[tuple[int, int]] = []
     # The rows of the fact being committed, exactly as the stream reads them back
-    # (``[user_id, device_id]`` ordered by user then device): the writer announces
-    # what it wrote without reading it again.
+    # (``[entity]``, the recipient, ordered by user then device): the writer
+    # announces what it wrote without reading it again.
     pending: dict[int, list[tuple[int, bytes]]] = {}
 
     def on_advance(stream: str, inst: str, visible: list[int], position: int) -> None:
@@ -115,7 +115,7 @@ def writer(connect: str, db: str, fact_count: int, rows_per_fact: int, rate: flo
         with id_gen.get_next_mult(batch) as stream_ids:
             devices = [(stream_id, f"D{done + offset}") for offset, stream_id in enumerate(stream_ids)]
             for stream_id, device in devices:
-                tail = b'","%s"]' % device.encode()
+                tail = b'"]'
                 pending[stream_id] = [(stream_id, head + tail) for head in user_heads]
             # Rows in the order of device_inbox's (user_id, device_id, stream_id) index:
             # SQLite then fills its pages in turn instead of revisiting 1,000 places in
