@@ -205,37 +205,45 @@ cdef class AuthGraph:
         """Events in the full auth chain of some but not all of *sets*; *common*
         names events in every set, walked once (see the pure twin)."""
         cdef list groups = [[_node(value) for value in roots] for roots in sets]
-        cdef list shared = [_node(value) for value in common]
         cdef Py_ssize_t k = len(groups), depth, n_touched = 0, n_out = 0, i
         cdef uint32_t epoch, stop = 0
         cdef int32_t r
-        if k < 2:
-            return clone(_Q_TEMPLATE, 0, False)
-        cdef int32_t* stack = self._stack()
-        cdef int32_t* touched = self._stack()
+        cdef bint unknown = False
+        cdef int32_t* stack
+        cdef int32_t* touched
         cdef int32_t* tally = self._tally
         cdef uint32_t* stamp = self._stamp
         cdef uint32_t* mark = self._mark
+        if k < 2:
+            for value in common:
+                _node(value)
+            return clone(_Q_TEMPLATE, 0, False)
+        stack = self._stack(len(common))
+        touched = self._stack(len(common))
         try:
-            if shared:
-                stop = self._next_epoch()
-                depth = 0
-                for r in shared:
-                    if r < self._nodes and stamp[r] != stop:
-                        stamp[r] = stop
-                        stack[depth] = r
-                        depth += 1
-                        touched[n_touched] = r
-                        n_touched += 1
-                n_touched = self._walk(stack, depth, stop, touched, n_touched, False)
-                for i in range(n_touched):
-                    mark[touched[i]] = stop
-                n_touched = 0
+            stop = self._next_epoch()
+            depth = 0
+            for value in common:
+                r = _node(value)
+                if r >= self._nodes:
+                    unknown = True
+                elif stamp[r] != stop:
+                    stamp[r] = stop
+                    stack[depth] = r
+                    depth += 1
+                    touched[n_touched] = r
+                    n_touched += 1
+            n_touched = self._walk(stack, depth, stop, touched, n_touched, False)
+            for i in range(n_touched):
+                mark[touched[i]] = stop
+            n_touched = 0
             for group in groups:
                 epoch = self._next_epoch()
                 depth = 0
                 for r in group:
-                    if r < self._nodes and stamp[r] != epoch and (stop == 0 or mark[r] != stop):
+                    if r >= self._nodes:
+                        unknown = True
+                    elif stamp[r] != epoch and mark[r] != stop:
                         stamp[r] = epoch
                         stack[depth] = r
                         depth += 1
@@ -250,9 +258,12 @@ cdef class AuthGraph:
                     touched[n_out] = r
                     n_out += 1
                 tally[r] = 0
-            # Roots never described count as reached only by their own set.
-            return _merge_unknown(_sorted_array(touched, n_out), groups, self._nodes, k,
-                                  shared)
+            found = _sorted_array(touched, n_out)
+            if unknown:
+                # Roots never described count as reached only by the sets naming them.
+                return _merge_unknown(found, groups, self._nodes, k,
+                                      [_node(value) for value in common])
+            return found
         finally:
             free(stack)
             free(touched)

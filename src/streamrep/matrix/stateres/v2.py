@@ -62,18 +62,14 @@ class _Split:
         first = state_sets[0]
         self.base = first
         first_ids = set(first.values())
-        extra: set[str] = set()
-        missing: set[str] = set()
+        changed: set[str] = set()
         for state in state_sets[1:]:
-            if state is first:
-                continue
-            ids = set(state.values())
-            extra |= ids - first_ids
-            missing |= first_ids - ids
-        self.common = first_ids - missing
+            if state is not first:
+                changed |= first_ids.symmetric_difference(state.values())
+        self.common = first_ids - changed
         differing: set[StateKey] = set()
         unknown: set[str] = set()
-        for event_id in extra | missing:
+        for event_id in changed:
             key = key_of(event_id)
             if key is None:
                 unknown.add(event_id)
