@@ -80,15 +80,17 @@ class RegistrySource:
                 (stream, instance),
             )
             return abs(int(value)) if value is not None else 0
-        with self.db.transaction(f"{stream}:replication_position", read_only=True) as txn:
-            return max_stored_token(txn, definition.tables, definition.negative, instance)
+        # Database.run: a lost connection is retried rather than failing the peer.
+        return int(self.db.run(max_stored_token, definition.tables, definition.negative,
+                               instance, name=f"{stream}:replication_position",
+                               read_only=True))
 
     def stored_token(self, stream: str, instance: str) -> int:
         definition = self.streams.definition(stream)
         if definition.in_memory:
             return int(self.streams.current_token(stream, instance))
-        with self.db.transaction(f"{stream}:replication_stored", read_only=True) as txn:
-            return max_stored_token(txn, definition.tables, definition.negative, instance)
+        return int(self.db.run(max_stored_token, definition.tables, definition.negative,
+                               instance, name=f"{stream}:replication_stored", read_only=True))
 
     def updates(
         self, stream: str, instance: str, from_token: int, upto_token: int, limit: int
