@@ -21,7 +21,7 @@ from streamrep.cli.config import check_config
 from streamrep.config import load_config, redis_url_for_display
 from streamrep.errors import ConfigError
 from streamrep.replication.transport.redis_format import EchoFilter, channel_for, channels
-from support.redis_server import own_redis_server, shared_redis_url, unique_server_name
+from support.redis_server import own_redis_server, shared_redis_url, unique_server_name, wait_subscribed
 
 # --- the format (sans-IO) ------------------------------------------------------------
 
@@ -161,21 +161,6 @@ def _write(url: str, server: str, db: str, instance: str, count: int, log: pathl
                       "--instance-name", instance, *extra, "--count", str(count), out=log.with_suffix(".out"))
 
 
-def _wait_subscribed(url: str, server: str, subscribers: int, timeout: float = 30.0) -> None:
-    import redis
-
-    client = redis.Redis.from_url(url)
-    try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if dict(client.pubsub_numsub(server)).get(server.encode(), 0) >= subscribers:
-                return
-            time.sleep(0.05)
-    finally:
-        client.close()
-    raise AssertionError(f"{subscribers} subscribers did not appear on {server}")
-
-
 def _facts(path: pathlib.Path) -> Counter[tuple[str, str, int]]:
     """Facts printed by tail (rows of one fact share its token)."""
     seen: list[tuple[str, str, int]] = []
@@ -210,7 +195,7 @@ def test_write_and_tail_through_redis(tmp_path: pathlib.Path) -> None:
     server = unique_server_name("wt")
     db = f"sqlite:///{tmp_path}/s.db"
     tail = _tail(url, server, db, 200, tmp_path / "tail.out")
-    _wait_subscribed(url, server, 1)
+    wait_subscribed(url, server, 1)
     writer = _write(url, server, db, "w1", 200, tmp_path / "write.err", "--stream", "caches", "--rate", "400")
     assert _finish(writer, 60, "write") == 0, (tmp_path / "write.err").read_text()
     assert _finish(tail, 60, "tail") == 0, (tmp_path / "tail.err").read_text()
@@ -225,7 +210,7 @@ def test_tail_without_a_database_says_once_that_it_cannot_fill_a_gap(tmp_path: p
     first = _write(url, server, db, "w1", 20, tmp_path / "write1.err", "--stream", "caches")
     assert _finish(first, 60, "write") == 0, (tmp_path / "write1.err").read_text()
     tail = _tail(url, server, None, 1000, tmp_path / "tail.out")
-    _wait_subscribed(url, server, 1)
+    wait_subscribed(url, server, 1)
     second = _write(url, server, db, "w1", 20, tmp_path / "write2.err", "--stream", "caches", "--rate", "10")
     assert _finish(second, 60, "write") == 0, (tmp_path / "write2.err").read_text()
     deadline = time.monotonic() + 30
@@ -250,7 +235,7 @@ def test_every_fact_exactly_once_through_a_redis_crash(tmp_path: pathlib.Path) -
         url, server, count = redis_server.url, unique_server_name("crash"), 600
         db = f"sqlite:///{tmp_path}/s.db"
         tails = [_tail(url, server, db, count, tmp_path / f"tail{i}.out") for i in (1, 2)]
-        _wait_subscribed(url, server, 2)
+        wait_subscribed(url, server, 2)
         writer = _write(url, server, db, "w1", count, tmp_path / "write.err",
                         "--stream", "caches", "--rate", "300")
         time.sleep(0.8)
@@ -277,7 +262,7 @@ def test_a_slow_subscriber_is_cut_off_by_redis_and_catches_up(tmp_path: pathlib.
         db = f"sqlite:///{tmp_path}/s.db"
         fast = _tail(url, server, db, count + more, tmp_path / "fast.out")
         slow = _tail(url, server, db, count + more, tmp_path / "slow.out")
-        _wait_subscribed(url, server, 2)
+        wait_subscribed(url, server, 2)
         # Stopped before anything flows, the slow reader's socket buffers stay
         # small, and what it does not read piles up in Redis (about 10 MB).
         slow.send_signal(signal.SIGSTOP)

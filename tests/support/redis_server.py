@@ -158,3 +158,19 @@ def shared_redis_url() -> str:
 
         atexit.register(_shared.stop)
     return _shared.url
+
+
+def wait_subscribed(url: str, channel: str, subscribers: int, timeout: float = 30.0) -> None:
+    """Wait until *channel* has at least *subscribers* subscribers."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if dict(client.pubsub_numsub(channel)).get(channel.encode(), 0) >= subscribers:
+                return
+            time.sleep(0.05)
+    finally:
+        client.close()
+    raise AssertionError(f"{subscribers} subscribers did not appear on {channel} in {timeout:g}s")
