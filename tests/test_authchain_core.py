@@ -49,6 +49,15 @@ def test_auth_chain_difference(impl_kind: str) -> None:
     assert g.auth_chain_difference([]) == array("q")
 
 
+def test_common_events_count_as_in_every_set(impl_kind: str) -> None:
+    g = graph(impl_kind, ROOM)
+    for sets, common in (([[4], [6]], [5]), ([[6], []], [4]), ([[3], [1]], [2, 9])):
+        assert g.auth_chain_difference(sets, common) == g.auth_chain_difference(
+            [s + common for s in sets])
+    # Everything reachable from the common events is in no difference.
+    assert g.auth_chain_difference([[4], [6]], [6]) == array("q", [4])
+
+
 def test_conflicted_subgraph(impl_kind: str) -> None:
     g = graph(impl_kind, ROOM)
     # Paths from 6 down to 2: 6 -> 2, 6 -> 5 -> 2, 6 -> 5 -> 3 -> 2.
@@ -98,4 +107,5 @@ def test_compiled_and_pure_agree(parents: list[list[int]], sets: list[list[int]]
     assert c.node_count == p.node_count
     assert c.auth_chain(roots) == p.auth_chain(roots)
     assert c.auth_chain_difference(sets) == p.auth_chain_difference(sets)
+    assert c.auth_chain_difference(sets, roots) == p.auth_chain_difference(sets, roots)
     assert c.conflicted_subgraph(roots) == p.conflicted_subgraph(roots)
