@@ -105,7 +105,7 @@ def test_writers_survive_their_backends_terminated_again_and_again(
     app = f"streamrep-write-{uuid.uuid4().hex[:10]}"
     db = f"{pg_url}&application_name={app}"
     port = _free_port()
-    _serve(started, cwd, db, port)
+    hub = _serve(started, cwd, db, port)
     worker = _tail(started, cwd, port, "--from", "0", "--name", "worker")
     count = 300
     with _Terminator(pg_server, app) as terminator:
@@ -120,6 +120,8 @@ def test_writers_survive_their_backends_terminated_again_and_again(
     time.sleep(0.2)
     _assert_exactly_once_in_order(worker.facts(), expected)
     assert any("connection lost" in _stderr(w) for w in writers)
+    for proc in (hub, worker, *writers):
+        assert "Traceback" not in _stderr(proc), _stderr(proc)[-3000:]
 
 
 @pytest.mark.postgres
@@ -134,3 +136,5 @@ def test_demo_survives_every_database_backend_terminated_again_and_again(
     assert "writers writer1, writer2," in proc.stderr
     # Backends of every process were terminated, many times over.
     terminator.assert_struck_often()
+    for log in (tmp_path / "demo").glob("*.log"):
+        assert "Traceback" not in log.read_text(errors="replace"), log
