@@ -113,7 +113,7 @@ def _allocate_orderings(batch: Batch, todo: list[EventRecord], backfilled: bool)
     streams = (allocator.next_backfill_mult(txn, len(todo)) if backfilled
                else allocator.next_live_mult(txn, len(todo)))
     out.event_orderings = dict(zip([r.event_id for r in todo], streams))
-    batch.orderings.update((r.event_id, (r.depth, stream)) for r, stream in zip(todo, streams))
+    batch.orderings.update({r.event_id: (r.depth, stream) for r, stream in zip(todo, streams)})
     out.max_stream = max(streams)
     out.max_live = max(out.max_stream, 0)
 
@@ -153,10 +153,12 @@ class EventRows:
     def add_room(self, room_id: str, records: list[EventRecord],
                  visibility: dict[str, str]) -> None:
         """The rows of one room's events (*visibility*: each one's setting)."""
-        out, backfilled, redacted_now = self.out, self.backfilled, self.redacted_now
+        out, redacted_now = self.out, self.redacted_now
         sqlite, now_ms = self.sqlite, self.received_ts
         blob = bytearray if sqlite else bytes
         event_orderings = out.event_orderings
+        add_plain, add_event = self.plain_events.append, self.events.append
+        add_edge, edges = self.edges.append, self.edges
         room_max = 0
         for record in records:
             event_id = record.event_id
@@ -165,13 +167,13 @@ class EventRows:
                 room_max = stream
             if (sqlite and record.state_key is None and record.redacts is None
                     and record.relates_to is None and record.membership is None):
-                self.plain_events.append((
+                add_plain((
                     stream, record.depth, event_id, room_id, record.type, record.sender,
                     int(record.outlier), int(record.rejected), int(record.soft_failed),
                     int(event_id in redacted_now), visibility.get(event_id), now_ms,
                     blob(record.json)))
             else:
-                self.events.append((
+                add_event((
                     stream, record.depth, event_id, room_id, record.type, record.state_key,
                     record.sender, int(record.outlier), int(record.rejected),
                     int(record.soft_failed), int(event_id in redacted_now), record.redacts,
@@ -180,13 +182,13 @@ class EventRows:
             if not record.outlier:
                 prev_events = record.prev_events
                 if len(prev_events) == 1:
-                    self.edges.append((event_id, prev_events[0], room_id))
+                    add_edge((event_id, prev_events[0], room_id))
                 else:
-                    self.edges.extend((event_id, p, room_id) for p in prev_events)
+                    edges.extend((event_id, p, room_id) for p in prev_events)
             if record.membership is not None and record.state_key is not None:
                 self._add_membership(record, record.state_key, stream)
         out.persisted.extend([r.event_id for r in records])
-        if not backfilled:
+        if not self.backfilled:
             out.room_positions[room_id] = max(out.room_positions.get(room_id, room_max),
                                               room_max)
 
