@@ -68,7 +68,7 @@ def _is_user_id(value: object) -> bool:
 
 def _third_party_token(event: MatrixEvent) -> str | None:
     tpi = event.content.get("third_party_invite")
-    if isinstance(tpi, Mapping):
+    if tpi is not None and isinstance(tpi, Mapping):
         signed = tpi.get("signed")
         if isinstance(signed, Mapping) and isinstance(signed.get("token"), str):
             return str(signed["token"])

@@ -130,7 +130,7 @@ def parse_event(event_id: str, fields: Mapping[str, Any], version: RoomVersion) 
     if state_key is not None and not isinstance(state_key, str):
         raise MalformedEventError(f"event {event_id}: state_key must be a string")
     content = fields.get("content", {})
-    if not isinstance(content, Mapping):
+    if type(content) is not dict and not isinstance(content, Mapping):
         raise MalformedEventError(f"event {event_id}: content must be an object")
     room_id = fields.get("room_id")
     if etype == CREATE and state_key == "" and version.room_id_from_create_event:

@@ -65,16 +65,18 @@ class RoomModel:
         self.source.add(event, rejected=rejected)
 
 
-def _topological(records: list[Any], bodies: dict[str, dict[str, Any]]) -> list[Any]:
+def _topological(records: list[Any], cites: dict[str, Sequence[str]]) -> list[Any]:
     """Batch records with the batch events they cite as auth events first."""
     by_id = {r.event_id: r for r in records}
     waiting: dict[str, int] = {}
     children: dict[str, list[str]] = {}
     for r in records:
-        cited = {a for a in _listed_auth(bodies[r.event_id]) if a in by_id and a != r.event_id}
+        cited = {a for a in cites[r.event_id] if a in by_id and a != r.event_id}
         waiting[r.event_id] = len(cited)
         for a in cited:
             children.setdefault(a, []).append(r.event_id)
+    if not children:
+        return records
     position = {r.event_id: i for i, r in enumerate(records)}
     ready = [(position[e], e) for e, n in waiting.items() if n == 0]
     heapq.heapify(ready)
@@ -176,7 +178,9 @@ class RoomRules:
         for room_id, room_records in rooms.items():
             model = self.room(txn, room_id)
             current = None if backfilled else _CurrentState(txn, room_id, model)
-            for record in _topological(room_records, bodies):
+            cites: dict[str, Sequence[str]] = {
+                r.event_id: _listed_auth(bodies[r.event_id]) for r in room_records}
+            for record in _topological(room_records, cites):
                 rejection = self._check(model, record, bodies[record.event_id], current)
                 if rejection is not None:
                     out[record.event_id] = rejection

@@ -82,7 +82,7 @@ def user_level(user_id: str, state: Mapping[StateKey, MatrixEvent], version: Roo
     content = _content(state)
     if content is not None:
         users = content.get("users")
-        if isinstance(users, Mapping) and user_id in users:
+        if (type(users) is dict or isinstance(users, Mapping)) and user_id in users:
             level = parse_level(users[user_id])
             if level is not None:
                 return level
@@ -112,7 +112,7 @@ def send_level(event_type: str, is_state: bool, state: Mapping[StateKey, MatrixE
     """
     content = _content(state) or {}
     events = content.get("events")
-    if isinstance(events, Mapping) and event_type in events:
+    if (type(events) is dict or isinstance(events, Mapping)) and event_type in events:
         level = parse_level(events[event_type])
         if level is not None:
             return level
