@@ -29,6 +29,7 @@ import heapq
 from typing import Callable, Sequence
 
 from streamrep.matrix import auth
+from streamrep.matrix.errors import AuthRejection
 from streamrep.matrix import powerlevels as pl
 from streamrep.matrix.events import (
     CREATE,
@@ -41,7 +42,7 @@ from streamrep.matrix.events import (
     StateKey,
 )
 from streamrep.matrix.room_versions import RoomVersion, StateResAlgorithm
-from streamrep.matrix.stateres.common import StateMap, load_events, passes_auth
+from streamrep.matrix.stateres.common import StateMap, load_events
 from streamrep.matrix.stateres.source import EventSource
 
 __all__ = ["resolve_v2", "separate", "is_power_event", "reverse_topological_power_order",
@@ -98,12 +99,12 @@ class _Partial:
 
     def __init__(self, split: _Split | None) -> None:
         self.resolved: dict[StateKey, str] = {}
-        self._split = split
+        self.split = split
 
     def get(self, key: StateKey) -> str | None:
         found = self.resolved.get(key)
-        if found is None and self._split is not None and key not in self._split.differing:
-            found = self._split.base.get(key)
+        if found is None and self.split is not None and key not in self.split.differing:
+            found = self.split.base.get(key)
         return found
 
     def __setitem__(self, key: StateKey, event_id: str) -> None:
@@ -270,20 +271,33 @@ def mainline_order(event_ids: Sequence[str], power_levels_id: str | None,
 
 def _iterative_auth_checks(order: Sequence[str], partial: _Partial, ctx: _Context) -> None:
     version = ctx.version
+    events = ctx.events
+    rejected = ctx.rejected
+    resolved = partial.resolved
+    split = partial.split
+    base = split.base if split is not None else {}
+    hidden = split.differing if split is not None else frozenset()
+    check = auth.check_against_state
+    types_for = auth.auth_types_for_event
     for eid in order:
-        event = ctx.events[eid]
-        if event.state_key is None or ctx.rejected(eid):
+        event = events[eid]
+        if event.state_key is None or rejected(eid):
             continue
         state = dict(ctx.auth_state(event, skip_rejected=True))
-        for key in auth.auth_types_for_event(event, version):
-            held = partial.get(key)
-            if held is None or ctx.rejected(held):
+        for key in types_for(event, version):
+            held = resolved.get(key)
+            if held is None and key not in hidden:
+                held = base.get(key)
+            if held is None or rejected(held):
                 continue
-            held_event = ctx.get(held)
+            held_event = events.get(held) or ctx.get(held)
             if held_event is not None:
                 state[key] = held_event
-        if passes_auth(event, version, state):
-            partial[event.key] = eid
+        try:
+            check(event, version, state)
+        except AuthRejection:
+            continue
+        resolved[event.key] = eid
 
 
 def resolve_v2(room_id: str, version: RoomVersion, state_sets: Sequence[StateMap],
