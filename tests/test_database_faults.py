@@ -142,3 +142,17 @@ def test_stream_ids_survive_a_terminated_sequence_connection(
         assert stored == written
     finally:
         gen.close()
+
+
+def test_only_lost_connections_are_retried(db: Database) -> None:
+    db.execute("INSERT INTO facts VALUES (3, 'c')")
+    calls: list[int] = []
+
+    def duplicate(txn: Any) -> None:
+        calls.append(1)
+        txn.execute("INSERT INTO facts VALUES (3, 'again')")
+
+    with pytest.raises(psycopg2.errors.UniqueViolation):
+        db.run(duplicate, name="duplicate")
+    assert calls == [1]
+    assert db.fetchall("SELECT body FROM facts WHERE id = 3") == [("c",)]
