@@ -238,3 +238,60 @@ def test_a_version_12_create_event_without_room_id_makes_its_room(store: EventSt
     assert store.get_event(create["event_id"]).room_id == r.room_id
     assert b"room_id" not in store.get_event_json(create["event_id"])
     assert store.get_current_state(r.room_id)[("m.room.member", CAROL)] == r.id("carol")
+
+
+def _store_events(case: dict[str, Any]) -> list[dict[str, Any]]:
+    """A random forked room's events as the store takes them."""
+    from support.stateres_build import event_id_for
+
+    version = room_version(case["room_version"])
+    room = "!room:example.org"
+    out = []
+    for spec in case["events"]:
+        eid = event_id_for(spec["id"], case["room_version"])
+        ids = [event_id_for(a, case["room_version"]) for a in spec["auth"]]
+        body: dict[str, Any] = {
+            "event_id": eid, "type": spec["type"], "sender": spec["sender"],
+            "content": spec["content"], "depth": spec["depth"],
+            "origin_server_ts": spec["ts"],
+            "prev_events": [event_id_for(p, case["room_version"]) for p in spec["prev"]],
+            "auth_events": [[a, {}] for a in ids] if version.event_ids_have_domain else ids}
+        if "state_key" in spec:
+            body["state_key"] = spec["state_key"]
+        if spec["type"] == "m.room.create" and version.room_id_from_create_event:
+            room = room_id_for_create_event(eid)
+        else:
+            body["room_id"] = room
+        out.append(body)
+    return out
+
+
+@pytest.mark.parametrize("version_id", ["1", "2", "6", "10", "11", "12"])
+@pytest.mark.parametrize("seed", range(3))
+def test_rejected_events_of_random_rooms_stay_out_of_every_answer(
+        tmp_path: Any, version_id: str, seed: int) -> None:
+    from support.stateres_build import event_id_for
+    from support.stateres_random import forked_room
+
+    case = forked_room(version_id, seed, members=6, forks=3, per_fork=8)
+    expected = {event_id_for(s["id"], version_id) for s in case["events"] if s.get("rejected")}
+    events = _store_events(case)
+    store = EventStore(f"sqlite:///{tmp_path}/r.db", room_rules=RoomRules())
+    try:
+        rejected: set[str] = set()
+        for event in events:  # one at a time, as they would arrive
+            rejected |= set(store.persist_events([event]).rejected)
+        # The store rejects exactly what the rules reject against the auth events.
+        assert rejected == expected
+        room = store.get_event(events[0]["event_id"]).room_id
+        assert not rejected & store.get_forward_extremities(room)
+        assert not rejected & set(store.get_current_state(room).values())
+        for event in events:
+            if event["event_id"] not in rejected:
+                state = store.get_state_after_event(event["event_id"])
+                assert not rejected & set(state.values())
+        for n in range(6):
+            seen = store.get_new_events_for_user(f"@u{n}:example.org", "s0")
+            assert not rejected & {e.event_id for e in seen.events}
+    finally:
+        store.close()
