@@ -56,6 +56,10 @@ __all__ = ["ReplicationClient", "ClientConnection", "Backoff"]
 
 logger = logging.getLogger(__name__)
 
+#: How long a new connection's greeting may take to reach the socket before the
+#: client says it is connected anyway.
+_GREETING_FLUSH_SECONDS = 1.0
+
 
 class ClientConnection(TcpConnection):
     """The client's end of one connection to the hub."""
@@ -227,8 +231,18 @@ class ReplicationClient:
     def _greeted(self, conn: ClientConnection, greeting: list[Action]) -> list[Action]:
         conn.established = True
         self.connections_made += 1
-        self._up.set()
+        gevent.spawn(self._up_once_greeted, conn)
         return greeting
+
+    def _up_once_greeted(self, conn: ClientConnection) -> None:
+        # The application learns it is connected once the greeting is on its
+        # way: what it sends next (a writer's first announcements) never shares
+        # the queue's bound with the greeting.
+        with gevent.Timeout(_GREETING_FLUSH_SECONDS, False):
+            while not conn.idle() and not conn.closed:
+                gevent.sleep(0.001)
+        if not conn.closed:
+            self._up.set()
 
     def _why_lost(self, conn: ClientConnection) -> str:
         where = f"{self.host}:{self.port}"
