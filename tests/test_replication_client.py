@@ -299,3 +299,36 @@ def test_following_everything_from_now_resumes_each_stream_from_its_own_token(
         assert hub.metrics.commands_out["RDATA"] == 20
     finally:
         client.stop()
+
+
+def test_a_writers_first_announcement_may_fill_its_whole_queue() -> None:
+    """Connected means the greeting is on its way: an announcement of as many
+    rows as the queue holds, made at once, does not cut the writer off."""
+    import orjson
+
+    settings = ConnectionSettings(ping_interval=0.5, ping_timeout=2.0, max_queued_commands=100)
+    source = MemorySource(["to_device"])
+    hub = ReplicationHub("hub.example", source, port=0, settings=settings)
+    hub.start()
+    got: list[int] = []
+    worker = ReplicationClient("127.0.0.1", hub.address[1], client_name="worker", settings=settings,
+                               handler=lambda s, i, t, rows: got.append(len(rows)),
+                               start_from={"to_device": 0})
+    writer = ReplicationClient(
+        "127.0.0.1", hub.address[1], client_name="w1", settings=settings,
+        writer_positions=lambda: [("to_device", "w1", source.current_token("to_device", "w1"))])
+    worker.start()
+    try:
+        assert worker.wait_connected(5)
+        rows = [[f"@u{j}:x"] for j in range(100)]
+        source.append("to_device", "w1", 1, rows)
+        writer.start()
+        assert writer.wait_connected(5)
+        assert writer.announce("to_device", "w1", [(1, orjson.dumps(row)) for row in rows])
+        wait_until(lambda: got == [100])
+        assert writer.connections_made == 1 and writer.connected
+        assert hub.metrics.disconnects["peer_error"] == 0
+    finally:
+        writer.stop()
+        worker.stop()
+        hub.stop()
