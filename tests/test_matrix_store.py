@@ -295,3 +295,22 @@ def test_rejected_events_of_random_rooms_stay_out_of_every_answer(
             assert not rejected & {e.event_id for e in seen.events}
     finally:
         store.close()
+
+
+def test_a_retried_batch_is_checked_from_the_flags_it_was_given(tmp_path: Any) -> None:
+    from streamrep.events.validation import parse_event as record_of
+
+    r, events = build("10")
+    rules = RoomRules()
+    store = EventStore(f"sqlite:///{tmp_path}/retry.db", room_rules=rules)
+    try:
+        store.persist_events(events)
+        bad = r.event("carol_bans", [r.id("carol")], "m.room.member", BOB, CAROL,
+                      {"membership": "ban"})
+        records = [record_of(bad)]
+        first = store.db.run(lambda txn: rules.check_batch(txn, records))
+        again = store.db.run(lambda txn: rules.check_batch(txn, records))
+        assert first == again
+        assert again[bad["event_id"]].reason == "insufficient_power"
+    finally:
+        store.close()

@@ -113,6 +113,8 @@ class RoomRules:
         self._db: Database | None = None
         # The last batch's events as parsed, for its event_auth rows.
         self._parsed: dict[str, MatrixEvent] = {}
+        self._batch: list[Any] | None = None
+        self._given: list[tuple[bool, bool]] = []
         self.resolver = MatrixStateResolver(self)
 
     def attach(self, db: Database) -> None:
@@ -169,6 +171,14 @@ class RoomRules:
                     backfilled: bool = False) -> dict[str, Rejection]:
         """Authorize a batch: set ``rejected``/``soft_failed`` on its records and
         return the rejected ones' reasons."""
+        if records is not self._batch:
+            # The flags as the caller gave them: a retried transaction checks again
+            # from these, not from the previous attempt's verdicts.
+            self._batch = records
+            self._given = [(r.rejected, r.soft_failed) for r in records]
+        else:
+            for r, (rejected, soft_failed) in zip(records, self._given):
+                r.rejected, r.soft_failed = rejected, soft_failed
         bodies = {r.event_id: orjson.loads(r.json) for r in records}
         self._parsed = {}
         out: dict[str, Rejection] = {}
