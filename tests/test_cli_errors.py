@@ -110,6 +110,13 @@ def test_spark_without_its_extra(workdir: Path) -> None:
                     "pip install 'streamrep[spark]'")
 
 
+def test_demo_tls_without_its_extra(workdir: Path) -> None:
+    proc = run("demo", "--tls", "--duration", "1", "--workers", "1",
+               "--workdir", str(workdir / "demo"), cwd=workdir,
+               prelude="import sys; sys.modules['cryptography'] = None")
+    assert_one_line(proc, ExitCode.MISSING_EXTRA, "streamrep demo", "cryptography", "pip install")
+
+
 def test_tail_with_nothing_listening_says_so_and_gives_up(workdir: Path) -> None:
     proc = run("tail", "--connect", "127.0.0.1:1", "--give-up-after", "1", cwd=workdir)
     line = assert_one_line(proc, ExitCode.HUB_UNREACHABLE, "streamrep tail", "gave up after 1s",

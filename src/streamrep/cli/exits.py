@@ -144,9 +144,10 @@ def describe(exc: BaseException, command: str = "streamrep") -> Failure:
         return Failure(ExitCode.STATE_CORRUPT, _one_line(exc))
     if isinstance(exc, StateVerificationError):
         return Failure(ExitCode.STATE_MISMATCH, _one_line(exc))
-    if isinstance(exc, ModuleNotFoundError) and exc.name and \
-            exc.name.split(".")[0] != "streamrep":  # streamrep's own: a broken install
-        module = exc.name.split(".")[0]
+    missing = _cause(exc, ModuleNotFoundError)
+    if isinstance(missing, ModuleNotFoundError) and missing.name and \
+            missing.name.split(".")[0] != "streamrep":  # streamrep's own: a broken install
+        module = missing.name.split(".")[0]
         extra = _extra_providing(module)
         fix = (f"pip install 'streamrep[{extra}]'" if extra is not None
                else f"pip install {module}")
