@@ -127,6 +127,13 @@ def test_tail_with_nothing_listening_says_so_and_gives_up(workdir: Path) -> None
     assert "refused" in line.lower()
 
 
+def test_tail_with_redis_unreachable_gives_up_naming_it(workdir: Path) -> None:
+    proc = run("tail", "--redis", "redis://127.0.0.1:1", "--server-name", "example.com",
+               "--give-up-after", "1", cwd=workdir)
+    assert_one_line(proc, ExitCode.HUB_UNREACHABLE, "streamrep tail", "Redis",
+                    "redis://127.0.0.1:1", "--redis")
+
+
 @pytest.fixture
 def hub() -> Iterator[tuple[str, int]]:
     from streamrep.replication import ReplicationHub

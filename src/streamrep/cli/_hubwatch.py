@@ -20,6 +20,9 @@ class HubWatch:
         self.who = who
         self.give_up_after = give_up_after
         self.quiet = quiet
+        #: what to say when no reason was reported, and how to fix it
+        self.unreachable = "no connection to the hub"
+        self.fix = "start the hub (streamrep serve) or fix --connect"
         self.problem: str | None = None
         self.down_since: float | None = time.monotonic()
         self._said: tuple[str, float] | None = None
@@ -48,10 +51,9 @@ class HubWatch:
     def failure(self, what: str | None = None) -> CommandFailed:
         """The failure to exit with: *what* happened (default: gave up waiting)."""
         what = what or f"gave up after {self.give_up_after:g}s"
-        problem = self.problem or "no connection to the hub"
+        problem = self.problem or self.unreachable
         if "says it is" in problem:
             return CommandFailed(ExitCode.WRONG_SERVER, f"{what}: {problem}; pass the hub's "
                                  "name as --server-name (or fix server_name in the "
                                  "configuration)")
-        return CommandFailed(ExitCode.HUB_UNREACHABLE, f"{what}: {problem}; start the hub "
-                             "(streamrep serve) or fix --connect")
+        return CommandFailed(ExitCode.HUB_UNREACHABLE, f"{what}: {problem}; {self.fix}")

@@ -135,6 +135,9 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
             on_unfilled_gap=unfilled_gap, ping_interval=settings.connection.ping_interval,
             ping_timeout=settings.connection.ping_timeout)
         where = f"Redis {describe_url(settings.redis_url)} channel {server_name}"
+        # The transport logs each failed attempt; giving up names the server.
+        watch.unreachable = f"no connection to Redis at {describe_url(settings.redis_url)}"
+        watch.fix = "start the Redis server or fix --redis (replication.redis.url)"
     else:
         client = ReplicationClient(
             host, port, client_name=name, server_name=server_name, handler=handler, source=source,
@@ -144,15 +147,15 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
         )
         where = f"{host}:{port}"
 
-        def watch_hub() -> None:
-            while not done.is_set():
-                if client.connected:
-                    watch.connected()
-                elif watch.given_up():
-                    done.set()
-                gevent.sleep(0.1)
+    def watch_link() -> None:
+        while not done.is_set():
+            if client.connected:
+                watch.connected()
+            elif watch.given_up():
+                done.set()
+            gevent.sleep(0.1)
 
-        gevent.spawn(watch_hub)
+    gevent.spawn(watch_link)
     for signum in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(signum, done.set)
     click.echo(f"tail: following {', '.join(stream_names) or 'every stream'} on {where}", err=True)
