@@ -24,10 +24,10 @@ commands through Redis and carries out its actions (facts and gap filling throug
 :class:`~streamrep.replication.follower.StreamFollower`).
 
 Two connections per process, as Redis requires: a subscribed connection accepts
-no other commands than (un)subscribing and pinging. redis-py does the talking (with
-hiredis when installed), on sockets that gevent made cooperative: a process using
-this transport calls ``gevent.monkey.patch_all()`` before anything else, as the
-command-line tools do.
+no other commands than (un)subscribing and pinging. Both are read and written in
+bulk with hiredis (:mod:`.redis_connection`), on sockets that gevent made
+cooperative: a process using this transport calls ``gevent.monkey.patch_all()``
+before anything else, as the command-line tools do.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from streamrep.replication.protocol import (
 )
 from streamrep.replication.source import StreamSource
 from streamrep.replication.transport.redis_format import EchoFilter, channel_for, channels
+from streamrep.replication.transport.redis_connection import Publisher, Subscription, SubscriptionLost
 
 __all__ = [
     "RedisReplication", "RedisUnavailableError", "advance_publisher", "describe_url",
@@ -59,8 +60,6 @@ logger = logging.getLogger(__name__)
 
 #: Commands waiting to be published before the process gives up on the connection.
 DEFAULT_MAX_QUEUED_COMMANDS = 100_000
-#: Messages taken from the subscription before they are decoded together.
-_READ_BATCH = 2000
 #: How often the reader looks at the clock when Redis is quiet.
 _POLL_SECONDS = 0.2
 #: Commands whose echo is recognised by the writer's name rather than by EchoFilter.
@@ -199,7 +198,7 @@ class RedisReplication:
         while not self._stopping:
             try:
                 self._connection(where)
-            except _Lost as exc:
+            except (_Lost, SubscriptionLost) as exc:
                 reason = str(exc)
             except (OSError, ProtocolError) as exc:
                 reason = f"{type(exc).__name__}: {exc}"
@@ -219,43 +218,18 @@ class RedisReplication:
             logger.warning("Redis %s: %s; reconnecting in %.2fs", where, reason, delay)
             gevent.sleep(delay)
 
-    def _clients(self) -> tuple[Any, Any]:
-        import redis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
-        def client() -> Any:
-            # Reconnecting is this class's business (it must announce itself again),
-            # so redis-py is told never to retry or reconnect behind its back.
-            return redis.Redis.from_url(
-                self.url, socket_connect_timeout=self.connect_timeout,
-                socket_timeout=self.ping_timeout, retry=Retry(NoBackoff(), 0),
-                health_check_interval=0, client_name=f"streamrep-{self.instance_name}")
-
-        return client(), client()
-
     def _connection(self, where: str) -> None:
-        subscriber, publisher = self._clients()
-        pubsub = subscriber.pubsub()
+        subscription = Subscription(self.url, self.channels, self.connect_timeout)
+        publisher = Publisher(self.url, self.ping_timeout)
         writer: Greenlet | None = None
         self._lost = None
         try:
-            pubsub.subscribe(*self.channels)
-            confirmed = 0
-            deadline = time.monotonic() + self.connect_timeout
-            while confirmed < len(self.channels):
-                message = pubsub.get_message(timeout=max(0.0, deadline - time.monotonic()))
-                if message is None:
-                    if time.monotonic() >= deadline:
-                        raise _Lost(f"subscription not confirmed in {self.connect_timeout:g}s")
-                    continue
-                if message["type"] == "subscribe":
-                    confirmed += 1
-            publisher.ping()
+            subscription.open()
+            publisher.open()
             self._subscribed_now()
             logger.info("Redis %s: subscribed to %s", where, ", ".join(self.channels))
             writer = gevent.spawn(self._publish_loop, publisher)
-            self._read_loop(pubsub)
+            self._read_loop(subscription)
         finally:
             self._subscribed = False
             self._up.clear()
@@ -263,11 +237,8 @@ class RedisReplication:
                 self._outbox_ready.set()
                 writer.join(1.0)
                 writer.kill(block=False)
-            for closing in (pubsub, subscriber, publisher):
-                try:
-                    closing.close()
-                except Exception:  # already broken: nothing left to release
-                    logger.debug("closing a Redis connection failed", exc_info=True)
+            subscription.close()
+            publisher.close()
 
     def _subscribed_now(self) -> None:
         """The subscription is confirmed: start afresh and announce ourselves."""
@@ -282,8 +253,8 @@ class RedisReplication:
 
     # --- reading ---------------------------------------------------------------------
 
-    def _read_loop(self, pubsub: Any) -> None:
-        get_message = pubsub.get_message
+    def _read_loop(self, subscription: Subscription) -> None:
+        read = subscription.read
         decoder = C.new_decoder(self.max_line_length)
         last_ping = time.monotonic()
         # When the answer to our last ping is overdue (None: nothing outstanding).
@@ -291,26 +262,21 @@ class RedisReplication:
         # itself suspended does not blame Redis.
         answer_due: float | None = None
         patience = self.ping_timeout - self.ping_interval
+        message = b"message"
         while True:
             if self._lost is not None:
                 raise _Lost(self._lost)
-            message = get_message(timeout=_POLL_SECONDS)
-            if message is not None:
+            replies = read(_POLL_SECONDS)
+            if replies:
                 answer_due = None
-                lines: list[bytes] = []
-                while message is not None:
-                    if message["type"] == "message":
-                        lines.append(message["data"])
-                        if len(lines) >= _READ_BATCH:
-                            break
-                    message = get_message(timeout=0)
+                lines = [r[2] for r in replies if type(r) is list and r[0] == message]
                 if lines:
                     self._received(decoder, lines)
             now = time.monotonic()
             if answer_due is not None and now > answer_due:
                 raise _Lost(f"no answer from Redis for {self.ping_timeout:g}s")
             if now - last_ping >= self.ping_interval:
-                pubsub.ping()  # answered on the subscription
+                subscription.ping()  # answered on the subscription
                 last_ping = now
                 if answer_due is None:
                     answer_due = now + patience
@@ -407,13 +373,22 @@ class RedisReplication:
         return all(self._publish(a.data) for a in actions if type(a) is Send)
 
     def _queue(self, messages: list[tuple[str, bytes]]) -> bool:
+        limit = self.max_queued_commands - len(messages)
+        if len(self._outbox) > limit:
+            # Redis is slower than this writer: the writer waits (its persisting
+            # with it) for up to ping_timeout, then starts over; the new
+            # subscription announces its positions and readers fill the rest
+            # from the database.
+            deadline = time.monotonic() + self.ping_timeout
+            while (len(self._outbox) > limit and self._subscribed and self._lost is None
+                   and time.monotonic() < deadline):
+                gevent.sleep(0.001)
+            if len(self._outbox) > limit:
+                if self._lost is None:
+                    self._lost = f"more than {self.max_queued_commands} commands waiting to be published"
+                self._outbox.clear()
+                return False
         outbox = self._outbox
-        if len(outbox) + len(messages) > self.max_queued_commands:
-            # Redis cannot keep up with us: start over; the new subscription
-            # announces our positions and readers fill the rest from the database.
-            self._lost = f"more than {self.max_queued_commands} commands waiting to be published"
-            outbox.clear()
-            return False
         outbox.extend(messages)
         self._outbox_ready.set()
         return True
@@ -436,11 +411,7 @@ class RedisReplication:
                     continue
                 self._outbox = []
                 self._publishing = True
-                pipe = publisher.pipeline(transaction=False)
-                publish = pipe.publish
-                for channel, payload in batch:
-                    publish(channel, payload)
-                pipe.execute()
+                publisher.publish_many(batch)
                 self._publishing = False
                 last_sent = time.monotonic()
         except Exception as exc:

@@ -1,0 +1,177 @@
+"""The two Redis connections of a replication process, in bulk.
+
+A replication process publishes and receives one message per command line, many
+thousands a second: through redis-py's ``PubSub`` and pipelines that costs tens
+of microseconds a message. These connections instead hand everything one ``recv``
+returned to hiredis's reply parser at once, and write a whole batch of
+``PUBLISH`` commands packed by hiredis in one ``sendall``. They speak only what
+replication needs (``AUTH``, ``SUBSCRIBE``, ``PUBLISH``, ``PING``), read the
+server's address, credentials and TLS settings from the URLs redis-py takes (with
+redis-py's own URL parser), and work on the standard library's sockets, which
+gevent makes cooperative.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from typing import Any
+
+import hiredis
+from redis.connection import parse_url
+
+__all__ = ["Publisher", "Subscription", "SubscriptionLost"]
+
+_RECV_BYTES = 1 << 18
+
+
+class SubscriptionLost(Exception):
+    """The subscribed connection is gone or refused us (the message says which)."""
+
+
+def _tls_context(options: dict[str, Any]) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=options.get("ssl_ca_certs"))
+    reqs = str(options.get("ssl_cert_reqs", "required")).lower()
+    if reqs in ("none", "cert_none"):
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    elif reqs in ("optional", "cert_optional"):
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_OPTIONAL
+    if options.get("ssl_certfile"):
+        context.load_cert_chain(options["ssl_certfile"], options.get("ssl_keyfile"))
+    return context
+
+
+class _Connection:
+    """A connection to the Redis at *url*, authenticated."""
+
+    def __init__(self, url: str, connect_timeout: float) -> None:
+        self.url = url
+        self.connect_timeout = connect_timeout
+        self._sock: socket.socket | None = None
+        self._reader = hiredis.Reader()
+
+    # --- connecting --------------------------------------------------------------------
+
+    def _connect(self) -> None:
+        options = parse_url(self.url)
+        if "path" in options:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.connect_timeout)
+            sock.connect(options["path"])
+        else:
+            host = options.get("host", "localhost")
+            sock = socket.create_connection((host, int(options.get("port", 6379))), self.connect_timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.url.startswith("rediss:"):
+                sock = _tls_context(options).wrap_socket(sock, server_hostname=host)
+        self._sock = sock
+        password = options.get("password")
+        if password is not None:
+            username = options.get("username")
+            self._call(*(("AUTH", username, password) if username else ("AUTH", password)))
+
+    def _send(self, *args: str) -> None:
+        assert self._sock is not None
+        self._sock.sendall(hiredis.pack_command(args))
+
+    def _call(self, *args: str) -> Any:
+        self._send(*args)
+        while True:
+            for reply in self._replies():
+                if isinstance(reply, hiredis.ReplyError):
+                    raise SubscriptionLost(f"Redis refused {args[0]}: {reply}")
+                return reply
+
+    def _replies(self) -> list[Any]:
+        """Everything the next read completes (waits for at least one reply)."""
+        while True:
+            out = self.read()
+            if out:
+                return out
+
+    # --- reading -----------------------------------------------------------------------
+
+    def read(self, timeout: float | None = None) -> list[Any]:
+        """The replies one read completes: ``[b"message", channel, data]`` lists,
+        ``[b"pong", b""]``, ...; empty when *timeout* passed with nothing to read."""
+        sock = self._sock
+        if sock is None:
+            raise SubscriptionLost("not connected")
+        reader = self._reader
+        sock.settimeout(timeout if timeout is not None else self.connect_timeout)
+        try:
+            data = sock.recv(_RECV_BYTES)
+        except TimeoutError:
+            if timeout is None:
+                raise SubscriptionLost(f"no answer from Redis in {self.connect_timeout:g}s") from None
+            return []
+        if not data:
+            raise SubscriptionLost("Redis closed the connection")
+        reader.feed(data)
+        out = []
+        gets = reader.gets
+        reply = gets()
+        while reply is not False:
+            out.append(reply)
+            reply = gets()
+        return out
+
+    def close(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+
+class Subscription(_Connection):
+    """One connection subscribed to *channels*."""
+
+    def __init__(self, url: str, channels: list[str], connect_timeout: float) -> None:
+        super().__init__(url, connect_timeout)
+        self.channels = channels
+
+    def open(self) -> None:
+        """Connect, authenticate and subscribe; returns once Redis confirmed every channel."""
+        self._connect()
+        self._send("SUBSCRIBE", *self.channels)
+        confirmed = 0
+        while confirmed < len(self.channels):
+            for reply in self._replies():
+                if isinstance(reply, list) and reply and reply[0] == b"subscribe":
+                    confirmed += 1
+                elif isinstance(reply, hiredis.ReplyError):
+                    raise SubscriptionLost(f"Redis refused SUBSCRIBE: {reply}")
+
+    def ping(self) -> None:
+        """Ask for a ``pong`` (a subscribed connection answers it in the stream)."""
+        self._send("PING")
+
+
+class Publisher(_Connection):
+    """The connection a process publishes on."""
+
+    def open(self) -> None:
+        self._connect()
+        self._call("PING")
+
+    def publish_many(self, messages: list[tuple[str, bytes]]) -> None:
+        """``PUBLISH`` every ``(channel, message)`` in order, in one write; returns
+        once Redis answered them all."""
+        sock = self._sock
+        if sock is None:
+            raise SubscriptionLost("not connected")
+        pack = hiredis.pack_command
+        sock.sendall(b"".join([pack(("PUBLISH", channel, message)) for channel, message in messages]))
+        waiting = len(messages)
+        while waiting:
+            for reply in self._replies():
+                if isinstance(reply, hiredis.ReplyError):
+                    raise SubscriptionLost(f"Redis refused PUBLISH: {reply}")
+                waiting -= 1
+
+    def ping(self) -> None:
+        self._call("PING")
