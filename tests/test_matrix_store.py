@@ -314,3 +314,26 @@ def test_a_retried_batch_is_checked_from_the_flags_it_was_given(tmp_path: Any) -
         assert again[bad["event_id"]].reason == "insufficient_power"
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("version_id", FAMILIES)
+def test_an_outlier_whose_auth_chain_arrives_later_is_accepted_when_de_outliered(
+        store: EventStore, version_id: str) -> None:
+    r, events = build(version_id)
+    by_id = {e["event_id"]: e for e in events}
+    carol = by_id[r.id("carol")]
+    # Carol's join arrives first, alone: the auth events it cites are not held yet.
+    early = store.persist_events([dict(carol, outlier=True)])
+    assert early.rejected[carol["event_id"]].startswith("missing_auth_events")
+    # Then the room's history, and Carol's join again as part of the DAG.
+    store.persist_events([e for e in events if e is not carol])
+    later = store.persist_events([carol])
+    assert later.rejected == {}
+    stored = store.get_event(carol["event_id"])
+    assert not stored.outlier and not stored.rejected
+    assert store.get_current_state(r.room_id)[("m.room.member", CAROL)] == carol["event_id"]
+    assert store.db.fetchval("SELECT COUNT(*) FROM rejections WHERE event_id = ?",
+                             (carol["event_id"],)) == 0
+    rows = store.db.fetchall("SELECT auth_id FROM event_auth WHERE event_id = ?",
+                             (carol["event_id"],))
+    assert len(rows) == len({row[0] for row in rows}) > 0

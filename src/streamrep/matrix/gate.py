@@ -59,6 +59,8 @@ class RoomModel:
         self.room_id = room_id
         self.version = version
         self.source = InMemoryEventSource()
+        #: Events of the room stored as outliers (a non-outlier copy de-outliers them).
+        self.outliers: set[str] = set()
 
     def add(self, event: MatrixEvent, rejected: bool) -> None:
         """Hold *event* (a state event) for later authorization and resolution."""
@@ -114,6 +116,8 @@ class RoomRules:
         # The last batch's events as parsed, for its event_auth rows.
         self._parsed: dict[str, MatrixEvent] = {}
         self._batch: list[Any] | None = None
+        # Events of the last batch stored before as outliers: their rows are replaced.
+        self._deoutliered: set[str] = set()
         self._given: list[tuple[bool, bool]] = []
         self.resolver = MatrixStateResolver(self)
 
@@ -157,6 +161,8 @@ class RoomRules:
             if version is None and body.get("type") == CREATE and body.get("state_key") == "":
                 version = _version_of(body)
         model = RoomModel(room_id, version)
+        model.outliers.update(row[0] for row in txn.fetchall(
+            "SELECT event_id FROM events WHERE room_id = ? AND outlier", (room_id,)))
         if version is not None:
             for event_id, body, rejected in bodies:
                 try:
@@ -181,6 +187,7 @@ class RoomRules:
                 r.rejected, r.soft_failed = rejected, soft_failed
         bodies = {r.event_id: orjson.loads(r.json) for r in records}
         self._parsed = {}
+        self._deoutliered = set()
         out: dict[str, Rejection] = {}
         rooms: dict[str, list[Any]] = {}
         for r in records:
@@ -190,6 +197,12 @@ class RoomRules:
             current = None if backfilled else _CurrentState(txn, room_id, model)
             cites: dict[str, Sequence[str]] = {
                 r.event_id: _listed_auth(bodies[r.event_id]) for r in room_records}
+            for record in room_records:
+                if record.outlier:
+                    model.outliers.add(record.event_id)
+                elif record.event_id in model.outliers:
+                    self._deoutliered.add(record.event_id)
+                    model.outliers.discard(record.event_id)
             for record in _topological(room_records, cites):
                 rejection = self._check(model, record, bodies[record.event_id], current)
                 if rejection is not None:
@@ -203,10 +216,17 @@ class RoomRules:
                 model.version = room_version(_version_of(body)) if _known_version(
                     body) else None
             if model.version is None:
-                reason = (RejectionReason.BAD_CREATE_EVENT if record.type == CREATE
-                          else RejectionReason.NO_CREATE_EVENT)
                 record.rejected = True
-                return Rejection(reason.value, "the room has no usable create event")
+                if record.type == CREATE:
+                    return Rejection(RejectionReason.BAD_CREATE_EVENT.value,
+                                     "the create event names no known room version")
+                missing = sorted(a for a in _listed_auth(body)
+                                 if a not in model.source.events)
+                if missing:
+                    return Rejection(RejectionReason.MISSING_AUTH_EVENTS.value,
+                                     f"auth events not held: {', '.join(missing)}")
+                return Rejection(RejectionReason.NO_CREATE_EVENT.value,
+                                 "the room has no create event")
         version = model.version
         try:
             event = _parse(record.event_id, body, version)
@@ -270,6 +290,12 @@ class RoomRules:
                     rooms.append((record.room_id, model.version.identifier))
         now = int(time.time() * 1000)
         rejected_rows = [(e, r.reason, now) for e, r in rejections.items() if e in new]
+        replaced = sorted(self._deoutliered & new)
+        for i in range(0, len(replaced), _CHUNK):
+            chunk = replaced[i:i + _CHUNK]
+            marks = ", ".join("?" * len(chunk))
+            txn.execute(f"DELETE FROM event_auth WHERE event_id IN ({marks})", tuple(chunk))
+            txn.execute(f"DELETE FROM rejections WHERE event_id IN ({marks})", tuple(chunk))
         if auth_rows:
             txn.executemany(
                 "INSERT INTO event_auth (event_id, auth_id, room_id) VALUES (?, ?, ?)", auth_rows)

@@ -49,6 +49,8 @@ class InMemoryEventSource:
         self.index.add(event.event_id, event.auth_ids)
         if rejected:
             self.rejected.add(event.event_id)
+        else:
+            self.rejected.discard(event.event_id)
 
     def get_event(self, event_id: str) -> MatrixEvent | None:
         return self.events.get(event_id)
