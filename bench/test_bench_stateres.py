@@ -17,7 +17,7 @@ Rows, side by side in one run:
   source on the path::
 
       PYTHONPATH=src:tests /work/refvenv/bin/python -m pytest bench/test_bench_stateres.py \\
-          -p no:cacheprovider --benchmark-only -o addopts= -o pythonpath=tests
+          --benchmark-only -k resolve --benchmark-timer=time.process_time
 
 Every row's answer is checked equal to the others' before anything is timed.
 Run in the development environment (no reference row):
