@@ -282,6 +282,12 @@ class RedisReplication:
                     answer_due = now + patience
 
     def _received(self, decoder: Any, lines: list[bytes]) -> None:
+        if self.follower is None:
+            # A process that only writes hears everyone's rows, its own echoes
+            # above all: none concern it, so they are not even decoded.
+            lines = [line for line in lines if not line.startswith(b"RDATA ")]
+            if not lines:
+                return
         echoes = self._echoes
         if len(echoes):
             lines = [line for line in lines if line.startswith(_NAMED_BY_WRITER) or not echoes.is_echo(line)]
