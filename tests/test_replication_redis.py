@@ -202,6 +202,45 @@ def test_write_and_tail_through_redis(tmp_path: pathlib.Path) -> None:
     _assert_exactly_once(tmp_path / "tail.out", "caches", "w1", 200)
 
 
+def _write_and_tail(tmp_path: pathlib.Path, url: str) -> None:
+    server = unique_server_name("url")
+    db = f"sqlite:///{tmp_path}/s.db"
+    tail = _tail(url, server, db, 50, tmp_path / "tail.out")
+    wait_subscribed(url, server, 1)
+    writer = _write(url, server, db, "w1", 50, tmp_path / "write.err", "--stream", "caches", "--rate", "200")
+    assert _finish(writer, 60, "write") == 0, (tmp_path / "write.err").read_text()
+    assert _finish(tail, 60, "tail") == 0, (tmp_path / "tail.err").read_text()
+    _assert_exactly_once(tmp_path / "tail.out", "caches", "w1", 50)
+
+
+def test_a_password_and_a_unix_socket(tmp_path: pathlib.Path) -> None:
+    redis_server = own_redis_server(password="s3cret")
+    try:
+        _write_and_tail(tmp_path, f"unix://{redis_server.unix_socket}?password=s3cret")
+        wrong = _streamrep(tmp_path / "wrong.err", "tail", "--redis",
+                           f"redis://:wrong@127.0.0.1:{redis_server.port}", "--server-name", "x.example",
+                           out=tmp_path / "wrong.out")
+        time.sleep(2)
+        wrong.send_signal(signal.SIGTERM)
+        _finish(wrong, 30, "tail")
+        err = (tmp_path / "wrong.err").read_text()
+        assert "refused AUTH" in err and "wrong" not in err.replace("refused AUTH", "")
+    finally:
+        redis_server.stop()
+
+
+def test_tls(tmp_path: pathlib.Path) -> None:
+    pytest.importorskip("cryptography")
+    from streamrep.demo.certificates import make_deployment_certificates
+
+    certs = make_deployment_certificates(str(tmp_path / "pki"), [])
+    redis_server = own_redis_server(tls=(certs.ca, certs.hub.cert, certs.hub.key))
+    try:
+        _write_and_tail(tmp_path, redis_server.url)
+    finally:
+        redis_server.stop()
+
+
 def test_tail_without_a_database_says_once_that_it_cannot_fill_a_gap(tmp_path: pathlib.Path) -> None:
     url = shared_redis_url()
     server = unique_server_name("gap")

@@ -67,21 +67,39 @@ class RedisServer:
     """A ``redis-server`` of the test's own on 127.0.0.1, killable and restartable on
     the same port. Nothing is persisted: a restart starts empty, like a crash."""
 
-    def __init__(self, binary: str, port: int | None = None, *extra: str) -> None:
+    def __init__(self, binary: str, port: int | None = None, *extra: str,
+                 password: str | None = None, tls: tuple[str, str, str] | None = None) -> None:
         self.binary = binary
         self.port = port or free_port()
         self.extra = list(extra)
+        self.password = password
+        #: (CA certificate, server certificate, server key): TLS only, on ``port``
+        self.tls = tls
         self.dir = tempfile.mkdtemp(prefix="streamrep-redis-")
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}"
+        auth = f":{self.password}@" if self.password is not None else ""
+        if self.tls is not None:
+            return f"rediss://{auth}127.0.0.1:{self.port}?ssl_ca_certs={self.tls[0]}"
+        return f"redis://{auth}127.0.0.1:{self.port}"
+
+    @property
+    def unix_socket(self) -> str:
+        return os.path.join(self.dir, "redis.sock")
 
     def start(self, timeout: float = 10.0) -> None:
         log = open(os.path.join(self.dir, "redis.log"), "ab")
+        ports = ["--port", str(self.port)]
+        if self.tls is not None:
+            ca, cert, key = self.tls
+            ports = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", cert,
+                     "--tls-key-file", key, "--tls-ca-cert-file", ca, "--tls-auth-clients", "no"]
+        if self.password is not None:
+            ports += ["--requirepass", self.password]
         self.process = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            [self.binary, *ports, "--bind", "127.0.0.1", "--save", "", "--unixsocket", self.unix_socket,
              "--appendonly", "no", "--dir", self.dir, *self.extra],
             stdout=log, stderr=subprocess.STDOUT)
         log.close()
@@ -132,9 +150,10 @@ def redis_binary() -> str:
     return found
 
 
-def own_redis_server(*extra: str) -> RedisServer:
+def own_redis_server(*extra: str, password: str | None = None,
+                     tls: tuple[str, str, str] | None = None) -> RedisServer:
     """A started :class:`RedisServer` with *extra* ``redis-server`` arguments."""
-    server = RedisServer(redis_binary(), None, *extra)
+    server = RedisServer(redis_binary(), None, *extra, password=password, tls=tls)
     server.start()
     return server
 
