@@ -30,7 +30,6 @@ _TABLES = [
     "CREATE TABLE event_auth (event_id TEXT NOT NULL, auth_id TEXT NOT NULL,"
     " room_id TEXT NOT NULL)",
     "CREATE INDEX event_auth_id ON event_auth (event_id)",
-    "CREATE INDEX event_auth_room ON event_auth (room_id)",
     "CREATE TABLE rejections (event_id TEXT NOT NULL PRIMARY KEY, reason TEXT NOT NULL,"
     " last_check BIGINT NOT NULL)",
 ]
