@@ -8,6 +8,9 @@ rows arrived. Prints ``ready`` once connected.
 ``python bench/replication_roles.py writer HOST:PORT DB FACTS ROWS_PER_FACT RATE OUT``:
 persists FACTS to-device facts of ROWS_PER_FACT rows (RATE rows/s, 0 = flat out;
 several facts share a transaction: about 5 ms of the rate, or 10,000 rows flat out), announcing each when it commits, and writes ``{"commits": [[token, ns], ...]}``.
+
+With ``redis://HOST:PORT`` in place of ``HOST:PORT`` both replicate through Redis
+pub/sub (channel ``bench.example``) instead of the hub.
 """
 
 from __future__ import annotations
@@ -33,10 +36,13 @@ def _security() -> Any:
     return PeerSecurity.from_options(tls=True, ca=ca) if ca else PeerSecurity()
 
 
+#: The deployment's name, which is the Redis channel.
+SERVER_NAME = "bench.example"
+
+
 def worker(connect: str, name: str, rows_wanted: int, out_path: str) -> None:
     from streamrep.replication import ReplicationClient
 
-    host, port = connect.rsplit(":", 1)
     facts: list[tuple[int, int]] = []
     state = {"rows": 0, "first": 0}
     done = gevent.event.Event()
@@ -50,8 +56,16 @@ def worker(connect: str, name: str, rows_wanted: int, out_path: str) -> None:
         if state["rows"] >= rows_wanted:
             done.set()
 
-    client = ReplicationClient(host, int(port), client_name=name, handler=handler, streams=["to_device"],
-                               security=_security())
+    client: Any
+    if connect.startswith("redis://"):
+        from streamrep.replication.transport.redis import RedisReplication
+
+        client = RedisReplication(connect, server_name=SERVER_NAME, instance_name=name, handler=handler,
+                                  streams=["to_device"])
+    else:
+        host, port = connect.rsplit(":", 1)
+        client = ReplicationClient(host, int(port), client_name=name, handler=handler, streams=["to_device"],
+                                   security=_security())
     client.start()
     if not client.wait_connected(30):
         raise SystemExit("worker could not connect")
@@ -72,16 +86,21 @@ def writer(connect: str, db: str, fact_count: int, rows_per_fact: int, rate: flo
     from streamrep.replication.registry_source import RegistrySource
     from streamrep.streams import Streams
 
-    host, port = connect.rsplit(":", 1)
     instance = "benchwriter"
     database = open_database(db)
     streams = Streams(database, instance, {"to_device": [instance]})
     source = RegistrySource(streams, ["to_device"])
-    client = ReplicationClient(
-        host, int(port), client_name=instance,
-        writer_positions=lambda: [("to_device", instance, streams.current_token("to_device", instance))],
-        security=_security(),
-    )
+    positions = lambda: [("to_device", instance, streams.current_token("to_device", instance))]  # noqa: E731
+    client: Any
+    if connect.startswith("redis://"):
+        from streamrep.replication.transport.redis import RedisReplication
+
+        client = RedisReplication(connect, server_name=SERVER_NAME, instance_name=instance,
+                                  writer_positions=positions)
+    else:
+        host, port = connect.rsplit(":", 1)
+        client = ReplicationClient(host, int(port), client_name=instance, writer_positions=positions,
+                                   security=_security())
     commits: list[tuple[int, int]] = []
     # The rows of the fact being committed, exactly as the stream reads them back
     # (``[entity]``, the recipient, ordered by user then device): the writer
@@ -141,6 +160,11 @@ def writer(connect: str, db: str, fact_count: int, rows_per_fact: int, rate: flo
 
 if __name__ == "__main__":
     import signal
+
+    if any(arg.startswith("redis://") for arg in sys.argv):
+        from streamrep.cli._common import use_cooperative_sockets
+
+        use_cooperative_sockets()  # redis-py's sockets, as the command-line tools do
 
     import gevent.event  # noqa: F401
     import gevent.util

@@ -10,7 +10,11 @@
 Each runs with the compiled core and with the pure-Python twins (every process
 of the run uses the same one), and once more with the compiled core over TLS
 (``transport=tls``: the hub's certificate from a CA made for the run, every
-process checking it), ``STREAMREP_BENCH_ROUNDS`` times (default 3); the
+process checking it), and once more with the compiled core through Redis pub/sub
+instead of the hub (``transport=redis``: a ``redis-server`` of the run's own in the
+hub's place, its pub/sub output-buffer limit lifted as the hub's queue bound is
+raised; the ``hub_*`` CPU figures are then Redis's own),
+``STREAMREP_BENCH_ROUNDS`` times (default 3); the
 figures of the median round are in ``extra_info`` and printed, with every round's
 rate and p99.
 """
@@ -75,6 +79,7 @@ def _run(tmp: str, impl_kind: str, facts: int, rows_per_fact: int, rate: float,
         env["STREAMREP_BENCH_TLS_CA"] = certs.ca
     db = f"sqlite:///{tmp}/bench.db"
     port = _free_port()
+    connect = f"redis://127.0.0.1:{port}" if transport == "redis" else f"127.0.0.1:{port}"
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
 
@@ -87,8 +92,12 @@ def _run(tmp: str, impl_kind: str, facts: int, rows_per_fact: int, rate: float,
         return proc
 
     try:
-        start([sys.executable, "-m", "streamrep", "serve", "--db", db, "--listen", f"127.0.0.1:{port}",
-               "--log-level", "WARNING", *serve_tls], cwd=tmp)
+        if transport == "redis":
+            start([_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                   "--appendonly", "no", "--client-output-buffer-limit", "pubsub 0 0 0"], cwd=tmp)
+        else:
+            start([sys.executable, "-m", "streamrep", "serve", "--db", db, "--listen", f"127.0.0.1:{port}",
+                   "--log-level", "WARNING", *serve_tls], cwd=tmp)
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -100,7 +109,7 @@ def _run(tmp: str, impl_kind: str, facts: int, rows_per_fact: int, rate: float,
                 time.sleep(0.05)
         total_rows = facts * rows_per_fact
         workers = [
-            start([sys.executable, ROLES, "worker", f"127.0.0.1:{port}", f"w{i}", str(total_rows),
+            start([sys.executable, ROLES, "worker", connect, f"w{i}", str(total_rows),
                    os.path.join(tmp, f"w{i}.json")], stdout=subprocess.PIPE)
             for i in range(WORKERS)
         ]
@@ -111,7 +120,7 @@ def _run(tmp: str, impl_kind: str, facts: int, rows_per_fact: int, rate: float,
         # CPU before the run, to count what the run cost without process start-up.
         hub_cpu_before = _cpu_seconds(procs[0].pid)
         workers_cpu_before = sum(_cpu_seconds(w.pid) for w in workers)
-        writer = start([sys.executable, ROLES, "writer", f"127.0.0.1:{port}", db, str(facts),
+        writer = start([sys.executable, ROLES, "writer", connect, db, str(facts),
                         str(rows_per_fact), str(rate), os.path.join(tmp, "writer.json")])
         writer_code, writer_cpu = _reap(writer)
         assert writer_code == 0
@@ -149,7 +158,8 @@ def _run(tmp: str, impl_kind: str, facts: int, rows_per_fact: int, rate: float,
         "lines_per_second": delivered / ((last - first) / 1e9),
         "delivered_lines": delivered,
         "writer_rows_per_second": total_rows / written["persist_seconds"],
-        # CPU cost per delivered line, whatever else the machine was doing.
+        # CPU cost per delivered line, whatever else the machine was doing
+        # ("hub": redis-server when the transport is Redis).
         "hub_cpu_us_per_line": hub_cpu / total * 1e6,
         "worker_cpu_us_per_line": worker_cpu / total * 1e6,
         # The same over the run only (from every worker being ready to the end),
@@ -195,7 +205,16 @@ def _rounds(benchmark: Any, tmp_path: Any, impl_kind: str, **params: Any) -> dic
 
 #: Plain TCP, and TLS on the replication port (compiled core only: what TLS costs
 #: is the same whichever core decodes).
-TRANSPORTS = ["plain", "tls"]
+TRANSPORTS = ["plain", "tls", "redis"]
+
+
+def _redis_server() -> str:
+    import shutil
+
+    found = shutil.which("redis-server")
+    if found is None:
+        pytest.skip("the redis-server binary is not installed")
+    return found
 
 
 def _transport(impl_kind: str, transport: str) -> None:
@@ -203,6 +222,10 @@ def _transport(impl_kind: str, transport: str) -> None:
         if impl_kind == "pure":
             pytest.skip("TLS is measured with the compiled core")
         pytest.importorskip("cryptography")
+    if transport == "redis":
+        if impl_kind == "pure":
+            pytest.skip("Redis is measured with the compiled core")
+        _redis_server()
 
 
 @pytest.mark.benchmark(group="replication-e2e-throughput")

@@ -55,6 +55,16 @@ def test_echo_filter_is_bounded() -> None:
     assert echoes.is_echo(b"7")
 
 
+def test_publish_commands_are_encoded_as_redis_encodes_them() -> None:
+    import hiredis
+
+    from streamrep.replication.transport.redis_connection import encode_publish
+
+    messages = [b'RDATA caches w1 1 ["k",["\xc3\xa9"],1]', b"", b"POSITION caches w1 1 1"]
+    assert encode_publish("example.com", messages) == b"".join(
+        hiredis.pack_command(("PUBLISH", "example.com", m)) for m in messages)
+
+
 def _decode(text: str) -> list[Any]:
     from streamrep.replication import commands as C
 

@@ -49,7 +49,9 @@ from streamrep.replication.protocol import (
 )
 from streamrep.replication.source import StreamSource
 from streamrep.replication.transport.redis_format import EchoFilter, channel_for, channels
-from streamrep.replication.transport.redis_connection import Publisher, Subscription, SubscriptionLost
+from streamrep.replication.transport.redis_connection import (
+    Publisher, Subscription, SubscriptionLost, encode_publish,
+)
 
 __all__ = [
     "RedisReplication", "RedisUnavailableError", "advance_publisher", "describe_url",
@@ -150,7 +152,9 @@ class RedisReplication:
         self.connections_made = 0
         self._echoes = EchoFilter()
         self._fillable: frozenset[str] = frozenset(source.stream_names()) if source is not None else frozenset()
-        self._outbox: list[tuple[str, bytes]] = []
+        #: PUBLISH commands encoded for Redis, and how many they are
+        self._outbox: list[bytes] = []
+        self._queued = 0
         self._outbox_ready = gevent.event.Event()
         self._publishing = False
         self._subscribed = False
@@ -243,7 +247,8 @@ class RedisReplication:
     def _subscribed_now(self) -> None:
         """The subscription is confirmed: start afresh and announce ourselves."""
         self._echoes.clear()
-        self._outbox.clear()  # announced again below as positions
+        self._outbox = []  # announced again below as positions
+        self._queued = 0
         self._subscribed = True
         self.connections_made += 1
         self.backoff.reset()
@@ -338,23 +343,24 @@ class RedisReplication:
 
     # --- writing ---------------------------------------------------------------------
 
-    def _publish(self, data: bytes) -> bool:
-        """Queue encoded command lines, one message each."""
+    def _publish(self, data: bytes, named_by_writer: bool = False) -> bool:
+        """Queue encoded command lines, one message each. *named_by_writer*: they
+        are all ``RDATA``/``POSITION`` (no echo to remember, one channel)."""
         if not self._subscribed:
             return False
         messages = data.split(b"\n")
         messages.pop()  # after the last newline
-        echoes = self._echoes
         channel = self.server_name
-        out = []
+        if named_by_writer:
+            return self._queue(encode_publish(channel, messages), len(messages))
+        chunks = []
         for message in messages:
+            target = channel
             if not message.startswith(_NAMED_BY_WRITER):
-                echoes.published(message)
-                name = message.partition(b" ")[0].decode()
-                out.append((channel_for(name, channel), message))
-            else:
-                out.append((channel, message))
-        return self._queue(out)
+                self._echoes.published(message)
+                target = channel_for(message.partition(b" ")[0].decode(), channel)
+            chunks.append(encode_publish(target, [message]))
+        return self._queue(b"".join(chunks), len(messages))
 
     def send(self, command: Any) -> bool:
         """Publish any command now if subscribed; False otherwise."""
@@ -369,33 +375,34 @@ class RedisReplication:
         if not self._subscribed or not rows:
             return False
         actions = self.session.rows(stream, instance, rows)
-        return all(self._publish(a.data) for a in actions if type(a) is Send)
+        return all(self._publish(a.data, True) for a in actions if type(a) is Send)
 
     def announce_position(self, stream: str, instance: str, prev_token: int, new_token: int) -> bool:
         """Announce that a writer moved from *prev_token* to *new_token* with no rows."""
         if not self._subscribed:
             return False
         actions = self.session.position(stream, instance, prev_token, new_token)
-        return all(self._publish(a.data) for a in actions if type(a) is Send)
+        return all(self._publish(a.data, True) for a in actions if type(a) is Send)
 
-    def _queue(self, messages: list[tuple[str, bytes]]) -> bool:
-        limit = self.max_queued_commands - len(messages)
-        if len(self._outbox) > limit:
+    def _queue(self, data: bytes, count: int) -> bool:
+        limit = self.max_queued_commands - count
+        if self._queued > limit:
             # Redis is slower than this writer: the writer waits (its persisting
             # with it) for up to ping_timeout, then starts over; the new
             # subscription announces its positions and readers fill the rest
             # from the database.
             deadline = time.monotonic() + self.ping_timeout
-            while (len(self._outbox) > limit and self._subscribed and self._lost is None
+            while (self._queued > limit and self._subscribed and self._lost is None
                    and time.monotonic() < deadline):
                 gevent.sleep(0.001)
-            if len(self._outbox) > limit:
+            if self._queued > limit:
                 if self._lost is None:
                     self._lost = f"more than {self.max_queued_commands} commands waiting to be published"
-                self._outbox.clear()
+                self._outbox = []
+                self._queued = 0
                 return False
-        outbox = self._outbox
-        outbox.extend(messages)
+        self._outbox.append(data)
+        self._queued += count
         self._outbox_ready.set()
         return True
 
@@ -415,9 +422,11 @@ class RedisReplication:
                         publisher.ping()
                         last_sent = time.monotonic()
                     continue
+                count = self._queued
                 self._outbox = []
+                self._queued = 0
                 self._publishing = True
-                publisher.publish_many(batch)
+                publisher.publish_encoded(b"".join(batch), count)
                 self._publishing = False
                 last_sent = time.monotonic()
         except Exception as exc:

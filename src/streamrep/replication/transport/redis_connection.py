@@ -20,9 +20,16 @@ from typing import Any
 import hiredis
 from redis.connection import parse_url
 
-__all__ = ["Publisher", "Subscription", "SubscriptionLost"]
+__all__ = ["Publisher", "Subscription", "SubscriptionLost", "encode_publish"]
 
 _RECV_BYTES = 1 << 18
+
+
+def encode_publish(channel: str, messages: list[bytes]) -> bytes:
+    """``PUBLISH channel message`` for each message, in Redis's wire format."""
+    name = channel.encode()
+    head = b"*3\r\n$7\r\nPUBLISH\r\n$%d\r\n%b\r\n$" % (len(name), name)
+    return b"".join([b"%b%d\r\n%b\r\n" % (head, len(m), m) for m in messages])
 
 
 class SubscriptionLost(Exception):
@@ -158,15 +165,14 @@ class Publisher(_Connection):
         self._connect()
         self._call("PING")
 
-    def publish_many(self, messages: list[tuple[str, bytes]]) -> None:
-        """``PUBLISH`` every ``(channel, message)`` in order, in one write; returns
-        once Redis answered them all."""
+    def publish_encoded(self, data: bytes, count: int) -> None:
+        """Send *count* ``PUBLISH`` commands encoded by :func:`encode_publish` in one
+        write; returns once Redis answered them all."""
         sock = self._sock
         if sock is None:
             raise SubscriptionLost("not connected")
-        pack = hiredis.pack_command
-        sock.sendall(b"".join([pack(("PUBLISH", channel, message)) for channel, message in messages]))
-        waiting = len(messages)
+        sock.sendall(data)
+        waiting = count
         while waiting:
             for reply in self._replies():
                 if isinstance(reply, hiredis.ReplyError):
