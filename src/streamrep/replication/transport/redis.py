@@ -157,6 +157,7 @@ class RedisReplication:
         self._queued = 0
         self._outbox_ready = gevent.event.Event()
         self._publishing = False
+        self._publisher: Publisher | None = None
         self._subscribed = False
         self._lost: str | None = None
         self._stopping = False
@@ -406,8 +407,9 @@ class RedisReplication:
         self._outbox_ready.set()
         return True
 
-    def _publish_loop(self, publisher: Any) -> None:
+    def _publish_loop(self, publisher: Publisher) -> None:
         ready = self._outbox_ready
+        answers = gevent.spawn(self._answer_loop, publisher)
         last_sent = time.monotonic()
         try:
             while self._lost is None:
@@ -426,7 +428,7 @@ class RedisReplication:
                 self._outbox = []
                 self._queued = 0
                 self._publishing = True
-                publisher.publish_encoded(b"".join(batch), count)
+                publisher.send(b"".join(batch), count)
                 self._publishing = False
                 last_sent = time.monotonic()
         except Exception as exc:
@@ -434,12 +436,36 @@ class RedisReplication:
                 self._lost = f"publishing failed ({type(exc).__name__}: {exc})"
         finally:
             self._publishing = False
+            answers.kill(block=False)
+
+    def _answer_loop(self, publisher: Publisher) -> None:
+        """Take Redis's answers on the publishing connection; give up on it when
+        answers owed are ``ping_timeout`` late."""
+        self._publisher = publisher
+        waiting_since: float | None = None
+        try:
+            while self._lost is None:
+                answered = publisher.take_answers(_POLL_SECONDS)
+                now = time.monotonic()
+                if answered or publisher.unanswered == 0:
+                    waiting_since = None
+                elif waiting_since is None:
+                    waiting_since = now
+                elif now - waiting_since > self.ping_timeout:
+                    self._lost = f"no answer from Redis for {self.ping_timeout:g}s"
+        except Exception as exc:
+            if self._lost is None:
+                self._lost = f"publishing failed ({type(exc).__name__}: {exc})"
+        finally:
+            self._publisher = None
 
     def flush(self, timeout: float) -> bool:
         """Wait until subscribed with nothing left to publish (True), or *timeout*."""
         with gevent.Timeout(timeout, False):
             while True:
-                if self._subscribed and not self._outbox and not self._publishing:
+                publisher = self._publisher
+                if (self._subscribed and not self._outbox and not self._publishing
+                        and publisher is not None and publisher.unanswered == 0):
                     return True
                 gevent.sleep(0.005)
         return False

@@ -159,25 +159,40 @@ class Subscription(_Connection):
 
 
 class Publisher(_Connection):
-    """The connection a process publishes on."""
+    """The connection a process publishes on.
+
+    Commands go out as soon as they are queued, without waiting for the answers
+    to the previous ones (Redis reads a connection's input a slice at a time, so
+    waiting for a big batch's answers makes the next batch bigger still); one
+    greenlet sends (:meth:`send`), another takes the answers
+    (:meth:`take_answers`) and :attr:`unanswered` counts the difference.
+    """
+
+    def __init__(self, url: str, connect_timeout: float) -> None:
+        super().__init__(url, connect_timeout)
+        #: commands sent whose answer has not arrived
+        self.unanswered = 0
 
     def open(self) -> None:
         self._connect()
         self._call("PING")
 
-    def publish_encoded(self, data: bytes, count: int) -> None:
-        """Send *count* ``PUBLISH`` commands encoded by :func:`encode_publish` in one
-        write; returns once Redis answered them all."""
+    def send(self, data: bytes, count: int) -> None:
+        """Send *count* commands encoded for Redis (:func:`encode_publish`) in one write."""
         sock = self._sock
         if sock is None:
             raise SubscriptionLost("not connected")
+        self.unanswered += count
         sock.sendall(data)
-        waiting = count
-        while waiting:
-            for reply in self._replies():
-                if isinstance(reply, hiredis.ReplyError):
-                    raise SubscriptionLost(f"Redis refused PUBLISH: {reply}")
-                waiting -= 1
 
     def ping(self) -> None:
-        self._call("PING")
+        self.send(hiredis.pack_command(("PING",)), 1)
+
+    def take_answers(self, timeout: float) -> int:
+        """Wait up to *timeout* for answers; how many came. Raises on a refusal."""
+        replies = self.read(timeout)
+        for reply in replies:
+            if isinstance(reply, hiredis.ReplyError):
+                raise SubscriptionLost(f"Redis refused a command: {reply}")
+        self.unanswered -= len(replies)
+        return len(replies)
