@@ -1,0 +1,383 @@
+"""A soak of a few minutes: the whole deployment under load, faults and attacks.
+
+``streamrep serve`` (the shared secret on), two ``streamrep write`` processes on
+SQLite, three workers in this process (two filling gaps from the database, one
+resuming through the hub) whose connections are cut at random, and a hostile
+peer that holds the secret cycling through the attacks the hub must survive:
+forged rows, the hub impersonated, a poisoned position, 12,000 fake writers, a
+trickling peer, a huge partial line, a batch flood, a wrong proof. The hub is
+killed with SIGKILL twice and started again. At the end every fact in the
+database reached every worker exactly once, and the last hub's resident memory
+is within 10% of what it was once warmed up.
+
+Marked ``slow``; it takes about two minutes, at most three
+(``STREAMREP_SOAK_SECONDS`` sets the writing time, default 75).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import random
+import secrets
+import signal
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from typing import Any, Callable, Iterator
+
+import gevent
+import gevent.event
+import pytest
+from gevent import socket as gsocket
+
+from streamrep.catalogue import known_streams
+from streamrep.db import open_database
+from streamrep.demo.processes import free_port
+from streamrep.replication import ConnectionSettings, ReplicationClient
+from streamrep.replication.handshake import proof
+from streamrep.replication.registry_source import RegistrySource
+from streamrep.replication.security import PeerSecurity
+from streamrep.shared_secret import read_secret_file
+from streamrep.streams import Streams
+from support.replication import wait_until
+
+pytestmark = pytest.mark.slow
+
+# Known failure: with the hostile peer running, a worker that fills gaps from the
+# database ends with facts it never received while its position moved past them
+# (e.g. 26 of writer1's facts, or writer1's first three, with only the batch flood
+# as writer2 running; without the hostile peer, hub kills and connection cuts
+# alone pass). Remove the mark once every worker gets every fact.
+KNOWN_LOSS = pytest.mark.xfail(
+    reason="a database-backed worker loses facts while a hostile peer floods the hub",
+    strict=True)
+
+SECONDS = float(os.environ.get("STREAMREP_SOAK_SECONDS", "75"))
+SERVER = "soak.example"
+#: (instance, stream, facts per second, rows per fact)
+WRITERS = [("writer1", "caches", 120, 1), ("writer2", "to_device", 60, 3)]
+FOLLOWED = [stream for _, stream, _, _ in WRITERS]
+SETTINGS = ConnectionSettings(ping_interval=1.0, ping_timeout=4.0)
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("STREAMREP_CONFIG", None)
+    return env
+
+
+class Child:
+    """A streamrep subprocess (output to a log file), driven without blocking the loop."""
+
+    def __init__(self, args: list[str], cwd: pathlib.Path, log: str) -> None:
+        self.log_path = cwd / log
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "streamrep", *args], cwd=cwd,
+                                     env=_env(), stdout=self._log, stderr=self._log)
+
+    def wait(self, timeout: float) -> int | None:
+        with gevent.Timeout(timeout, False):
+            while self.proc.poll() is None:
+                gevent.sleep(0.05)
+        return self.proc.poll()
+
+    def stop(self, signum: int = signal.SIGTERM, timeout: float = 15) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signum)
+        code = self.wait(timeout)
+        if code is None:
+            self.proc.kill()
+            code = self.wait(5)
+        self._log.close()
+        return code
+
+    def rss(self) -> int:
+        with open(f"/proc/{self.proc.pid}/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class Worker:
+    """A replication client in this process counting every fact it is handed."""
+
+    def __init__(self, name: str, port: int, secret: bytes, db_url: str | None,
+                 writers: dict[str, list[str]]) -> None:
+        self.name = name
+        self.seen: Counter[tuple[str, str, int]] = Counter()
+        self.database = self.streams = None
+        source = None
+        if db_url is not None:
+            self.database = open_database(db_url)
+            self.streams = Streams(self.database, name, writers, definitions=known_streams())
+            source = RegistrySource(self.streams, FOLLOWED)
+        self.client = ReplicationClient(
+            "127.0.0.1", port, client_name=name, server_name=SERVER, handler=self.handle,
+            source=source, streams=FOLLOWED, start_from={s: 0 for s in FOLLOWED},
+            settings=SETTINGS, security=PeerSecurity(secret=secret))
+
+    def handle(self, stream: str, instance: str, token: int, rows: list[Any]) -> None:
+        self.seen[(stream, instance, token)] += 1
+
+    def close(self) -> None:
+        self.client.stop()
+        if self.streams is not None:
+            self.streams.close()
+        if self.database is not None:
+            self.database.close()
+
+
+# --- the hostile peer ------------------------------------------------------------------
+
+
+class Hostile:
+    """Connects to the hub, proves the secret (an insider), and misbehaves."""
+
+    def __init__(self, port: int, secret: bytes) -> None:
+        self.port = port
+        self.secret = secret
+        self.attacks = 0
+
+    def _open(self, name: str, prove: bool = True) -> gsocket.socket:
+        sock = gsocket.create_connection(("127.0.0.1", self.port), timeout=5)
+        buf = b""
+        while buf.count(b"\n") < 2:
+            chunk = sock.recv(4096)
+            if not chunk:
+                raise ConnectionError("hub closed during the greeting")
+            buf += chunk
+        nonce = buf.split(b"\n")[1].split(b" ")[1].decode()
+        mine = secrets.token_hex(32)
+        key = self.secret if prove else b"x" * 32
+        answer = proof(key, b"peer", SERVER, name, nonce, mine)
+        sock.sendall(f"AUTH_RESPONSE {name} {mine} {answer}\n".encode())
+        return sock
+
+    @staticmethod
+    def _drain(sock: gsocket.socket, seconds: float) -> None:
+        sock.settimeout(0.2)
+        with gevent.Timeout(seconds, False):
+            while True:
+                try:
+                    if not sock.recv(65536):
+                        return
+                except (TimeoutError, gsocket.timeout):
+                    continue
+                except OSError:
+                    return
+
+    def forged_rows(self) -> None:
+        sock = self._open("evil")
+        sock.sendall(b'NAME evil\nRDATA caches writer1 999999 ["get_user_by_id",["@x:y"],1]\n')
+        self._drain(sock, 1)
+        sock.close()
+
+    def impersonate_hub(self) -> None:
+        sock = self._open("main")
+        sock.sendall(b"NAME main\nRDATA caches main 1 [\"f\",null,1]\n")
+        self._drain(sock, 1)
+        sock.close()
+
+    def poisoned_position(self) -> None:
+        sock = self._open("writer1")
+        sock.sendall(b"NAME writer1\nPOSITION caches writer1 105 9000000000000000000\n")
+        self._drain(sock, 1)
+        sock.close()
+
+    def fake_writers(self) -> None:
+        sock = self._open("evil")
+        sock.sendall(b"NAME evil\n" + b"".join(b"POSITION caches evil%d 0 1\n" % n
+                                                for n in range(12_000)))
+        self._drain(sock, 1)
+        sock.close()
+
+    def trickle(self) -> None:
+        sock = gsocket.create_connection(("127.0.0.1", self.port), timeout=5)
+        for byte in b"PING 1\n":
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                break
+            gevent.sleep(0.3)
+        sock.close()
+
+    def huge_partial_line(self) -> None:
+        sock = self._open("evil")
+        chunk = b"NAME evil\nRDATA caches evil 1 [" + b"1," * 100_000
+        try:
+            for _ in range(20):
+                sock.sendall(chunk)
+        except OSError:
+            pass
+        self._drain(sock, 0.5)
+        sock.close()
+
+    def batch_flood(self) -> None:
+        sock = self._open("writer2")
+        row = b'RDATA to_device writer2 batch ["@flood:x"]\n'
+        try:
+            sock.sendall(b"NAME writer2\n")
+            for _ in range(200):
+                sock.sendall(row * 1000)
+        except OSError:
+            pass
+        self._drain(sock, 0.5)
+        sock.close()
+
+    def wrong_proof(self) -> None:
+        sock = self._open("writer1", prove=False)
+        sock.sendall(b"NAME writer1\n")
+        self._drain(sock, 1)
+        sock.close()
+
+    def garbage(self) -> None:
+        sock = gsocket.create_connection(("127.0.0.1", self.port), timeout=5)
+        sock.sendall(b"\x00\xff not a command\r\nRDATA\n")
+        self._drain(sock, 0.5)
+        sock.close()
+
+    def run(self, stop: gevent.event.Event) -> None:
+        cycle: list[Callable[[], None]] = [
+            self.forged_rows, self.impersonate_hub, self.poisoned_position, self.fake_writers,
+            self.trickle, self.huge_partial_line, self.batch_flood, self.wrong_proof, self.garbage,
+        ]
+        while not stop.is_set():
+            for attack in cycle:
+                if stop.is_set():
+                    return
+                try:
+                    attack()
+                    self.attacks += 1
+                except (OSError, ConnectionError):
+                    gevent.sleep(0.2)  # the hub is down (killed): try the next one later
+
+
+# --- the soak ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def deployment(tmp_path: pathlib.Path) -> Iterator[tuple[pathlib.Path, int, bytes]]:
+    secret_path = tmp_path / "replication.secret"
+    secret_path.write_text(secrets.token_hex(32) + "\n")
+    secret_path.chmod(0o600)
+    port = free_port()
+    config = tmp_path / "streamrep.yaml"
+    config.write_text(textwrap.dedent(f"""\
+        server_name: {SERVER}
+        database: sqlite:///{tmp_path}/soak.db
+        listen: 127.0.0.1:{port}
+        instance_map: {{main: {{}}, writer1: {{}}, writer2: {{}}}}
+        stream_writers: {{caches: [writer1], to_device: [writer2]}}
+        shared_secret_file: {secret_path}
+        keepalive: {{ping_interval: 1, timeout: 4}}
+        """))
+    yield config, port, read_secret_file(str(secret_path))
+
+
+def _start_hub(config: pathlib.Path, port: int, n: int) -> Child:
+    hub = Child(["serve", "--config", str(config)], config.parent, f"hub-{n}.log")
+    wait_until(lambda: _listening(port) or hub.proc.poll() is not None, timeout=60, step=0.1)
+    assert hub.proc.poll() is None, hub.log_path.read_text()
+    return hub
+
+
+def _listening(port: int) -> bool:
+    try:
+        gsocket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+@KNOWN_LOSS
+def test_soak(deployment: tuple[pathlib.Path, int, bytes]) -> None:
+    config, port, secret = deployment
+    tmp = config.parent
+    db_url = f"sqlite:///{tmp}/soak.db"
+    stream_writers = {stream: [instance] for instance, stream, _, _ in WRITERS}
+    hub = _start_hub(config, port, 1)
+    workers = [Worker("soakworker1", port, secret, db_url, stream_writers),
+               Worker("soakworker2", port, secret, db_url, stream_writers),
+               Worker("soakworker3", port, secret, None, stream_writers)]
+    stop = gevent.event.Event()
+    hostile = Hostile(port, secret)
+    greenlets: list[gevent.Greenlet] = []
+    writers: list[Child] = []
+    try:
+        for worker in workers:
+            worker.client.start()
+        for worker in workers:
+            assert worker.client.wait_connected(30), worker.name
+        for instance, stream, rate, rows in WRITERS:
+            writers.append(Child(
+                ["write", "--config", str(config), "--instance-name", instance, "--stream", stream,
+                 "--count", str(int(rate * SECONDS)), "--rate", str(rate),
+                 "--rows-per-fact", str(rows), "--announce-timeout", "60"],
+                tmp, f"{instance}.log"))
+        rng = random.Random(17)
+
+        def cut_connections() -> None:
+            while not stop.is_set():
+                gevent.sleep(rng.uniform(1.0, 4.0))
+                conn = rng.choice(workers).client.connection
+                if conn is not None and not conn.closed:
+                    conn.close("local_close")
+
+        greenlets = [gevent.spawn(cut_connections), gevent.spawn(hostile.run, stop)]
+        # SIGKILL the hub twice while everything runs, and start it again.
+        for n in (2, 3):
+            gevent.sleep(SECONDS * 0.2)
+            hub.stop(signal.SIGKILL)
+            hub = _start_hub(config, port, n)
+        gevent.sleep(15)  # warm up: reconnections, catch-ups, a cycle of attacks
+        warm_rss = hub.rss()
+        for child in writers:
+            assert child.wait(SECONDS * 2 + 120) == 0, child.log_path.read_text()[-2000:]
+        final_rss = hub.rss()
+        stop.set()
+        gevent.joinall(greenlets, timeout=10)
+
+        truth = _facts_in_database(db_url, stream_writers)
+        assert truth and sum(len(t) for t in truth.values()) >= 0.9 * SECONDS * sum(
+            rate for _, _, rate, _ in WRITERS)
+        expected = {(s, i, t) for (s, i), tokens in truth.items() for t in tokens}
+        with gevent.Timeout(45, False):
+            while not all(expected <= set(w.seen) for w in workers):
+                gevent.sleep(0.1)
+        gevent.sleep(1)  # anything late (and wrong) would arrive now
+        for worker in workers:
+            lost = expected - set(worker.seen)
+            duplicated = {k: n for k, n in worker.seen.items() if n > 1}
+            unexpected = set(worker.seen) - expected
+            positions = worker.client.follower.positions if worker.client.follower else {}
+            assert (len(lost), len(duplicated), len(unexpected)) == (0, 0, 0), (
+                worker.name, len(lost), sorted(lost)[:5], sorted(duplicated.items())[:5],
+                sorted(unexpected)[:5], dict(positions), worker.client.connected)
+        assert hostile.attacks >= 9, "the hostile peer did not get through one cycle"
+        # Memory: the last hub, from warmed up to the end, under the same attacks.
+        assert final_rss <= warm_rss * 1.10, (warm_rss, final_rss)
+        assert hub.stop() == 0
+    finally:
+        stop.set()
+        gevent.killall(greenlets, timeout=5)
+        for worker in workers:
+            worker.close()
+        for child in writers:
+            child.stop()
+        hub.stop()
+
+
+def _facts_in_database(db_url: str, stream_writers: dict[str, list[str]]) -> dict[tuple[str, str], list[int]]:
+    database = open_database(db_url)
+    streams = Streams(database, "soakcheck", stream_writers, definitions=known_streams())
+    try:
+        source = RegistrySource(streams, FOLLOWED)
+        out: dict[tuple[str, str], list[int]] = {}
+        for instance, stream, _, _ in WRITERS:
+            upto = source.current_token(stream, instance)
+            rows, _ = source.updates(stream, instance, 0, upto, 10_000_000)
+            out[(stream, instance)] = sorted({token for token, _ in rows})
+        return out
+    finally:
+        streams.close()
+        database.close()
