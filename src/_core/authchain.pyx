@@ -205,6 +205,9 @@ cdef class AuthGraph:
         """Events in the full auth chain of some but not all of *sets*; *common*
         names events in every set, walked once (see the pure twin)."""
         cdef list groups = [[_node(value) for value in roots] for roots in sets]
+        cdef array shared = _node_array(common)
+        cdef long long* shared_p = shared.data.as_longlongs
+        cdef Py_ssize_t n_shared = len(shared)
         cdef Py_ssize_t k = len(groups), depth, n_touched = 0, n_out = 0, i
         cdef uint32_t epoch, stop = 0
         cdef int32_t r
@@ -215,16 +218,14 @@ cdef class AuthGraph:
         cdef uint32_t* stamp = self._stamp
         cdef uint32_t* mark = self._mark
         if k < 2:
-            for value in common:
-                _node(value)
             return clone(_Q_TEMPLATE, 0, False)
-        stack = self._stack(len(common))
-        touched = self._stack(len(common))
+        stack = self._stack(n_shared)
+        touched = self._stack(n_shared)
         try:
             stop = self._next_epoch()
             depth = 0
-            for value in common:
-                r = _node(value)
+            for i in range(n_shared):
+                r = <int32_t>shared_p[i]
                 if r >= self._nodes:
                     unknown = True
                 elif stamp[r] != stop:
@@ -261,8 +262,7 @@ cdef class AuthGraph:
             found = _sorted_array(touched, n_out)
             if unknown:
                 # Roots never described count as reached only by the sets naming them.
-                return _merge_unknown(found, groups, self._nodes, k,
-                                      [_node(value) for value in common])
+                return _merge_unknown(found, groups, self._nodes, k, shared.tolist())
             return found
         finally:
             free(stack)
@@ -351,6 +351,20 @@ cdef class AuthGraph:
             free(offsets)
             free(children)
             free(fill)
+
+
+cdef array _node_array(object values):
+    """*values* as an array of checked event numbers (an ``array('q')`` is not copied)."""
+    cdef array out
+    cdef Py_ssize_t i
+    if type(values) is array and (<array>values).ob_descr.typecode == b"q":
+        out = <array>values
+        for i in range(len(out)):
+            if out.data.as_longlongs[i] < 0 or out.data.as_longlongs[i] > _MAX_NODE:
+                raise ValueError(
+                    f"event number {out.data.as_longlongs[i]} outside 0..{_MAX_NODE}")
+        return out
+    return array("q", [_node(value) for value in values])
 
 
 cdef void* _realloc(void* ptr, size_t size) except NULL:

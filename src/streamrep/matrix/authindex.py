@@ -7,16 +7,21 @@ questions walk integer arrays instead of loading events.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Sequence
+from array import array
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence, TypeVar
 
 from streamrep import _impl
 
 if TYPE_CHECKING:
     from streamrep._pure import authchain as _authchain
+    from streamrep._pure import stateset as _stateset
 else:
     _authchain = _impl.load("authchain")
+    _stateset = _impl.load("stateset")
 
 __all__ = ["AuthIndex"]
+
+K = TypeVar("K")
 
 
 class AuthIndex:
@@ -67,14 +72,29 @@ class AuthIndex:
         return self._names(self._graph.auth_chain(self._lookup(event_ids)))
 
     def auth_chain_difference(self, state_sets: Sequence[Iterable[str]],
-                              common: Iterable[str] = ()) -> set[str]:
+                              common: Iterable[str] = (), *,
+                              common_numbers: array[int] | None = None) -> set[str]:
         """Events in the full auth chain of some, but not all, of *state_sets*.
 
         *common* names events that are in every set (the unconflicted state): they
         are walked once, and the sets' walks stop at their auth chain.
+        *common_numbers* gives more of them by number (see :meth:`split_state_sets`).
         """
+        shared = array("q", self._lookup(common))
+        if common_numbers is not None:
+            shared = shared + common_numbers if shared else common_numbers
         return self._names(self._graph.auth_chain_difference(
-            [self._lookup(s) for s in state_sets], self._lookup(common)))
+            [self._lookup(s) for s in state_sets], shared))
+
+    def split_state_sets(self, state_sets: Sequence[Mapping[K, str]]
+                         ) -> tuple[set[K], array[int]]:
+        """The keys *state_sets* disagree on (some maps them to another event than
+        the first, or lacks them), and the numbers of the other keys' events (the
+        unconflicted state), for :meth:`auth_chain_difference`."""
+        differing, common, unknown = _stateset.split_state_sets(state_sets, self._numbers)
+        if unknown:
+            common.extend(self._number(e) for e in unknown)
+        return differing, common
 
     def conflicted_subgraph(self, conflicted: Iterable[str]) -> set[str]:
         """Events on an auth path between two *conflicted* events, those included."""

@@ -43,7 +43,7 @@ from streamrep.matrix.events import (
 )
 from streamrep.matrix.room_versions import RoomVersion, StateResAlgorithm
 from streamrep.matrix.stateres.common import StateMap, load_events
-from streamrep.matrix.stateres.source import EventSource
+from streamrep.matrix.stateres.source import EventSource, InMemoryEventSource
 
 __all__ = ["resolve_v2", "separate", "is_power_event", "reverse_topological_power_order",
            "mainline_order"]
@@ -59,9 +59,22 @@ class _Split:
     """
 
     def __init__(self, state_sets: Sequence[StateMap],
-                 key_of: Callable[[str], StateKey | None]) -> None:
+                 key_of: Callable[[str], StateKey | None],
+                 differing: set[StateKey] | None = None) -> None:
         first = state_sets[0]
         self.base = first
+        self.common: set[str] = set()
+        if differing is None:
+            differing = self._differing(state_sets, key_of)
+        self.differing = differing
+        self.conflicted: dict[StateKey, set[str]] = {}
+        for key in differing:
+            self.conflicted[key] = {v for v in (s.get(key) for s in state_sets)
+                                    if v is not None}
+
+    def _differing(self, state_sets: Sequence[StateMap],
+                   key_of: Callable[[str], StateKey | None]) -> set[StateKey]:
+        first = self.base
         first_ids = set(first.values())
         changed: set[str] = set()
         for state in state_sets[1:]:
@@ -80,11 +93,7 @@ class _Split:
             # Events the source does not hold: find their keys in the states.
             for state in state_sets:
                 differing.update(k for k, v in state.items() if v in unknown)
-        self.differing = differing
-        self.conflicted: dict[StateKey, set[str]] = {}
-        for key in differing:
-            self.conflicted[key] = {v for v in (s.get(key) for s in state_sets)
-                                    if v is not None}
+        return differing
 
     def unconflicted(self) -> dict[StateKey, str]:
         """The unconflicted state as a new dict."""
@@ -310,15 +319,23 @@ def resolve_v2(room_id: str, version: RoomVersion, state_sets: Sequence[StateMap
         event = source.get_event(event_id)
         return event.key if event is not None and event.state_key is not None else None
 
-    split = _Split(state_sets, key_of)
+    if isinstance(source, InMemoryEventSource):
+        # The compiled core compares the sets and numbers the unconflicted events.
+        differing, common_numbers = source.index.split_state_sets(state_sets)
+        split = _Split(state_sets, key_of, differing)
+    else:
+        split = _Split(state_sets, key_of)
     conflicted = split.conflicted
     if not conflicted:
         return dict(split.base)
     conflicted_ids: set[str] = set().union(*conflicted.values())
     full = set(conflicted_ids)
     # The unconflicted events are in every set: pass them once.
-    full |= source.auth_chain_difference(
-        [{s[k] for k in conflicted if k in s} for s in state_sets], split.common)
+    per_set = [{s[k] for k in conflicted if k in s} for s in state_sets]
+    if isinstance(source, InMemoryEventSource):
+        full |= source.index.auth_chain_difference(per_set, common_numbers=common_numbers)
+    else:
+        full |= source.auth_chain_difference(per_set, split.common)
     v21 = version.state_res is StateResAlgorithm.V2_1
     if v21:
         full |= source.conflicted_subgraph(conflicted_ids)

@@ -1,0 +1,113 @@
+# cython: language_level=3
+"""Splitting state sets into conflicted keys and the unconflicted state (compiled core).
+
+Same API and results as :mod:`streamrep._pure.stateset`; see there for the
+definitions. Each set is walked alongside the first one in insertion order: while
+both yield the same key at the same step, one comparison of the values decides that
+entry (sets copied from one another and then changed stay aligned); the same event
+object at the same step is the same entry, since an event ID names one key. From the
+first step where the orders part, the set's remaining entries are looked up in the
+first set instead.
+"""
+
+from cpython.array cimport array, clone, resize
+from cpython.dict cimport PyDict_Next
+from cpython.object cimport Py_EQ, PyObject_RichCompareBool
+from cpython.ref cimport PyObject
+from libc.stdint cimport int64_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memset
+
+__all__ = ["split_state_sets"]
+
+cdef array _Q_TEMPLATE = array("q")
+
+
+cdef inline bint _same(object a, object b) except -1:
+    return a is b or PyObject_RichCompareBool(a, b, Py_EQ)
+
+
+def split_state_sets(states, numbers):
+    """``(differing keys, numbers of unconflicted events, unconflicted events without
+    a number)`` of *states* (see the pure twin)."""
+    cdef list sets = [s if type(s) is dict else dict(s) for s in states]
+    cdef dict base, state, index
+    cdef set differing = set(), extra = set()
+    cdef Py_ssize_t n_base, i, matched, pb, ps, n_common = 0
+    cdef PyObject* bk_p
+    cdef PyObject* bv_p
+    cdef PyObject* k_p
+    cdef PyObject* v_p
+    cdef bint aligned
+    cdef unsigned char* flags
+    cdef array common
+    cdef list unknown = []
+    if not sets:
+        return differing, clone(_Q_TEMPLATE, 0, False), unknown
+    base = sets[0]
+    if type(numbers) is not dict:
+        numbers = dict(numbers)
+    index = <dict>numbers
+    n_base = len(base)
+    flags = <unsigned char*>malloc(n_base + 1)
+    if flags == NULL:
+        raise MemoryError()
+    try:
+        memset(flags, 0, n_base + 1)
+        for state in sets[1:]:
+            if state is base:
+                continue
+            pb = ps = 0
+            i = matched = 0
+            aligned = True
+            while PyDict_Next(state, &ps, &k_p, &v_p):
+                if aligned:
+                    # Pointers first: touching the objects costs a cache miss each.
+                    if PyDict_Next(base, &pb, &bk_p, &bv_p) and (
+                            bv_p == v_p or bk_p == k_p or _same(<object>bk_p, <object>k_p)):
+                        matched += 1
+                        if bv_p != v_p and not _same(<object>bv_p, <object>v_p):
+                            flags[i] = 1
+                        i += 1
+                        continue
+                    aligned = False
+                key = <object>k_p
+                value = <object>v_p
+                held = base.get(key, _MISSING)
+                if held is _MISSING:
+                    extra.add(key)
+                    continue
+                matched += 1
+                if not _same(held, value):
+                    extra.add(key)
+            if matched < n_base:
+                # Keys of the first set this one lacks.
+                pb = 0
+                i = 0
+                while PyDict_Next(base, &pb, &bk_p, &bv_p):
+                    if not flags[i] and <object>bk_p not in state:
+                        flags[i] = 1
+                    i += 1
+        common = clone(_Q_TEMPLATE, n_base, False)
+        pb = 0
+        i = 0
+        while PyDict_Next(base, &pb, &bk_p, &bv_p):
+            key = <object>bk_p
+            if flags[i] or (extra and key in extra):
+                differing.add(key)
+            else:
+                number = index.get(<object>bv_p)
+                if number is None:
+                    unknown.append(<object>bv_p)
+                else:
+                    common.data.as_longlongs[n_common] = <int64_t>number
+                    n_common += 1
+            i += 1
+        resize(common, n_common)
+        differing |= extra
+        return differing, common, unknown
+    finally:
+        free(flags)
+
+
+cdef object _MISSING = object()
