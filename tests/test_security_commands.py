@@ -138,3 +138,31 @@ def test_write_and_tail_reach_a_protected_hub_only_with_credentials(
 
 def config_listen(path: pathlib.Path) -> str:
     return str(yaml.safe_load(path.read_text())["listen"])
+
+
+def test_check_config_loads_the_certificates_and_the_secret(
+        tmp_path: pathlib.Path, certs: DeploymentCertificates) -> None:
+    from click.testing import CliRunner
+
+    from streamrep.cli import main
+
+    def check(tls: str, *extra: str) -> tuple[int, str]:
+        path = tmp_path / "c.yaml"
+        path.write_text(f"server_name: example.com\ninstance_map: {{main: {{}}, writer1: "
+                        f"{{tls_cert: {certs.clients['writer1'].cert}, tls_key: /nowhere.key}}}}\n"
+                        f"tls: {tls}\n")
+        result = CliRunner().invoke(main, ["check-config", str(path), "--no-port-check", *extra])
+        return result.exit_code, result.output
+
+    good = f"{{cert: {certs.hub.cert}, key: {certs.hub.key}, ca: {certs.ca}}}"
+    code, out = check(good)
+    assert code == 0 and "peers must pass TLS" in out
+    code, out = check(f"{{cert: {certs.hub.cert}, key: {certs.clients['writer1'].key}}}")
+    assert code == 2
+    assert out.splitlines() == [f"config error: tls.key: {certs.clients['writer1'].key} is not the "
+                                f"private key of {certs.hub.cert}; give the key the certificate "
+                                "was issued for"]
+    code, out = check(good, "--instance", "writer1")
+    assert code == 2
+    assert out.splitlines() == ["config error: instance_map.writer1.tls_key: /nowhere.key does not "
+                                "exist; give the path of a PEM file"]

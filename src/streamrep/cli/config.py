@@ -19,11 +19,28 @@ def _protection(config: Config) -> str:
     return "peers must pass " + " and ".join(parts) if parts else ""
 
 
+def _check_security_files(config: Config, instance: str | None) -> None:
+    """Load the certificates, keys and secret the instance will use (the hub's by
+    default), so a wrong path or a key that does not match is one line now."""
+    if not (config.tls.enabled or config.shared_secret_file is not None):
+        return
+    from streamrep.replication.security import HubSecurity, PeerSecurity, SecuritySetupError
+
+    try:
+        if instance is None or instance == config.instance_name:
+            HubSecurity.from_config(config)
+        else:
+            PeerSecurity.from_config(config, instance)
+    except SecuritySetupError as exc:
+        click.echo(f"config error: {exc}", err=True)
+        raise SystemExit(2) from None
+
+
 @click.command("check-config")
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.option("--instance", default=None, metavar="NAME",
-              help="Also check that the ports this instance listens on are free "
-                   "(default: the hub's instance).")
+              help="Also check that the ports this instance listens on are free and "
+                   "that its certificate, key and secret load (default: the hub's instance).")
 @click.option("--no-port-check", is_flag=True,
               help="Skip the port check (e.g. while the deployment is running).")
 def check_config(path: str, instance: str | None, no_port_check: bool) -> None:
@@ -39,6 +56,7 @@ def check_config(path: str, instance: str | None, no_port_check: bool) -> None:
     except ConfigError as exc:
         report_and_exit(exc)
         return
+    _check_security_files(config, instance)
     click.echo(f"{path}: ok (server {config.server_name}, hub {config.instance_name} "
                f"listening on {config.listen}, database {config.database.partition(':')[0]})")
     protection = _protection(config)
