@@ -94,7 +94,8 @@ def _run(tmp: str, impl_kind: str, facts: int, rows_per_fact: int, rate: float,
     try:
         if transport == "redis":
             start([_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                   "--appendonly", "no", "--client-output-buffer-limit", "pubsub 0 0 0"], cwd=tmp)
+                   "--appendonly", "no", "--client-output-buffer-limit", "pubsub 0 0 0"], cwd=tmp,
+                  stdout=subprocess.DEVNULL)
         else:
             start([sys.executable, "-m", "streamrep", "serve", "--db", db, "--listen", f"127.0.0.1:{port}",
                    "--log-level", "WARNING", *serve_tls], cwd=tmp)
