@@ -45,13 +45,13 @@ from support.replication import wait_until
 
 pytestmark = pytest.mark.slow
 
-# Known failure: with the hostile peer running, a worker that fills gaps from the
-# database ends with facts it never received while its position moved past them
-# (e.g. 26 of writer1's facts, or writer1's first three, with only the batch flood
-# as writer2 running; without the hostile peer, hub kills and connection cuts
-# alone pass). Remove the mark once every worker gets every fact.
+# Known failure: with the hostile peer running, a worker ends with facts it never
+# received while its position moved past them: 26 consecutive facts of one writer
+# for a worker filling gaps from the database in one run, for the worker resuming
+# through the hub in another. Hub kills and connection cuts alone pass; the batch
+# flood alone is enough to fail. Remove the mark once every worker gets every fact.
 KNOWN_LOSS = pytest.mark.xfail(
-    reason="a database-backed worker loses facts while a hostile peer floods the hub",
+    reason="a worker loses facts while a hostile peer floods the hub",
     strict=True)
 
 SECONDS = float(os.environ.get("STREAMREP_SOAK_SECONDS", "75"))
