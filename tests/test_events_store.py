@@ -1,4 +1,11 @@
-"""Scenarios for the event store, on SQLite and PostgreSQL (``db_url``)."""
+"""Scenarios for the event store's DAG mechanics, on SQLite and PostgreSQL (``db_url``).
+
+Extremities, outliers, backfill, pagination, state groups, visibility bookkeeping,
+stream rows and bad input, over small hand-drawn DAGs whose events cite no auth
+events: every store here is opened with ``room_rules=None`` (DAG data that is not a
+Matrix room). The same kinds of scenarios in valid Matrix rooms, through the
+default store with the room rules, are in ``test_events_matrix_rooms.py``.
+"""
 
 from __future__ import annotations
 
@@ -43,7 +50,7 @@ def create_room(store, room=ROOM):
 
 @pytest.fixture
 def store(db_url):
-    s = EventStore(db_url, max_delta_hops=4)
+    s = EventStore(db_url, max_delta_hops=4, room_rules=None)
     yield s
     s.close()
 
@@ -62,7 +69,7 @@ def test_fork_and_merge(store):
         store.get_room_events(ROOM, order="random")
 
 
-def test_conflicting_fork_is_resolved_by_the_default_resolver(store):
+def test_conflicting_fork_is_resolved_by_the_depth_order_resolver(store):
     create_room(store)
     store.persist_events([
         ev("$t1", ["$ann_join"], 3, type="m.room.topic", state_key="", content={"topic": "1"}),
@@ -335,7 +342,7 @@ def test_pagination_tokens_round_trip(store):
 
 def test_events_stream_rows_and_worker_follower(db_url, store):
     create_room(store)
-    worker = EventStore(db_url)
+    worker = EventStore(db_url, room_rules=None)
     try:
         follower = EventsStreamFollower(worker)
         start = current_events_token(store.db)
@@ -372,7 +379,7 @@ def test_events_stream_rows_and_worker_follower(db_url, store):
 
 def test_worker_follower_applies_backfill_and_state_all_rows(db_url, store):
     create_room(store)
-    worker = EventStore(db_url)
+    worker = EventStore(db_url, room_rules=None)
     try:
         follower = EventsStreamFollower(worker)
         assert worker.get_current_state(ROOM)[("m.room.member", ANN)] == "$ann_join"
@@ -397,7 +404,7 @@ def test_worker_follower_applies_backfill_and_state_all_rows(db_url, store):
 
 def test_persist_emits_cache_invalidations(db_url):
     seen = []
-    store = EventStore(db_url, on_persisted=lambda outcome, rows: seen.extend(rows))
+    store = EventStore(db_url, room_rules=None, on_persisted=lambda outcome, rows: seen.extend(rows))
     try:
         create_room(store)
         store.persist_events([member("$bob", ["$ann_join"], 3, BOB, "join")])
@@ -427,11 +434,11 @@ def test_registry_streams_allocate_and_serve_rows(db_url):
 
     db = Database.open(db_url)
     with pytest.raises(DatabaseConfigError, match="does not serve the events and backfill"):
-        EventStore(db, streams=Streams(db, "master"))
+        EventStore(db, streams=Streams(db, "master"), room_rules=None)
     streams = Streams(db, "master", definitions=known_streams())
     announced = []
     streams.add_listener(lambda stream, instance, tokens, pos: announced.append((stream, pos)))
-    store = EventStore(db, streams=streams)
+    store = EventStore(db, streams=streams, room_rules=None)
     try:
         create_room(store)
         live = store.persist_events([ev("$x", ["$ann_join"], 3)])
@@ -451,7 +458,7 @@ def test_registry_streams_allocate_and_serve_rows(db_url):
         cache_rows, _ = streams.get_updates_since("caches", "master", 0, token, 100)
         assert any(r[1][0] == "cs_cache_fake" and r[1][1][0] == ROOM for r in cache_rows)
         # A second store over the same generators continues the orderings.
-        again = EventStore(db, streams=streams)
+        again = EventStore(db, streams=streams, room_rules=None)
         nxt = again.persist_events([ev("$y", ["$x"], 4)])
         assert nxt.orderings["$y"] > live.max_stream
     finally:

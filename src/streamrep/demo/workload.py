@@ -1,11 +1,18 @@
 """A seeded, realistic room workload for the demo (pure: no IO).
 
-:class:`Workload` plays a small homeserver's traffic: rooms with members joining,
-leaving and being invited, messages (some replies), state changes (topics, names,
-power levels), forks where two senders reply to the same events concurrently (and
-the next event merges them), redactions, history-visibility changes, and rooms joined
-late whose older history is backfilled in chunks. Beside events it produces account
-data, read receipts, to-device messages and explicit cache invalidations.
+:class:`Workload` plays a small homeserver's traffic in valid Matrix rooms (room
+version 10 unless told otherwise): each room starts with its create event, the
+creator's join, power levels, public join rules and history visibility; then members
+join, leave, are invited and sometimes banned (by the creator or a moderator, who
+hold the power to), send messages (some replies), change state (topics, names,
+power levels), fork (two senders reply to the same events concurrently, sometimes
+both changing the topic, and the next event merges them), redact, and change
+history visibility. Rooms joined late arrive with their state and newest messages,
+and their older messages are backfilled in chunks. Every event carries the
+``prev_events``, ``depth`` and ``auth_events`` the authorization rules expect
+(:class:`~streamrep.matrix.room_builder.RoomBuilder`), so an event store with the
+Matrix room rules rejects and soft-fails none of them. Beside events it produces
+account data, read receipts, to-device messages and explicit cache invalidations.
 
 Each call of :meth:`Workload.next_op` returns one :class:`Op`; the same seed gives the
 same sequence. Events are plain mappings in the event store's input form (an
@@ -18,9 +25,15 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Op", "Room", "Workload", "HISTORY_VISIBILITIES"]
+from streamrep.matrix.room_builder import RoomBuilder
+from streamrep.matrix.room_versions import room_version
+
+__all__ = ["Op", "Room", "Workload", "HISTORY_VISIBILITIES", "DEFAULT_ROOM_VERSION"]
 
 HISTORY_VISIBILITIES = ("world_readable", "shared", "invited", "joined")
+
+#: The room version of the demo's rooms unless told otherwise.
+DEFAULT_ROOM_VERSION = "10"
 
 #: op kinds -> relative weight in the mix
 _MIX: dict[str, int] = {
@@ -29,6 +42,7 @@ _MIX: dict[str, int] = {
     "join": 6,
     "leave": 3,
     "invite": 3,
+    "ban": 1,
     "state": 4,
     "visibility": 2,
     "redaction": 3,
@@ -41,6 +55,11 @@ _MIX: dict[str, int] = {
 
 
 _NON_EVENT_KINDS = ("account_data", "receipt", "to_device", "cache_invalidation")
+
+#: Power levels the rules give without saying (the spec's defaults).
+_STATE_DEFAULT = 50
+_BAN = 50
+_REDACT = 50
 
 
 @dataclass
@@ -65,13 +84,24 @@ class Room:
 
     room_id: str
     creator: str
+    builder: RoomBuilder
     members: set[str] = field(default_factory=set)
     invited: set[str] = field(default_factory=set)
-    extremities: list[str] = field(default_factory=list)
-    depth: int = 0
+    banned: set[str] = field(default_factory=set)
+    #: user -> power level, as the room's power levels event says
+    levels: dict[str, int] = field(default_factory=dict)
     messages: list[str] = field(default_factory=list)
     #: older history, newest first, still to be backfilled
     unbackfilled: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def extremities(self) -> list[str]:
+        """The room's forward extremities."""
+        return self.builder.extremities
+
+    def level(self, user: str) -> int:
+        """*user*'s power level."""
+        return self.levels.get(user, 0)
 
 
 class Workload:
@@ -79,9 +109,14 @@ class Workload:
 
     def __init__(self, seed: int, rooms: int, users: int | None = None,
                  server_name: str = "demo.example", prefix: str = "",
-                 events: bool = True) -> None:
+                 events: bool = True, room_version_id: str = DEFAULT_ROOM_VERSION) -> None:
         if rooms < 1:
             raise ValueError("rooms must be at least 1")
+        version = room_version(room_version_id)
+        if version.event_ids_have_domain or version.room_id_from_create_event:
+            raise ValueError(f"the demo builds rooms of versions 3 to 11, not "
+                             f"{room_version_id!r}")
+        self.room_version = room_version_id
         self.rng = random.Random(seed)
         self.server_name = server_name
         #: distinguishes event IDs of several writers sharing one database
@@ -89,7 +124,6 @@ class Workload:
         self.users = [f"@user{i}:{server_name}" for i in range(users or max(8, rooms * 4))]
         self.rooms: list[Room] = []
         self._counter = 0
-        self._ts = 1_700_000_000_000
         self._pending: list[Op] = []
         #: whether this workload persists events (a second writer shares only the
         #: other multi-writer streams, since events have one writer)
@@ -103,69 +137,64 @@ class Workload:
 
     # --- event construction -----------------------------------------------------------
 
+    def _event_id(self, _n: int) -> str:
+        self._counter += 1
+        return f"${self.prefix}e{self._counter}:{self.server_name}"
+
     def _event(self, room: Room, etype: str, sender: str, content: dict[str, Any],
                state_key: str | None = None, prev: list[str] | None = None,
-               depth: int | None = None, **extra: Any) -> dict[str, Any]:
-        self._counter += 1
-        self._ts += self.rng.randint(1, 900)
-        prev_events = list(room.extremities if prev is None else prev)
-        event: dict[str, Any] = {
-            "event_id": f"${self.prefix}e{self._counter}:{self.server_name}",
-            "room_id": room.room_id,
-            "type": etype,
-            "sender": sender,
-            "content": content,
-            "depth": room.depth + 1 if depth is None else depth,
-            "prev_events": prev_events,
-            "origin_server_ts": self._ts,
-        }
-        if state_key is not None:
-            event["state_key"] = state_key
-        event.update(extra)
-        return event
-
-    def _advance(self, room: Room, events: list[dict[str, Any]]) -> None:
-        """Make *events* (siblings, all on the current extremities) the new extremities."""
-        room.extremities = [e["event_id"] for e in events]
-        room.depth = max(int(e["depth"]) for e in events)
+               advance: bool = True, **extra: Any) -> dict[str, Any]:
+        return room.builder.event(etype, sender, content, state_key=state_key, prev=prev,
+                                  advance=advance, **extra)
 
     def _create_room(self, index: int, late_join: bool) -> list[Op]:
         creator = self.users[index % len(self.users)]
-        room = Room(f"!{self.prefix}room{index}:{self.server_name}", creator)
+        builder = RoomBuilder(f"!{self.prefix}room{index}:{self.server_name}", creator,
+                              self.room_version, event_id=self._event_id,
+                              first_ts=1_700_000_000_000 + index * 10_000_000)
+        room = Room(builder.room_id, creator, builder, levels={creator: 100})
         self.rooms.append(room)
-        chain: list[tuple[str, dict[str, Any], str]] = [
-            ("m.room.create", {"creator": creator, "room_version": "10"}, ""),
+        events = [builder.create]
+        for etype, content, state_key in [
             ("m.room.member", {"membership": "join"}, creator),
-            ("m.room.power_levels", {"users": {creator: 100}, "events_default": 0}, ""),
+            ("m.room.power_levels", self._power_content(room), ""),
             ("m.room.join_rules", {"join_rule": "public"}, ""),
             ("m.room.history_visibility", {"history_visibility": "shared"}, ""),
-        ]
-        events = []
-        for etype, content, state_key in chain:
-            event = self._event(room, etype, creator, content, state_key)
-            self._advance(room, [event])
-            events.append(event)
+        ]:
+            events.append(self._event(room, etype, creator, content, state_key))
         room.members.add(creator)
         if not late_join:
             return [Op("events", "create_room", events)]
-        # A room joined late: some older history exists only remotely. The live
-        # timeline starts at the newest few events; the rest is backfilled later.
+        # A room joined late: its older history exists only remotely. Its state
+        # arrives first (as a joining server receives it), then its newest messages;
+        # the messages before those are backfilled later.
+        for joiner in self.rng.sample([u for u in self.users if u != creator],
+                                      self.rng.randint(1, 4)):
+            events.append(self._event(room, "m.room.member", joiner, {"membership": "join"},
+                                      joiner))
+            room.members.add(joiner)
+        state_tip = events[-1]["event_id"]
+        history = []
         for _ in range(self.rng.randint(12, 30)):
-            sender = self.rng.choice(sorted(room.members))
-            if self.rng.random() < 0.3:
-                joiner = self.rng.choice(self.users)
-                event = self._event(room, "m.room.member", joiner, {"membership": "join"},
-                                    joiner)
-                room.members.add(joiner)
-            else:
-                event = self._event(room, "m.room.message", sender,
-                                    {"msgtype": "m.text", "body": self._text()})
-                room.messages.append(event["event_id"])
-            self._advance(room, [event])
-            events.append(event)
-        live = events[-3:]
-        room.unbackfilled = list(reversed(events[:-3]))
-        return [Op("events", "join_remote_room", live)]
+            history.append(self._event(room, "m.room.message", self._member(room),
+                                       {"msgtype": "m.text", "body": self._text()}))
+        room.messages.extend(e["event_id"] for e in history)
+        # The newest messages also build on the state's last event, so the state
+        # at them is known before their older siblings are backfilled.
+        tail_prev = [history[-1]["event_id"], state_tip]
+        tail = [self._event(room, "m.room.message", self._member(room),
+                            {"msgtype": "m.text", "body": self._text()}, prev=tail_prev)]
+        for _ in range(2):
+            tail.append(self._event(room, "m.room.message", self._member(room),
+                                    {"msgtype": "m.text", "body": self._text()}))
+        room.messages.extend(e["event_id"] for e in tail)
+        room.unbackfilled = list(reversed(history))
+        return [Op("events", "join_remote_room", events + tail)]
+
+    def _power_content(self, room: Room) -> dict[str, Any]:
+        return {"users": dict(sorted(room.levels.items())), "events_default": 0,
+                "state_default": _STATE_DEFAULT, "ban": _BAN, "kick": _BAN,
+                "redact": _REDACT, "invite": 0}
 
     def _text(self) -> str:
         words = ("sync", "state", "fork", "merge", "stream", "token", "hello", "room",
@@ -195,7 +224,6 @@ class Workload:
             content["m.relates_to"] = {"m.in_reply_to": {
                 "event_id": self.rng.choice(room.messages[-20:])}}
         event = self._event(room, "m.room.message", self._member(room), content)
-        self._advance(room, [event])
         room.messages.append(event["event_id"])
         return Op("events", "message", [event])
 
@@ -203,24 +231,30 @@ class Workload:
         if len(room.members) < 2:
             return None
         # Two senders reply to the same events before seeing each other's: siblings.
-        first, second = self.rng.sample(sorted(room.members), 2)
+        # Sometimes two who may both change the topic do so at once: the merge
+        # resolves the conflict.
         prev = list(room.extremities)
-        a = self._event(room, "m.room.message", first, {"msgtype": "m.text",
-                                                         "body": self._text()}, prev=prev)
-        b = self._event(room, "m.room.message", second, {"msgtype": "m.text",
-                                                          "body": self._text()}, prev=prev)
-        self._advance(room, [a, b])
-        room.messages.extend([a["event_id"], b["event_id"]])
+        setters = sorted(u for u in room.members if room.level(u) >= _STATE_DEFAULT)
+        if len(setters) >= 2 and self.rng.random() < 0.3:
+            pair = self.rng.sample(setters, 2)
+            a, b = (self._event(room, "m.room.topic", u, {"topic": self._text()}, "",
+                                prev=prev, advance=False) for u in pair)
+        else:
+            first, second = self.rng.sample(sorted(room.members), 2)
+            a, b = (self._event(room, "m.room.message", u, {"msgtype": "m.text",
+                                                             "body": self._text()},
+                                prev=prev, advance=False) for u in (first, second))
+            room.messages.extend([a["event_id"], b["event_id"]])
+        room.builder.merge([a["event_id"], b["event_id"]])
         return Op("events", "fork", [a, b])
 
     def _op_join(self, room: Room) -> Op | None:
-        candidates = sorted(set(self.users) - room.members)
+        candidates = sorted(set(self.users) - room.members - room.banned)
         if not candidates:
             return None
         user = next((u for u in sorted(room.invited) if u in candidates), None) \
             or self.rng.choice(candidates)
         event = self._event(room, "m.room.member", user, {"membership": "join"}, user)
-        self._advance(room, [event])
         room.members.add(user)
         room.invited.discard(user)
         return Op("events", "join", [event])
@@ -231,46 +265,67 @@ class Workload:
             return None
         user = self.rng.choice(leavers)
         event = self._event(room, "m.room.member", user, {"membership": "leave"}, user)
-        self._advance(room, [event])
         room.members.discard(user)
         return Op("events", "leave", [event])
 
     def _op_invite(self, room: Room) -> Op | None:
-        candidates = sorted(set(self.users) - room.members - room.invited)
+        candidates = sorted(set(self.users) - room.members - room.invited - room.banned)
         if not candidates:
             return None
         user = self.rng.choice(candidates)
         event = self._event(room, "m.room.member", self._member(room),
                             {"membership": "invite"}, user)
-        self._advance(room, [event])
         room.invited.add(user)
         return Op("events", "invite", [event])
 
+    def _op_ban(self, room: Room) -> Op | None:
+        # A member who may ban, banning someone of lower power (joined or not).
+        banners = sorted(u for u in room.members if room.level(u) >= _BAN)
+        if not banners:
+            return None
+        banner = self.rng.choice(banners)
+        targets = sorted(u for u in set(self.users) - room.banned
+                         if room.level(u) < room.level(banner))
+        if not targets:
+            return None
+        target = self.rng.choice(targets)
+        event = self._event(room, "m.room.member", banner,
+                            {"membership": "ban", "reason": "spam"}, target)
+        room.members.discard(target)
+        room.invited.discard(target)
+        room.banned.add(target)
+        return Op("events", "ban", [event])
+
     def _op_state(self, room: Room) -> Op:
-        choices: list[tuple[str, dict[str, Any]]] = [
-            ("m.room.topic", {"topic": self._text()}),
-            ("m.room.name", {"name": self._text()[:30]}),
-            ("m.room.power_levels", {"users": {room.creator: 100,
-                                               self._member(room): 50}}),
-        ]
-        etype, content = self.rng.choice(choices)
-        event = self._event(room, etype, room.creator, content, "")
-        self._advance(room, [event])
+        setters = sorted(u for u in room.members if room.level(u) >= _STATE_DEFAULT)
+        choices = ["m.room.topic", "m.room.name", "m.room.power_levels"]
+        etype = self.rng.choice(choices)
+        if etype == "m.room.power_levels":
+            # The creator names one member moderator (the previous one steps down).
+            moderator = self._member(room)
+            room.levels = {room.creator: 100}
+            if moderator != room.creator:
+                room.levels[moderator] = 50
+            event = self._event(room, etype, room.creator, self._power_content(room), "")
+        else:
+            content: dict[str, Any] = ({"topic": self._text()} if etype == "m.room.topic"
+                                       else {"name": self._text()[:30]})
+            event = self._event(room, etype, self.rng.choice(setters), content, "")
         return Op("events", "state", [event])
 
     def _op_visibility(self, room: Room) -> Op:
         event = self._event(room, "m.room.history_visibility", room.creator,
                             {"history_visibility": self.rng.choice(HISTORY_VISIBILITIES)}, "")
-        self._advance(room, [event])
         return Op("events", "visibility", [event])
 
     def _op_redaction(self, room: Room) -> Op | None:
         if not room.messages:
             return None
         target = self.rng.choice(room.messages)
-        event = self._event(room, "m.room.redaction", room.creator, {"reason": "spam"},
-                            redacts=target)
-        self._advance(room, [event])
+        content: dict[str, Any] = {"reason": "spam"}
+        if room.builder.version.updated_redaction_rules:
+            content["redacts"] = target  # a content key from version 11 on
+        event = self._event(room, "m.room.redaction", room.creator, content, redacts=target)
         room.messages.remove(target)
         return Op("events", "redaction", [event])
 
@@ -295,7 +350,8 @@ class Workload:
             return None
         return Op("receipt", "receipt", args={
             "room_id": room.room_id, "receipt_type": "m.read", "user_id": self._member(room),
-            "event_ids": [room.messages[-1]], "data": {"ts": self._ts}})
+            "event_ids": [room.messages[-1]],
+            "data": {"ts": 1_700_000_000_000 + self._counter}})
 
     def _op_to_device(self, room: Room) -> Op:
         sender, target = self.rng.sample(self.users, 2)

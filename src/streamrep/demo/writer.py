@@ -155,7 +155,10 @@ class DemoWriter:
         args = op.args
         if op.kind in EVENT_STREAMS:
             assert self.store is not None
-            self.store.persist_events(op.events, backfilled=op.kind == "backfill")
+            result = self.store.persist_events(op.events, backfilled=op.kind == "backfill")
+            if result.rejected:
+                # The workload builds valid rooms: a rejection is a bug worth a line.
+                log.warning("events_rejected", op=op.label, rejected=dict(result.rejected))
         elif op.kind == "account_data":
             self.streams.add_account_data(args["user_id"], args["type"], args["content"],
                                           args["room_id"])

@@ -1,8 +1,11 @@
 """Choosing one state where an event's prev_events disagree.
 
-:class:`StateResolver` is the plug-in point. The default,
-:class:`DepthOrderResolver`, is simple and deterministic; it is **not** the Matrix
-state resolution algorithm (it checks no authorization rules and no power levels).
+:class:`StateResolver` is the plug-in point (``EventStore(url, resolver=...)``). The
+event store's default is the Matrix state resolution of each room's version
+(:class:`streamrep.matrix.gate.MatrixStateResolver`). :class:`DepthOrderResolver`
+is the resolver of a store without room rules (``room_rules=None``, for DAG data
+that is not a Matrix room): simple and deterministic, it checks no authorization
+rules and no power levels.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ def conflicted_ids(state_sets: Sequence[StateMap]) -> set[str]:
 
 
 class DepthOrderResolver:
-    """The default resolver.
+    """The resolver of a store without room rules.
 
     Every key held by at least one state is kept. Where states name different
     events for a key, the event with the highest ``(topological_ordering,

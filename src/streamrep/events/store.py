@@ -7,9 +7,10 @@ pagination) from in-memory caches where it can. See docs/events.md.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Final, Iterable, Mapping, Sequence
 
 import gevent.lock
 
@@ -38,15 +39,24 @@ from streamrep.events.room_state import current_state_of
 from streamrep.events.state import GroupState, StateGroupStore, StateOverlay
 from streamrep.events.tokens import StreamToken, TopologicalToken, parse_token
 from streamrep.events.validation import EventRecord, parse_event
+from streamrep.matrix.gate import Rejection, RoomRules
 
 if TYPE_CHECKING:
     from streamrep._pure import changecache as _core_changecache
-    from streamrep.matrix.gate import Rejection, RoomRules
     from streamrep.streams import Streams
 else:
     _core_changecache = _impl.load("changecache")
 
-__all__ = ["EventStore", "PersistResult", "SyncResult", "RoomTimeline"]
+__all__ = ["EventStore", "PersistResult", "SyncResult", "RoomTimeline", "MATRIX_RULES"]
+
+
+class _DefaultRules(enum.Enum):
+    MATRIX = "matrix"
+
+
+#: The default of ``EventStore(room_rules=...)``: a new
+#: :class:`~streamrep.matrix.gate.RoomRules` for each store.
+MATRIX_RULES: Final = _DefaultRules.MATRIX
 
 #: ``[cache_name, key, ts]`` rows for the ``caches`` stream.
 CacheRow = tuple[str, list[Any] | None]
@@ -60,7 +70,7 @@ class PersistResult:
 
     orderings: Mapping[str, int]
     max_stream: int
-    #: With room rules: each event of the batch the authorization rules rejected,
+    #: Each event of the batch the authorization rules rejected (none without room rules),
     #: with the reason (``"<reason>: <detail>"``); it is stored, flagged rejected.
     rejected: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
@@ -99,13 +109,17 @@ class EventStore:
     ``on_persisted(outcome, cache_rows)`` runs after each committed batch with the
     ``caches`` stream rows to write. ``max_delta_hops`` bounds state-group delta
     chains; ``cache_size`` and ``max_cached_state_entries`` bound the in-memory
-    caches (entries, and state keys held by cached states); ``resolver`` merges
-    conflicting states (default :class:`~streamrep.events.resolver.DepthOrderResolver`,
-    or with ``room_rules`` the Matrix resolver of each room's version).
-    ``room_rules`` (a :class:`streamrep.matrix.gate.RoomRules`) checks every batch
-    against the Matrix authorization rules: rejected events are stored flagged
-    rejected with a ``rejections`` row, soft-failed ones flagged soft-failed, and
-    each event's auth events go into ``event_auth``.
+    caches (entries, and state keys held by cached states).
+
+    ``room_rules`` (by default a new :class:`streamrep.matrix.gate.RoomRules`)
+    checks every batch against the Matrix authorization rules of the room's
+    version: rejected events are stored flagged rejected with a ``rejections`` row,
+    soft-failed ones flagged soft-failed, and each event's auth events go into
+    ``event_auth``. ``resolver`` merges conflicting states; by default it is the
+    rules' resolver, the Matrix state resolution of each room's version.
+    ``room_rules=None`` is for DAG data that is not a Matrix room: nothing is
+    authorized, and the default resolver is
+    :class:`~streamrep.events.resolver.DepthOrderResolver`.
     """
 
     def __init__(
@@ -119,16 +133,17 @@ class EventStore:
         max_cached_state_entries: int = 5_000_000,
         on_persisted: Callable[[PersistOutcome, list[CacheRow]], None] | None = None,
         streams: "Streams | None" = None,
-        room_rules: "RoomRules | None" = None,
+        room_rules: RoomRules | None | _DefaultRules = MATRIX_RULES,
     ) -> None:
         self._owns_db = isinstance(database, str)
         self.db = Database.open(database, migrate=False) if isinstance(database, str) else database
         self.db.ensure_schema(schema.COMPONENT)
-        self.room_rules = room_rules
-        if room_rules is not None:
-            room_rules.attach(self.db)
+        rules = RoomRules() if isinstance(room_rules, _DefaultRules) else room_rules
+        self.room_rules = rules
+        if rules is not None:
+            rules.attach(self.db)
         self.resolver: StateResolver = resolver or (
-            room_rules.resolver if room_rules is not None else DepthOrderResolver())
+            rules.resolver if rules is not None else DepthOrderResolver())
         self._rejections: dict[str, Rejection] = {}
         self.states = StateGroupStore(max_delta_hops, cache_size, max_cached_state_entries)
         self._allocator: StreamAllocator

@@ -8,7 +8,9 @@ batch it decides, before anything is written:
 * **rejected** - the event fails the authorization rules against its own auth
   events (or cites auth events streamrep does not hold, or rejected ones). The
   event is stored with the ``rejected`` flag (never in state, never an extremity)
-  and a ``rejections`` row with the reason;
+  and a ``rejections`` row with the reason. An out-of-band membership (an outlier
+  invite, leave or knock in a room whose create event is not held) is stored
+  unchecked;
 * **soft-failed** - a live, non-outlier event that passes against its auth events
   but fails against the room's current state. It is stored with the
   ``soft_failed`` flag (not an extremity, not sent to clients).
@@ -42,6 +44,8 @@ if TYPE_CHECKING:
 __all__ = ["Rejection", "RoomModel", "RoomRules", "MatrixStateResolver"]
 
 _CHUNK = 500
+#: Memberships a server may hold for a room it has not joined (out-of-band).
+_OUT_OF_BAND = frozenset({"invite", "leave", "knock"})
 
 
 @dataclass(frozen=True)
@@ -215,6 +219,11 @@ class RoomRules:
             if record.type == CREATE and record.state_key == "":
                 model.version = room_version(_version_of(body)) if _known_version(
                     body) else None
+            elif record.outlier and record.membership in _OUT_OF_BAND:
+                # An out-of-band membership (an invite received over federation, its
+                # rejection, a knock) in a room whose auth events are not held: stored
+                # unchecked, as Matrix servers store them.
+                return None
             if model.version is None:
                 record.rejected = True
                 if record.type == CREATE:
