@@ -62,7 +62,7 @@ class _Connection:
     # --- connecting --------------------------------------------------------------------
 
     def _connect(self) -> None:
-        options = parse_url(self.url)
+        options: dict[str, Any] = parse_url(self.url)  # type: ignore[no-untyped-call]
         if "path" in options:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(self.connect_timeout)
@@ -81,7 +81,7 @@ class _Connection:
 
     def _send(self, *args: str) -> None:
         assert self._sock is not None
-        self._sock.sendall(hiredis.pack_command(args))
+        self._sock.sendall(hiredis.pack_command(args))  # type: ignore[arg-type]
 
     def _call(self, *args: str) -> Any:
         self._send(*args)
