@@ -62,6 +62,15 @@ def test_a_second_writer_with_the_same_name_refuses_to_start(
     # Released on the clean stop: the next writer1 starts and goes on from there.
     third = _write(started, cwd, db, port, "writer1", 10, 1000)
     assert third.proc.wait(TIMEOUT) == 0
+    # So it is on SIGTERM (a restart by a service manager).
+    fourth = _write(started, cwd, db, port, "writer1", 1000, 100)
+    _wait(lambda: len(_tokens_in_db(db, "writer1")) >= count + 20, "the fourth writer")
+    assert fourth.terminate() == 0
+    assert "stopped by a signal after" in _stderr(fourth)
+    fifth = _write(started, cwd, db, port, "writer1", 10, 1000)
+    assert fifth.proc.wait(TIMEOUT) == 0
+    tokens = _tokens_in_db(db, "writer1")
+    assert len(tokens) == len(set(tokens)) and tokens == sorted(tokens)
 
 
 class _Terminator:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from typing import Any, Callable
@@ -67,6 +68,7 @@ def write(config_path: str | None, connect: str | None, redis_url: str | None, d
             raise click.UsageError("--redis needs --server-name NAME (the deployment's Redis channel)")
         use_cooperative_sockets()
     import gevent
+    import gevent.event
 
     from streamrep.db import open_database
     from streamrep.errors import (DatabaseUnavailableError, WriterLeaseHeldError,
@@ -153,12 +155,21 @@ def write(config_path: str | None, connect: str | None, redis_url: str | None, d
     started = time.monotonic()
     last_report = started
     code = 0
+    # SIGTERM or SIGINT: stop after the current fact, announce, give the lease back
+    # (so a restarted writer starts at once) and exit.
+    stopping = gevent.event.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        gevent.signal_handler(signum, stopping.set)
     try:
         for i in range(count):
+            if stopping.is_set():
+                click.echo(f"write: stopped by a signal after {i} of {count} facts", err=True)
+                count = i
+                break
             persist(i)
             if rate > 0:
                 delay = started + (i + 1) / rate - time.monotonic()
-                gevent.sleep(max(delay, 0))
+                stopping.wait(max(delay, 0))
             else:
                 gevent.sleep(0)
             now = time.monotonic()
