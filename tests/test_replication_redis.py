@@ -379,3 +379,39 @@ def test_demo_refuses_a_hub_restart_over_redis(tmp_path: pathlib.Path) -> None:
     proc = _run_demo(tmp_path, "redis://127.0.0.1:1", "--restart-hub-after", "1")
     assert proc.returncode == 2
     assert "with --redis there is none" in proc.stderr
+
+
+def test_serve_announces_its_positions_and_answers_every_replicate(tmp_path: pathlib.Path) -> None:
+    """``serve --redis`` (a process that writes and follows nothing): on subscribing
+    one POSITION per stream it writes, and the same again for each REPLICATE."""
+    import redis
+
+    url = shared_redis_url()
+    server = unique_server_name("serve")
+    listener = redis.Redis.from_url(url).pubsub()
+    listener.subscribe(server)
+    try:
+        assert listener.get_message(timeout=5)["type"] == "subscribe"
+        serve = _streamrep(tmp_path / "serve.err", "serve", "--redis", url, "--server-name", server,
+                           "--db", f"sqlite:///{tmp_path}/s.db", out=tmp_path / "serve.out")
+        try:
+            def heard(seconds: float) -> list[bytes]:
+                out, deadline = [], time.monotonic() + seconds
+                while time.monotonic() < deadline:
+                    message = listener.get_message(timeout=0.1)
+                    if message is not None and message["type"] == "message":
+                        out.append(message["data"])
+                return out
+
+            positions = heard(8)
+            assert positions and all(p.startswith(b"POSITION ") and b" main " in p for p in positions)
+            assert len(set(positions)) == len(positions)
+            redis.Redis.from_url(url).publish(server, "REPLICATE")
+            again = heard(2)
+            assert again[0] == b"REPLICATE"
+            assert sorted(again[1:]) == sorted(positions)
+        finally:
+            serve.send_signal(signal.SIGTERM)
+            assert _finish(serve, 30, "serve") == 0, (tmp_path / "serve.err").read_text()
+    finally:
+        listener.close()
