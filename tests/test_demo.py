@@ -115,6 +115,42 @@ def test_workload_forks_share_parents_and_merge() -> None:
     pytest.fail("no fork in 2000 operations")
 
 
+@pytest.mark.parametrize("version_id", ["10", "11"])
+def test_workload_rooms_pass_the_matrix_rules(sqlite_url: str, version_id: str) -> None:
+    """Through a store with the room rules (the default), the workload's events are
+    neither rejected nor soft-failed, and each room's joined members are the
+    workload's."""
+    from streamrep.events import EventStore
+
+    workload = Workload(4, rooms=3, room_version_id=version_id)
+    store = EventStore(sqlite_url)
+    labels = set()
+    try:
+        for _ in range(1200):
+            op = workload.next_op()
+            labels.add(op.label)
+            if op.kind in ("events", "backfill"):
+                result = store.persist_events(op.events, backfilled=op.kind == "backfill")
+                assert result.rejected == {}, (op.label, dict(result.rejected))
+        assert {"fork", "ban", "leave", "invite", "state", "backfill", "redaction"} <= labels
+        assert store.db.fetchval("SELECT COUNT(*) FROM events WHERE soft_failed OR rejected") == 0
+        assert store.db.fetchval("SELECT COUNT(*) FROM event_auth") > 0
+        for room in workload.rooms:
+            assert store.db.fetchval("SELECT room_version FROM rooms WHERE room_id = ?",
+                                     (room.room_id,)) == version_id
+            joined = {r[0] for r in store.db.fetchall(
+                "SELECT state_key FROM current_state_events WHERE room_id = ? AND type = ?"
+                " AND membership = ?", (room.room_id, "m.room.member", "join"))}
+            assert joined == room.members
+    finally:
+        store.close()
+
+
+def test_workload_refuses_room_versions_it_cannot_build() -> None:
+    with pytest.raises(ValueError, match="versions 3 to 11"):
+        Workload(1, rooms=1, room_version_id="12")
+
+
 def test_percentile() -> None:
     values = sorted(float(v) for v in range(1, 101))
     assert percentile(values, 50) == 50.0
