@@ -113,11 +113,12 @@ def test_hub_refuses_who_may_not_say_what() -> None:
         peer = hub.new_peer("p", now=0.0)
         assert peer.receive(lines(text), now=0.0)[-1] == Close("refused", why), text
         hub.peer_lost(peer)
-    # A position past what the database holds moves the writer no further than it.
+    # A position past what the database holds is refused; the hub does not move.
     poisoner = hub.new_peer("p", now=0.0)
     assert poisoner.receive(lines("NAME w1\nPOSITION caches w1 105 9000000000000000000\n"), now=0.0) == [
-        FillGap("caches", "w1", 0, 10, then_token=10)]
+        Close("refused", "caches/w1 position 9000000000000000000 is past what the database holds (10)")]
     hub.peer_lost(poisoner)
+    assert ("caches", "w1") not in hub.positions
     first = hub.new_peer("a", now=0.0)
     assert sent(first.receive(lines("NAME w1\nPOSITION caches w1 0 0\n"), now=0.0)) == b""
     second = hub.new_peer("b", now=0.0)
@@ -165,3 +166,20 @@ def test_bus_answers_replicate_ignores_echoes_and_follows_others() -> None:
     assert out[1] == Fact("caches", "w2", 1, [["b"]], 0)
     assert type(out[2]) is Received and out[2].command.NAME == "USER_IP"
     assert len(out) == 3
+
+
+def test_a_gap_and_the_rows_after_it_in_one_read_are_published_in_order() -> None:
+    """A reconnecting writer says where it is and goes on in the same read: the
+    filled rows go out before its live ones, and none twice."""
+    hub = _hub(stored_token=lambda s, i: 10)
+    writer = hub.new_peer("w", now=0.0)
+    out = writer.receive(lines('NAME w1\nPOSITION caches w1 3 3\nRDATA caches w1 3 ["c"]\n'
+                               'RDATA caches w1 4 ["d"]\n'), now=0.0)
+    gap = FillGap("caches", "w1", 0, 3, then_token=3)
+    assert out == [gap, Publish("caches", b'RDATA caches w1 4 ["d"]\n', 1, "RDATA")]
+    # What the transport reads from the database for the gap is published as it is.
+    stored = [(1, b'["a"]'), (2, b'["b"]'), (3, b'["c"]')]
+    assert sent(hub.fill_rows(gap, 0, stored)) == (
+        b'RDATA caches w1 1 ["a"]\nRDATA caches w1 2 ["b"]\nRDATA caches w1 3 ["c"]\n')
+    assert hub.fill_done(gap, 3) == []
+    assert hub.positions[("caches", "w1")] == 4

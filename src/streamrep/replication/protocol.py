@@ -11,7 +11,7 @@ session returns, in order:
 * :class:`Fact`: hand one fact to the application's handler;
 * :class:`FillGap`: read a writer's rows between two tokens from the database and
   feed them back (:meth:`FollowerState.gap_facts` on a reader,
-  :meth:`HubState.publish_rows` on the hub);
+  :meth:`HubState.fill_rows` then :meth:`HubState.fill_done` on the hub);
 * :class:`GapUnfilled`: a gap with no database to fill it from;
 * :class:`CatchUp`: stream a stream's stored rows after a token to this peer (hub);
 * :class:`Received`: a command for the application (``USER_IP``, ``LOCK_RELEASED``, ...);
@@ -666,10 +666,11 @@ class HubState:
       speak for them.
     * *stored_token*: ``(stream, instance) -> token``, the largest token of the
       writer's rows in the database (writers commit before they announce). An
-      ``RDATA`` past it is refused; a ``POSITION`` past it (facts rolled back, or
-      a poisoned position) moves the writer no further than it, so nobody can be
-      silenced. It is read only when a token passes what was last read, so at
-      most once per read of a busy writer.
+      ``RDATA`` or ``POSITION`` past it is refused and the hub's position for the
+      writer does not move, so no token can silence a writer and nothing is
+      skipped if the database was only behind (the writer reconnects, announces
+      again, and the hub fills from the database). It is read only when a token
+      passes what was last read, so at most once per read of a busy writer.
     * *row_check*: ``(stream, rdata_commands) -> problem or None``, the stream's
       row format (:meth:`streamrep.streams.StreamSet.check_rows`); a relayed row
       that does not fit closes its peer with ``ERROR``. Without one, rows are
@@ -828,11 +829,14 @@ class HubState:
 
     def writer_advanced(self, stream: str, instance: str, new_token: int) -> list[Action]:
         """A writer of the hub's own process reached *new_token*."""
-        old = self.positions.get((stream, instance), 0)
+        key = (stream, instance)
+        old = self.positions.get(key, 0)
         if new_token <= old:
             return []
         if not self.readable(stream):
             return self.publish_rows(stream, instance, [], new_token)
+        self.known_streams.setdefault(stream, None)
+        self.positions[key] = new_token
         return [FillGap(stream, instance, old, new_token)]
 
     def writer_position(self, stream: str, instance: str, prev_token: int, new_token: int) -> list[Action]:
@@ -844,6 +848,9 @@ class HubState:
         if old is None:
             old = 0 if readable else prev_token
         if prev_token > old and readable:
+            # The position moves now, so rows of this writer later in the same
+            # read are relayed after the filled ones and none is published twice.
+            self.positions[key] = max(prev_token, new_token)
             return [FillGap(stream, instance, old, prev_token, then_token=new_token)]
         if prev_token > old:
             # No database: pass the gap on for readers to fill themselves.
@@ -855,6 +862,36 @@ class HubState:
             return [Publish(stream, C.encode_one(C.position(stream, instance, old, new_token)), 1,
                             "POSITION")]
         return []
+
+    def fill_rows(self, gap: FillGap, after: int, rows: Sequence[tuple[int, bytes]]) -> list[Action]:
+        """Rows ``(token, row_json)`` read from the database for *gap*, past *after*
+        (what this fill published already): published as they are, since the
+        writer's position moved when the gap was found."""
+        fresh = [r for r in rows if after < r[0] <= gap.upto_token]
+        if not fresh:
+            return []
+        return [Publish(gap.stream, C.rdata_lines(gap.stream, gap.instance, fresh), len(fresh), "RDATA")]
+
+    def fill_done(self, gap: FillGap, last: int) -> list[Action]:
+        """The end of a fill whose last published row is *last*: the positions that
+        tell readers where the writer is (past rolled-back facts, and on to
+        ``then_token``)."""
+        out: list[Action] = []
+        stream, instance = gap.stream, gap.instance
+        if last < gap.upto_token:
+            out.append(Publish(stream, C.encode_one(C.position(stream, instance, last, gap.upto_token)), 1,
+                               "POSITION"))
+        if gap.then_token is not None and gap.then_token > gap.upto_token:
+            out.append(Publish(stream, C.encode_one(C.position(stream, instance, gap.upto_token, gap.then_token)),
+                               1, "POSITION"))
+        return out
+
+    def fill_failed(self, gap: FillGap, last: int) -> None:
+        """A fill stopped after publishing up to *last*: the writer's position goes
+        back there, so the next announcement fills the rest."""
+        key = (gap.stream, gap.instance)
+        if self.positions.get(key, last) > last:
+            self.positions[key] = last
 
     def catch_up_behind(self, stream: str, sent: Mapping[str, int], from_token: int) -> list[tuple[str, int]]:
         """Writers of *stream* whose published position is past what a catch-up
@@ -1111,8 +1148,12 @@ class HubPeer(Session):
         prev_token, new_token = command.prev_token, command.new_token
         limit = hub.token_limit(stream, instance, new_token)
         if limit is not None:
-            new_token = limit
-            prev_token = min(prev_token, limit)
+            # Refused rather than trimmed: the hub's position does not move, so
+            # if the database was only behind, the writer's next connection
+            # announces again and the hub fills everything from there.
+            self._refused(out, f"{stream}/{instance} position {new_token} is past what the database holds "
+                               f"({limit})")
+            return
         waiting = self._batches.pop((stream, instance), None)
         if waiting:
             self._pending_rows -= len(waiting)

@@ -407,26 +407,25 @@ class ReplicationHub:
         source = self.source
         state = self.state
         stream, instance = gap.stream, gap.instance
+        last = gap.from_token
         try:
             if source is None:
                 raise StreamrepError(f"no database to read {stream} from")
-            start = gap.from_token
-            while start < gap.upto_token:
-                rows, limited = source.updates(stream, instance, start, gap.upto_token, CATCH_UP_BATCH)
+            while last < gap.upto_token:
+                rows, limited = source.updates(stream, instance, last, gap.upto_token, CATCH_UP_BATCH)
                 if not rows:
                     break
-                self.perform(None, state.publish_rows(stream, instance, rows))
-                start = rows[-1][0]
+                self.perform(None, state.fill_rows(gap, last, rows))
+                last = rows[-1][0]
                 if not limited:
                     break
         except Exception as exc:
+            state.fill_failed(gap, last)
             logger.warning("reading %s/%s from the database failed: %s", stream, instance, exc)
             if conn is not None:
                 conn.close(DisconnectReason.CATCH_UP_FAILED, f"cannot read {stream} from the database: {exc}")
             return
-        self.perform(None, state.publish_rows(stream, instance, [], gap.upto_token))
-        if gap.then_token is not None:
-            self.perform(None, state.publish_rows(stream, instance, [], gap.then_token))
+        self.perform(None, state.fill_done(gap, last))
 
     # --- catch-up -------------------------------------------------------------------------------
 
