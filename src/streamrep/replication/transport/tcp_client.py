@@ -47,7 +47,7 @@ from streamrep.replication.protocol import (
     Received,
     Send,
 )
-from streamrep.replication.auth import PeerGate
+from streamrep.replication.auth import AUTH_FAILED, PeerGate
 from streamrep.replication.security import PeerSecurity
 from streamrep.replication.source import StreamSource
 from streamrep.replication.transport.tcp_connection import TcpConnection
@@ -261,7 +261,8 @@ class ReplicationClient:
             self.follower.connection_lost()
         # A connection that got as far as the server's greeting (and past the
         # handshake) resets the backoff; one that keeps failing early keeps backing off.
-        if conn.server_name is not None and conn.established and reason != DisconnectReason.WRONG_SERVER:
+        if (conn.server_name is not None and conn.established
+                and reason not in (DisconnectReason.WRONG_SERVER, AUTH_FAILED)):
             self.backoff.reset()
 
     # --- carrying out the protocol's actions ----------------------------------------------------
