@@ -60,6 +60,18 @@ def test_another_order_and_equal_copies(impl_kind: str) -> None:
     assert split(impl_kind, [base, other]) == ({("m", "b")}, array("q", [0, 1, 2]), [])
 
 
+def test_a_memo_remembers_numbers_not_events(impl_kind: str) -> None:
+    mod = core_module("stateset", impl_kind)
+    memo = mod.NumberMemo()
+    base = {("c", ""): "$c", ("m", "a"): "$a", ("m", "b"): "$b"}
+    assert mod.split_state_sets([base], NUMBERS, memo) == (set(), array("q", [0, 2, 3]), [])
+    # The same positions, other events: each is looked up again.
+    other = {("c", ""): "$c", ("m", "a"): "$b2", ("m", "b"): "$new"}
+    assert mod.split_state_sets([other], NUMBERS, memo) == (set(), array("q", [0, 4]), ["$new"])
+    assert mod.split_state_sets([base, other], NUMBERS, memo) == (
+        {("m", "a"), ("m", "b")}, array("q", [0]), [])
+
+
 def test_unnumbered_events_and_mappings(impl_kind: str) -> None:
     from types import MappingProxyType
 
@@ -67,6 +79,8 @@ def test_unnumbered_events_and_mappings(impl_kind: str) -> None:
     assert split(impl_kind, [MappingProxyType(base), base], MappingProxyType(NUMBERS)) == (
         set(), array("q", [0, 2]), ["$new"])
 
+
+MEMOS: dict[str, Any] = {}
 
 keys = st.sampled_from([("c", ""), ("pl", ""), ("jr", "")] + [("m", f"@u{n}") for n in range(6)])
 states = st.lists(st.dictionaries(keys, st.integers(0, 2)), min_size=1, max_size=4)
@@ -85,3 +99,7 @@ def test_agrees_with_the_definition(raw: list[dict[Any, int]], rnd: Any,
     want = expected(sets, numbers)
     for kind in IMPLEMENTATIONS:
         assert split(kind, sets, numbers) == want
+        # One memo serves every split over the same numbers, whatever the sets.
+        memo = MEMOS.setdefault(kind, core_module("stateset", kind).NumberMemo())
+        for _ in range(2):
+            assert core_module("stateset", kind).split_state_sets(sets, numbers, memo) == want

@@ -3,10 +3,14 @@
 from array import array
 from typing import Hashable, Mapping, Sequence, TypeVar
 
-__all__ = ["split_state_sets"]
+__all__ = ["NumberMemo", "split_state_sets"]
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V", bound=Hashable)
 
+class NumberMemo:
+    def __init__(self) -> None: ...
+
 def split_state_sets(states: Sequence[Mapping[K, V]], numbers: Mapping[V, int],
+                     memo: NumberMemo | None = None,
                      ) -> tuple[set[K], array[int], list[V]]: ...

@@ -12,13 +12,14 @@ first set instead.
 
 from cpython.array cimport array, clone, resize
 from cpython.dict cimport PyDict_Next
+from cpython.list cimport PyList_GET_ITEM
 from cpython.object cimport Py_EQ, PyObject_RichCompareBool
 from cpython.ref cimport PyObject
 from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 
-__all__ = ["split_state_sets"]
+__all__ = ["NumberMemo", "split_state_sets"]
 
 cdef array _Q_TEMPLATE = array("q")
 
@@ -27,7 +28,20 @@ cdef inline bint _same(object a, object b) except -1:
     return a is b or PyObject_RichCompareBool(a, b, Py_EQ)
 
 
-def split_state_sets(states, numbers):
+cdef class NumberMemo:
+    """The first set's event IDs and their numbers from the previous split, by
+    position. The IDs are held, so the same object at a position has that number
+    (an event's number never changes)."""
+
+    cdef list values
+    cdef array numbers
+
+    def __cinit__(self):
+        self.values = []
+        self.numbers = clone(_Q_TEMPLATE, 0, False)
+
+
+def split_state_sets(states, numbers, NumberMemo memo=None):
     """``(differing keys, numbers of unconflicted events, unconflicted events without
     a number)`` of *states* (see the pure twin)."""
     cdef list sets = [s if type(s) is dict else dict(s) for s in states]
@@ -42,6 +56,8 @@ def split_state_sets(states, numbers):
     cdef unsigned char* flags
     cdef array common
     cdef list unknown = []
+    cdef Py_ssize_t n_memo
+    cdef long long* remembered
     if not sets:
         return differing, clone(_Q_TEMPLATE, 0, False), unknown
     base = sets[0]
@@ -89,12 +105,23 @@ def split_state_sets(states, numbers):
                         flags[i] = 1
                     i += 1
         common = clone(_Q_TEMPLATE, n_base, False)
+        if memo is None:
+            memo = NumberMemo()
+        n_memo = len(memo.values)
+        if n_memo < n_base:
+            memo.values.extend([None] * (n_base - n_memo))
+            resize(memo.numbers, n_base)
+            for i in range(n_memo, n_base):
+                memo.numbers.data.as_longlongs[i] = -1
+        remembered = memo.numbers.data.as_longlongs
         pb = 0
         i = 0
         while PyDict_Next(base, &pb, &bk_p, &bv_p):
-            key = <object>bk_p
-            if flags[i] or (extra and key in extra):
-                differing.add(key)
+            if flags[i] or (extra and <object>bk_p in extra):
+                differing.add(<object>bk_p)
+            elif PyList_GET_ITEM(memo.values, i) == bv_p and remembered[i] >= 0:
+                common.data.as_longlongs[n_common] = remembered[i]
+                n_common += 1
             else:
                 number = index.get(<object>bv_p)
                 if number is None:
@@ -102,6 +129,8 @@ def split_state_sets(states, numbers):
                 else:
                     common.data.as_longlongs[n_common] = <int64_t>number
                     n_common += 1
+                    memo.values[i] = <object>bv_p
+                    remembered[i] = <int64_t>number
             i += 1
         resize(common, n_common)
         differing |= extra

@@ -21,16 +21,23 @@ from __future__ import annotations
 from array import array
 from typing import Hashable, Mapping, Sequence, TypeVar
 
-__all__ = ["split_state_sets"]
+__all__ = ["NumberMemo", "split_state_sets"]
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V", bound=Hashable)
 
 
+class NumberMemo:
+    """Numbers of the first set's event IDs kept between splits (the compiled core
+    keeps them by position; the twin looks every ID up)."""
+
+
 def split_state_sets(states: Sequence[Mapping[K, V]], numbers: Mapping[V, int],
+                     memo: NumberMemo | None = None,
                      ) -> tuple[set[K], array[int], list[V]]:
     """``(differing keys, numbers of unconflicted events, unconflicted events without
-    a number)`` of *states* (see the module doc)."""
+    a number)`` of *states* (see the module doc). *memo* keeps what one split learns
+    about the first set's numbers for the next, when given."""
     if not states:
         return set(), array("q"), []
     base = states[0]

@@ -32,6 +32,8 @@ class AuthIndex:
         self._ids: list[str] = []
         self._described: set[int] = set()
         self._graph = _authchain.AuthGraph()
+        #: The numbers of the last split's first state, for the next split.
+        self._memo = _stateset.NumberMemo()
 
     def __len__(self) -> int:
         return len(self._described)
@@ -91,7 +93,8 @@ class AuthIndex:
         """The keys *state_sets* disagree on (some maps them to another event than
         the first, or lacks them), and the numbers of the other keys' events (the
         unconflicted state), for :meth:`auth_chain_difference`."""
-        differing, common, unknown = _stateset.split_state_sets(state_sets, self._numbers)
+        differing, common, unknown = _stateset.split_state_sets(state_sets, self._numbers,
+                                                                self._memo)
         if unknown:
             common.extend(self._number(e) for e in unknown)
         return differing, common

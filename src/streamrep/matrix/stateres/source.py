@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Collection, Iterable, Mapping, Protocol, Sequence
 
+from streamrep.matrix.events import StateKey
+
 from streamrep.matrix.authindex import AuthIndex
 from streamrep.matrix.events import MatrixEvent
 
-__all__ = ["EventSource", "InMemoryEventSource"]
+__all__ = ["EventSource", "InMemoryEventSource", "DerivedFacts"]
 
 
 class EventSource(Protocol):
@@ -32,6 +34,29 @@ class EventSource(Protocol):
         ...
 
 
+class DerivedFacts:
+    """What state resolution derives from a held event and its held auth events, kept
+    between a room's resolutions (by event ID; one per room version).
+
+    Only facts whose auth events are all held are kept; the source forgets them all
+    when a held event is replaced or its rejection changes.
+    """
+
+    __slots__ = ("auth_types", "auth_state", "accepted_auth_state", "sender_level",
+                 "power_levels_parent")
+
+    def __init__(self) -> None:
+        #: The keys whose events may authorize the event.
+        self.auth_types: dict[str, set[StateKey]] = {}
+        #: The state its auth events define, and the same without rejected ones.
+        self.auth_state: dict[str, dict[StateKey, MatrixEvent]] = {}
+        self.accepted_auth_state: dict[str, dict[StateKey, MatrixEvent]] = {}
+        #: The sender's power level by the event's auth events.
+        self.sender_level: dict[str, int] = {}
+        #: The power levels event among its auth events, if any.
+        self.power_levels_parent: dict[str, str | None] = {}
+
+
 class InMemoryEventSource:
     """An :class:`EventSource` over events held in memory."""
 
@@ -40,17 +65,28 @@ class InMemoryEventSource:
         self.events: dict[str, MatrixEvent] = {}
         self.rejected: set[str] = set(rejected)
         self.index = AuthIndex()
+        self._facts: dict[str, DerivedFacts] = {}
         for event in events:
-            self.add(event)
+            self.add(event, rejected=event.event_id in self.rejected)
 
     def add(self, event: MatrixEvent, rejected: bool = False) -> None:
         """Hold *event* (and remember it was rejected, when it was)."""
-        self.events[event.event_id] = event
-        self.index.add(event.event_id, event.auth_ids)
+        event_id = event.event_id
+        if self._facts and (event_id in self.events or (event_id in self.rejected) != rejected):
+            self._facts.clear()
+        self.events[event_id] = event
+        self.index.add(event_id, event.auth_ids)
         if rejected:
-            self.rejected.add(event.event_id)
+            self.rejected.add(event_id)
         else:
-            self.rejected.discard(event.event_id)
+            self.rejected.discard(event_id)
+
+    def derived_facts(self, room_version: str) -> DerivedFacts:
+        """The facts state resolution keeps about these events in *room_version*."""
+        found = self._facts.get(room_version)
+        if found is None:
+            found = self._facts[room_version] = DerivedFacts()
+        return found
 
     def get_event(self, event_id: str) -> MatrixEvent | None:
         return self.events.get(event_id)

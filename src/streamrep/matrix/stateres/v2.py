@@ -43,7 +43,7 @@ from streamrep.matrix.events import (
 )
 from streamrep.matrix.room_versions import RoomVersion, StateResAlgorithm
 from streamrep.matrix.stateres.common import StateMap, load_events
-from streamrep.matrix.stateres.source import EventSource, InMemoryEventSource
+from streamrep.matrix.stateres.source import DerivedFacts, EventSource, InMemoryEventSource
 
 __all__ = ["resolve_v2", "separate", "is_power_event", "reverse_topological_power_order",
            "mainline_order"]
@@ -141,7 +141,11 @@ def is_power_event(event: MatrixEvent) -> bool:
 
 
 class _Context:
-    """The events one resolution reads, and what it derives from them once."""
+    """The events one resolution reads, and what it derives from them once.
+
+    Over an :class:`InMemoryEventSource` the derived facts are the source's, kept
+    between resolutions; an event with an auth event not held is derived anew each time.
+    """
 
     def __init__(self, version: RoomVersion, events: dict[str, MatrixEvent],
                  source: EventSource) -> None:
@@ -149,9 +153,22 @@ class _Context:
         self.events = events
         self.source = source
         self._rejected: dict[str, bool] = {}
-        self._auth_state: dict[tuple[str, bool], dict[StateKey, MatrixEvent]] = {}
-        self._levels: dict[str, int] = {}
-        self._pl_parent: dict[str, str | None] = {}
+        #: Rejected event IDs, when the source holds them as a set.
+        self.rejected_ids: set[str] | None = None
+        facts = DerivedFacts()
+        self.shared = isinstance(source, InMemoryEventSource)
+        if isinstance(source, InMemoryEventSource):
+            # Every event the source holds, read without copying.
+            self.events = source.events
+            self.rejected_ids = source.rejected
+            facts = source.derived_facts(version.identifier)
+        self._types = facts.auth_types
+        self._auth_state = facts.auth_state
+        self._accepted_auth_state = facts.accepted_auth_state
+        self._levels = facts.sender_level
+        self._pl_parent = facts.power_levels_parent
+        #: Events with an auth event not held, whose facts are not kept.
+        self._incomplete: set[str] = set()
 
     def get(self, event_id: str) -> MatrixEvent | None:
         event = self.events.get(event_id)
@@ -167,21 +184,42 @@ class _Context:
             found = self._rejected[event_id] = self.source.is_rejected(event_id)
         return found
 
+    def is_rejected(self, event_id: str) -> bool:
+        """True when the source holds the event as rejected."""
+        if self.rejected_ids is not None:
+            return event_id in self.rejected_ids
+        return self.rejected(event_id)
+
+    def auth_types(self, event: MatrixEvent) -> set[StateKey]:
+        """The keys whose events may authorize *event*."""
+        found = self._types.get(event.event_id)
+        if found is None:
+            found = self._types[event.event_id] = auth.auth_types_for_event(event, self.version)
+        return found
+
     def auth_state(self, event: MatrixEvent, skip_rejected: bool
                    ) -> dict[StateKey, MatrixEvent]:
         """The state the event's own (held) auth events define."""
-        memo = (event.event_id, skip_rejected)
-        found = self._auth_state.get(memo)
+        memo = self._accepted_auth_state if skip_rejected else self._auth_state
+        found = memo.get(event.event_id)
         if found is None:
             found = {}
+            events = self.events
+            complete = True
             for aid in event.auth_ids:
-                auth_event = self.get(aid)
-                if auth_event is None or auth_event.state_key is None:
+                auth_event = events.get(aid) or self.get(aid)
+                if auth_event is None:
+                    complete = False
                     continue
-                if skip_rejected and self.rejected(aid):
+                if auth_event.state_key is None:
+                    continue
+                if skip_rejected and self.is_rejected(aid):
                     continue
                 found[auth_event.key] = auth_event
-            self._auth_state[memo] = found
+            if complete or not self.shared:
+                memo[event.event_id] = found
+            else:
+                self._incomplete.add(event.event_id)
         return found
 
     def sender_level(self, event: MatrixEvent) -> int:
@@ -193,7 +231,8 @@ class _Context:
                 found = 0
             else:
                 found = pl.user_level(event.sender, state, self.version)
-            self._levels[event.event_id] = found
+            if event.event_id not in self._incomplete:
+                self._levels[event.event_id] = found
         return found
 
     def power_levels_parent(self, event_id: str) -> str | None:
@@ -201,14 +240,18 @@ class _Context:
         if event_id in self._pl_parent:
             return self._pl_parent[event_id]
         found = None
+        complete = True
         event = self.get(event_id)
         if event is not None:
             for aid in event.auth_ids:
                 auth_event = self.get(aid)
-                if auth_event is not None and auth_event.key == POWER_LEVELS_KEY:
+                if auth_event is None:
+                    complete = False
+                elif auth_event.key == POWER_LEVELS_KEY:
                     found = aid
                     break
-        self._pl_parent[event_id] = found
+        if event is not None and (complete or not self.shared):
+            self._pl_parent[event_id] = found
         return found
 
 
@@ -281,23 +324,30 @@ def mainline_order(event_ids: Sequence[str], power_levels_id: str | None,
 def _iterative_auth_checks(order: Sequence[str], partial: _Partial, ctx: _Context) -> None:
     version = ctx.version
     events = ctx.events
-    rejected = ctx.rejected
+    rejected: Callable[[str], bool] = ctx.is_rejected
+    if ctx.rejected_ids is not None:
+        rejected = ctx.rejected_ids.__contains__
     resolved = partial.resolved
     split = partial.split
     base = split.base if split is not None else {}
     hidden = split.differing if split is not None else frozenset()
     check = auth.check_against_state
-    types_for = auth.auth_types_for_event
+    types_for = ctx.auth_types
+    auth_state = ctx.auth_state
     for eid in order:
         event = events[eid]
         if event.state_key is None or rejected(eid):
             continue
-        state = dict(ctx.auth_state(event, skip_rejected=True))
-        for key in types_for(event, version):
+        state = dict(auth_state(event, True))
+        for key in types_for(event):
             held = resolved.get(key)
-            if held is None and key not in hidden:
+            if held is None:
+                if key in hidden:
+                    continue
                 held = base.get(key)
-            if held is None or rejected(held):
+                if held is None:
+                    continue
+            if rejected(held):
                 continue
             held_event = events.get(held) or ctx.get(held)
             if held_event is not None:
