@@ -71,6 +71,9 @@ def test_a_second_writer_with_the_same_name_refuses_to_start(
     assert fifth.proc.wait(TIMEOUT) == 0
     tokens = _tokens_in_db(db, "writer1")
     assert len(tokens) == len(set(tokens)) and tokens == sorted(tokens)
+    _wait(lambda: len(worker.lines) >= len(tokens), "the worker to catch up")
+    time.sleep(0.2)
+    _assert_exactly_once_in_order(worker.facts(), {"writer1": tokens})
 
 
 class _Terminator:
