@@ -383,7 +383,8 @@ def test_demo_refuses_a_hub_restart_over_redis(tmp_path: pathlib.Path) -> None:
 
 def test_serve_announces_its_positions_and_answers_every_replicate(tmp_path: pathlib.Path) -> None:
     """``serve --redis`` (a process that writes and follows nothing): on subscribing
-    one POSITION per stream it writes, and the same again for each REPLICATE."""
+    REPLICATE and one POSITION per stream it writes, and the positions again for
+    each REPLICATE of another process (its own, echoed back, is not answered)."""
     import redis
 
     url = shared_redis_url()
@@ -403,7 +404,9 @@ def test_serve_announces_its_positions_and_answers_every_replicate(tmp_path: pat
                         out.append(message["data"])
                 return out
 
-            positions = heard(8)
+            greeting = heard(8)
+            assert greeting[0] == b"REPLICATE", greeting
+            positions = greeting[1:]
             assert positions and all(p.startswith(b"POSITION ") and b" main " in p for p in positions)
             assert len(set(positions)) == len(positions)
             redis.Redis.from_url(url).publish(server, "REPLICATE")

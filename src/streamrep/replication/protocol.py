@@ -1217,13 +1217,13 @@ class BusSession(Session):
         self.heard: set[tuple[str, str]] = set()
 
     def announce(self, writer_positions: Sequence[tuple[str, str, int]]) -> list[Action]:
-        """On (re)subscribing: ``REPLICATE`` (when following), then the position of
-        every stream this process writes (peers cannot see a bus reconnect)."""
-        out: list[Action] = []
+        """On (re)subscribing: ``REPLICATE``, then the position of every stream this
+        process writes (peers cannot see a bus reconnect), as every reference
+        process does."""
+        out: list[Action] = [Send(C.encode_one(C.replicate()), 1, "REPLICATE")]
         self.heard.clear()
         if self.follower is not None:
             self.follower.connection_lost()
-            out.append(Send(C.encode_one(C.replicate()), 1, "REPLICATE"))
         for stream, instance, token in writer_positions:
             self.own_positions[(stream, instance)] = token
         data, count = _encode_positions((s, i, t, t) for (s, i), t in self.own_positions.items())
