@@ -5,11 +5,15 @@
   the reference system's in-memory calculation; target 20x that.
   ``test_bench_reference.py`` times the reference's own calculation beside it.
 * ``test_persist_*``: ``persist_events`` in batches of 100 on SQLite and
-  PostgreSQL (linear room history with a state event every 20; each round's
-  events are built before it starts, untimed), events/s over 8 rounds;
-  ``test_persist_sqlite_growing_room``: the same over 100,000 events, as the room
-  grows to 5,000 members.
-* ``test_state_after_event_cached``: ``get_state_after_event`` from cache, lookups/s.
+  PostgreSQL (a valid room version 10 history: create, join, power levels, join
+  rules, then linear history with a member joining every 20 events, each event
+  citing its auth events; each round's events are built before it starts,
+  untimed), events/s over 8 rounds, with the Matrix room rules (``rules-on``, the
+  store's default) and without (``rules-off``: ``room_rules=None``) side by side;
+  ``test_persist_sqlite_growing_room``: the same over 100,000 events with the
+  room rules, as the room grows to 5,000 members.
+* ``test_state_after_event_cached``: ``get_state_after_event`` from cache, lookups/s
+  (the same history, room rules on).
 * ``test_change_cache``: ``has_entity_changed`` over 1,000 rooms, calls/s.
 
 Each rate goes to ``extra_info`` and is printed with ``-s``.
@@ -81,28 +85,31 @@ def test_extremity_core(benchmark: Any, impl_kind: str) -> None:
 
 
 def _history(room: str) -> Iterator[dict[str, Any]]:
-    yield {"event_id": f"${room}-create", "room_id": room, "type": "m.room.create",
-           "state_key": "", "sender": "@a:x", "depth": 1, "prev_events": [],
-           "content": {"creator": "@a:x"}}
-    prev = f"${room}-create"
-    for n in itertools.count(2):
-        eid = f"${room}-{n}"
-        event = {"event_id": eid, "room_id": room, "sender": "@a:x", "depth": n,
-                 "prev_events": [prev]}
+    from streamrep.matrix.room_builder import RoomBuilder
+
+    alice = "@a:x"
+    builder = RoomBuilder(room, alice, "10", event_id=lambda n: f"${room}-{n}")
+    yield builder.create
+    yield builder.event("m.room.member", alice, {"membership": "join"}, state_key=alice)
+    yield builder.event("m.room.power_levels", alice, {"users": {alice: 100}}, state_key="")
+    yield builder.event("m.room.join_rules", alice, {"join_rule": "public"}, state_key="")
+    for n in itertools.count(5):
         if n % 20 == 0:
-            event.update(type="m.room.member", state_key=f"@u{n}:x",
-                         content={"membership": "join"})
+            user = f"@u{n}:x"
+            yield builder.event("m.room.member", user, {"membership": "join"},
+                                state_key=user)
         else:
-            event.update(type="m.room.message", content={"body": f"message {n}",
-                                                          "msgtype": "m.text"})
-        yield event
-        prev = eid
+            yield builder.event("m.room.message", alice,
+                                {"body": f"message {n}", "msgtype": "m.text"})
 
 
-def _persist_bench(benchmark: Any, url: str, impl_kind: str) -> None:
+RULES = ("rules-off", "rules-on")
+
+
+def _persist_bench(benchmark: Any, url: str, impl_kind: str, rules: str) -> None:
     from streamrep import EventStore
 
-    store = EventStore(url)
+    store = EventStore(url) if rules == "rules-on" else EventStore(url, room_rules=None)
     source = _history("!bench:x")
     batches_per_round = 30
 
@@ -112,22 +119,25 @@ def _persist_bench(benchmark: Any, url: str, impl_kind: str) -> None:
 
     def run(batches: list[list[dict[str, Any]]]) -> None:
         for batch in batches:
-            store.persist_events(batch)
+            if store.persist_events(batch).rejected:
+                raise AssertionError("the benchmark's room broke the room rules")
 
     try:
         benchmark.pedantic(run, setup=next_round, rounds=8, iterations=1, warmup_rounds=1)
-        _report(benchmark, "events_per_s", BATCH * batches_per_round, impl_kind)
+        _report(benchmark, "events_per_s", BATCH * batches_per_round, f"{impl_kind}, {rules}")
     finally:
         store.close()
 
 
-def test_persist_sqlite(benchmark: Any, use_impl: str, sqlite_url: str) -> None:
-    _persist_bench(benchmark, sqlite_url, use_impl)
+@pytest.mark.parametrize("rules", list(RULES))
+def test_persist_sqlite(benchmark: Any, use_impl: str, sqlite_url: str, rules: str) -> None:
+    _persist_bench(benchmark, sqlite_url, use_impl, rules)
 
 
 @pytest.mark.postgres
-def test_persist_postgres(benchmark: Any, use_impl: str, pg_url: str) -> None:
-    _persist_bench(benchmark, pg_url, use_impl)
+@pytest.mark.parametrize("rules", list(RULES))
+def test_persist_postgres(benchmark: Any, use_impl: str, pg_url: str, rules: str) -> None:
+    _persist_bench(benchmark, pg_url, use_impl, rules)
 
 
 def test_persist_sqlite_growing_room(benchmark: Any, use_impl: str, sqlite_url: str) -> None:

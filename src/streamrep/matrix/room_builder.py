@@ -44,8 +44,9 @@ class RoomBuilder:
         self._event_id = event_id
         self._count = 0
         self._ts = first_ts
-        #: event ID -> the state after it: ``{(type, state_key): event_id}``
-        self.state_after: dict[str, dict[StateKey, str]] = {}
+        #: event ID -> the state after it: ``{(type, state_key): event_id}`` (events
+        #: that change no state share their prev event's)
+        self.state_after: dict[str, Mapping[StateKey, str]] = {}
         self.depth_of: dict[str, int] = {}
         #: the events no later event names as a prev event (the room's tips)
         self.extremities: list[str] = []
@@ -63,11 +64,14 @@ class RoomBuilder:
         self._count += 1
         return self._event_id(self._count)
 
-    def state(self, prev: Sequence[str] | None = None) -> dict[StateKey, str]:
+    def state(self, prev: Sequence[str] | None = None) -> Mapping[StateKey, str]:
         """The state at *prev* (default: the room's extremities), merged as the
-        module docstring says."""
+        module docstring says. Not to be modified (it may be an event's own)."""
+        prevs = self.extremities if prev is None else prev
+        if len(prevs) == 1:
+            return self.state_after[prevs[0]]
         merged: dict[StateKey, str] = {}
-        for p in (self.extremities if prev is None else prev):
+        for p in prevs:
             merged.update(self.state_after[p])
         return merged
 
@@ -80,7 +84,8 @@ class RoomBuilder:
         events stop being extremities and it becomes one."""
         prev_events = list(self.extremities if prev is None else prev)
         event_id = event_id or self._next_id()
-        before = dict(state) if state is not None else self.state(prev_events)
+        at_prev = self.state(prev_events)
+        before = at_prev if state is None else state
         self._ts += 1
         body: dict[str, Any] = {
             "room_id": self.room_id, "type": etype, "sender": sender,
@@ -104,11 +109,12 @@ class RoomBuilder:
                                else cited)
         if self.version.event_ids_have_domain:
             body["prev_events"] = [[p, {}] for p in prev_events]
-        after = before if state is None else self.state(prev_events)
-        after = dict(after)
         if state_key is not None:
-            after[(etype, state_key)] = event_id
-        self.state_after[event_id] = after
+            changed = dict(at_prev)
+            changed[(etype, state_key)] = event_id
+            self.state_after[event_id] = changed
+        else:
+            self.state_after[event_id] = at_prev
         self.depth_of[event_id] = body["depth"]
         if advance:
             self.extremities = [e for e in self.extremities if e not in prev_events]
