@@ -53,6 +53,8 @@ __all__ = [
 _LEVEL_KEYS = ("users_default", "events_default", "state_default", "ban", "redact", "kick",
                "invite")
 _MAX_ID_LENGTH = 255
+_NO_LEVELS: Mapping[str, Any] = {}
+_ABSENT = object()
 
 
 def domain_of(identifier: str) -> str:
@@ -343,7 +345,8 @@ def _check_power_levels(event: MatrixEvent, version: RoomVersion,
         if group in new:
             values = new[group]
             if not isinstance(values, Mapping) or not all(
-                    pl.parse_level(v, ints_only) is not None for v in values.values()):
+                    type(v) is int or pl.parse_level(v, ints_only) is not None
+                    for v in values.values()):
                 raise AuthRejection(R.BAD_POWER_LEVELS,
                                     f"{group} must map to integer levels")
     users = new.get("users", {})
@@ -370,13 +373,22 @@ def _check_power_levels(event: MatrixEvent, version: RoomVersion,
     groups = ["users", "events"] + (["notifications"] if version.limit_notifications_power_levels
                                     else [])
     for group_name in groups:
+        old_values = old.get(group_name, _NO_LEVELS)
+        new_values = new.get(group_name, _NO_LEVELS)
         names: set[str] = set()
-        for content in (old, new):
-            values = content.get(group_name, {})
-            if isinstance(values, Mapping):
-                names.update(values)
+        if type(old_values) is dict and type(new_values) is dict:
+            # Only the names whose values differ can change a level.
+            names.update(n for n, v in old_values.items()
+                         if not _same_value(v, new_values.get(n, _ABSENT)))
+            names.update(n for n in new_values if n not in old_values)
+        else:
+            for values in (old_values, new_values):
+                if isinstance(values, Mapping):
+                    names.update(values)
         checks.extend((group_name, name) for name in sorted(names))
     for where, name in checks:
+        if where is None and _same_value(old.get(name, _ABSENT), new.get(name, _ABSENT)):
+            continue
         old_level = read(old, where, name)
         new_level = read(new, where, name)
         if old_level == new_level:
@@ -389,6 +401,11 @@ def _check_power_levels(event: MatrixEvent, version: RoomVersion,
             label = f"{where}.{name}" if where else name
             raise AuthRejection(R.INSUFFICIENT_POWER,
                                 f"sender may not change {label} beyond its own level")
+
+
+def _same_value(a: object, b: object) -> bool:
+    """Identical JSON values of one type (``True == 1``, but they read differently)."""
+    return a is b or (type(a) is type(b) and a == b)
 
 
 def _b64decode(text: str) -> bytes:
