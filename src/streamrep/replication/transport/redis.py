@@ -260,22 +260,23 @@ class RedisReplication:
     # --- reading ---------------------------------------------------------------------
 
     def _read_loop(self, subscription: Subscription) -> None:
-        read = subscription.read
+        read = subscription.read_messages
         decoder = C.new_decoder(self.max_line_length)
+        # A process that only writes hears everyone's rows, its own echoes above
+        # all: none concern it, so they are dropped before anything is decoded.
+        skip = b"RDATA " if self.follower is None else None
         last_ping = time.monotonic()
         # When the answer to our last ping is overdue (None: nothing outstanding).
         # Measured from the ping, not from the last message, so a process that was
         # itself suspended does not blame Redis.
         answer_due: float | None = None
         patience = self.ping_timeout - self.ping_interval
-        message = b"message"
         while True:
             if self._lost is not None:
                 raise _Lost(self._lost)
-            replies = read(_POLL_SECONDS)
+            lines, replies = read(_POLL_SECONDS, skip)
             if replies:
                 answer_due = None
-                lines = [r[2] for r in replies if type(r) is list and r[0] == message]
                 if lines:
                     self._received(decoder, lines)
             now = time.monotonic()
@@ -288,12 +289,6 @@ class RedisReplication:
                     answer_due = now + patience
 
     def _received(self, decoder: Any, lines: list[bytes]) -> None:
-        if self.follower is None:
-            # A process that only writes hears everyone's rows, its own echoes
-            # above all: none concern it, so they are not even decoded.
-            lines = [line for line in lines if not line.startswith(b"RDATA ")]
-            if not lines:
-                return
         echoes = self._echoes
         if len(echoes):
             lines = [line for line in lines if line.startswith(_NAMED_BY_WRITER) or not echoes.is_echo(line)]

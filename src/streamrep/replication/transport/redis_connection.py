@@ -157,6 +157,37 @@ class Subscription(_Connection):
         """Ask for a ``pong`` (a subscribed connection answers it in the stream)."""
         self._send("PING")
 
+    def read_messages(self, timeout: float, skip: bytes | None = None) -> tuple[list[bytes], int]:
+        """The messages one read completes (without those starting with *skip*), and
+        how many replies it completed (pongs included); ``([], 0)`` when *timeout*
+        passed with nothing to read."""
+        sock = self._sock
+        if sock is None:
+            raise SubscriptionLost("not connected")
+        sock.settimeout(timeout)
+        try:
+            data = sock.recv(_RECV_BYTES)
+        except TimeoutError:
+            return [], 0
+        if not data:
+            raise SubscriptionLost("Redis closed the connection")
+        reader = self._reader
+        reader.feed(data)
+        gets = reader.gets
+        out: list[bytes] = []
+        append = out.append
+        count = 0
+        message = b"message"
+        reply = gets()
+        while reply is not False:
+            count += 1
+            if type(reply) is list and reply[0] == message:
+                payload = reply[2]
+                if skip is None or not payload.startswith(skip):
+                    append(payload)
+            reply = gets()
+        return out, count
+
 
 class Publisher(_Connection):
     """The connection a process publishes on.
