@@ -8,8 +8,12 @@ case reports the number of conflicted events it resolves.
 Rows, side by side in one run:
 
 * ``streamrep-compiled`` / ``streamrep-pure`` - :func:`streamrep.matrix.stateres.
-  resolve_state` with the compiled auth chain core or its pure twin; the room's auth
-  index is built once beforehand (a store keeps it up to date as events arrive);
+  resolve_state` with the compiled core or its pure twin; the room's auth index is
+  built once beforehand (a store keeps it up to date as events arrive), and each
+  resolution finds what the previous one kept (the facts derived from each event
+  and its auth events, the numbers of the first state's events);
+* ``streamrep-compiled-cold`` - the same with nothing kept: each round starts after
+  :meth:`~streamrep.matrix.stateres.InMemoryEventSource.clear_derived`;
 * ``reference`` - the reference implementation's own v2 resolver
   (``synapse.state.v2.resolve_events_with_store``) over an in-memory store that
   answers its auth chain questions by walking the events' auth edges. Present only
@@ -17,7 +21,7 @@ Rows, side by side in one run:
   source on the path::
 
       PYTHONPATH=src:tests /work/refvenv/bin/python -m pytest bench/test_bench_stateres.py \\
-          --benchmark-only -k resolve --benchmark-timer=time.process_time
+          --benchmark-only -k "resolve or core" --benchmark-timer=time.process_time
 
 Every row's answer is checked equal to the others' before anything is timed.
 Run in the development environment (no reference row):
@@ -70,14 +74,14 @@ def streamrep_input(shape: str, version_id: str, kind: str) -> tuple[Any, ...]:
 
     case = room_case(shape, version_id)
     # Build the auth index on the implementation under test.
-    saved = authindex._authchain
-    authindex._authchain = (_impl.load_compiled("authchain") if kind == "compiled"
-                            else _impl.load_pure("authchain"))
+    load = _impl.load_compiled if kind == "compiled" else _impl.load_pure
+    saved = authindex._authchain, authindex._stateset
+    authindex._authchain, authindex._stateset = load("authchain"), load("stateset")
     try:
         room, held, id_of = build.explicit_source(case)
         source = InMemoryEventSource(held.events.values(), held.rejected)
     finally:
-        authindex._authchain = saved
+        authindex._authchain, authindex._stateset = saved
     sets = [{(t, k): id_of[n] for t, k, n in s} for s in case["state_sets"]]
     return room, source, sets, {v: k for k, v in id_of.items()}
 
@@ -101,6 +105,24 @@ def test_resolve_streamrep(benchmark: Any, kind: str, shape: str, version_id: st
         other = streamrep_input(shape, version_id, "compiled")
         assert _by_node(result, node_of) == _by_node(
             resolve_state(other[0], version, other[2], other[1]), other[3])
+
+
+@pytest.mark.parametrize("version_id", VERSIONS)
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_resolve_streamrep_cold(benchmark: Any, shape: str, version_id: str) -> None:
+    """The compiled core with nothing kept from the previous resolution."""
+    room, source, sets, _ = streamrep_input(shape, version_id, IMPLEMENTATIONS[0])
+    version = room_version(version_id)
+    benchmark.group = f"stateres {shape} v{version_id}"
+    benchmark.name = f"streamrep-{IMPLEMENTATIONS[0]}-cold"
+    expected = resolve_state(room, version, sets, source)
+
+    def forget() -> tuple[tuple[Any, ...], dict[str, Any]]:
+        source.clear_derived()
+        return (room, version, sets, source), {}
+
+    result = benchmark.pedantic(resolve_state, setup=forget, rounds=30, warmup_rounds=2)
+    assert result == expected
 
 
 # --- the reference implementation -------------------------------------------------

@@ -32,6 +32,7 @@ class AuthIndex:
         self._ids: list[str] = []
         self._described: set[int] = set()
         self._graph = _authchain.AuthGraph()
+        self._stateset = _stateset
         #: The numbers of the last split's first state, for the next split.
         self._memo = _stateset.NumberMemo()
 
@@ -88,13 +89,17 @@ class AuthIndex:
         return self._names(self._graph.auth_chain_difference(
             [self._lookup(s) for s in state_sets], shared))
 
+    def clear_memo(self) -> None:
+        """Forget the numbers :meth:`split_state_sets` kept from its last first state."""
+        self._memo = self._stateset.NumberMemo()
+
     def split_state_sets(self, state_sets: Sequence[Mapping[K, str]]
                          ) -> tuple[set[K], array[int]]:
         """The keys *state_sets* disagree on (some maps them to another event than
         the first, or lacks them), and the numbers of the other keys' events (the
         unconflicted state), for :meth:`auth_chain_difference`."""
-        differing, common, unknown = _stateset.split_state_sets(state_sets, self._numbers,
-                                                                self._memo)
+        differing, common, unknown = self._stateset.split_state_sets(
+            state_sets, self._numbers, self._memo)
         if unknown:
             common.extend(self._number(e) for e in unknown)
         return differing, common

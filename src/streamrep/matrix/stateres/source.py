@@ -81,6 +81,12 @@ class InMemoryEventSource:
         else:
             self.rejected.discard(event_id)
 
+    def clear_derived(self) -> None:
+        """Forget what resolutions kept (derived facts, the numbers of the last first
+        state's events); the next resolution derives them again."""
+        self._facts.clear()
+        self.index.clear_memo()
+
     def derived_facts(self, room_version: str) -> DerivedFacts:
         """The facts state resolution keeps about these events in *room_version*."""
         found = self._facts.get(room_version)
