@@ -21,6 +21,9 @@ import click
                    "With postgresql://... two writer instances share the multi-writer streams.")
 @click.option("--seed", type=int, default=1, show_default=True,
               help="Seed of the workload's random generator.")
+@click.option("--room-version", type=click.Choice([str(n) for n in range(3, 12)]),
+              default="10", show_default=True,
+              help="Matrix room version of the workload's rooms.")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None,
               help="Where the configuration, logs and received facts go (default: a new "
                    "temporary directory).")
@@ -43,7 +46,7 @@ import click
                                                case_sensitive=False),
               default="INFO", show_default=True, help="Log level of the child processes.")
 def demo(duration: float, rate: float, rooms: int, workers: int, db: str | None, seed: int,
-         workdir: str | None, catch_up_timeout: float, restart_hub_after: float | None,
+         room_version: str, workdir: str | None, catch_up_timeout: float, restart_hub_after: float | None,
          redis_url: str | None, tls: bool, mutual_tls: bool, shared_secret: bool,
          log_level: str) -> None:
     """Run a hub, a writer persisting a room workload and WORKERS worker processes.
@@ -62,7 +65,7 @@ def demo(duration: float, rate: float, rooms: int, workers: int, db: str | None,
                                "with --redis there is none (use a rediss:// URL for TLS)")
 
     options = DemoOptions(duration=duration, rate=rate, rooms=rooms, workers=workers, db=db,
-                          seed=seed, workdir=workdir, catch_up_timeout=catch_up_timeout,
+                          seed=seed, room_version=room_version, workdir=workdir, catch_up_timeout=catch_up_timeout,
                           log_level=log_level.upper(), restart_hub_after=restart_hub_after,
                           redis=redis_url, tls=tls, mutual_tls=mutual_tls,
                           shared_secret=shared_secret)

@@ -56,6 +56,8 @@ class DemoOptions:
     workers: int = 3
     db: str | None = None
     seed: int = 1
+    #: Matrix room version of the workload's rooms
+    room_version: str = "10"
     workdir: str | None = None
     #: how long workers may take to catch up after the writers stop
     catch_up_timeout: float = 30.0
@@ -233,7 +235,8 @@ class _Run:
                 "--instance-name", name, "--seed", str(self.options.seed + i),
                 "--rate", str(rate), "--duration", str(self.options.duration),
                 "--rooms", str(self.options.rooms), "--out", self._out(name),
-                "--events", "yes" if i == 0 else "no", "--id-prefix", self.run_id])
+                "--events", "yes" if i == 0 else "no", "--id-prefix", self.run_id,
+                "--room-version", self.options.room_version])
             if not self._wait_until(functools.partial(self._has_reported, name),
                                     f"{name} to start writing"):
                 return False

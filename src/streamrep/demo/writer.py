@@ -44,7 +44,7 @@ from streamrep.config import Config, load_config
 from streamrep.db import Database
 from streamrep.demo.processes import emit
 from streamrep.demo.streams import EVENT_STREAMS, demo_streams, stream_names
-from streamrep.demo.workload import Op, Workload
+from streamrep.demo.workload import DEFAULT_ROOM_VERSION, Op, Workload
 from streamrep.errors import DatabaseUnavailableError, WriterLeaseHeldError
 from streamrep.events import EventStore
 from streamrep.events.streams import EVENTS_STREAM
@@ -244,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--rooms", type=int, default=20)
     parser.add_argument("--events", choices=["yes", "no"], default="yes")
+    parser.add_argument("--room-version", default=DEFAULT_ROOM_VERSION,
+                        help="Matrix room version of the workload's rooms (3 to 11)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--id-prefix", default="",
                         help="prefix of room and event IDs (a new one per run, so runs "
@@ -253,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(config.logging.level, config.logging.format)
     workload = Workload(args.seed, args.rooms, events=args.events == "yes",
                         prefix=args.id_prefix + ("" if args.events == "yes"
-                                                 else f"{args.instance_name}-"))
+                                                 else f"{args.instance_name}-"),
+                        room_version_id=args.room_version)
     try:
         writer = DemoWriter(config, args.instance_name, workload)
     except (WriterLeaseHeldError, DatabaseUnavailableError) as exc:
