@@ -65,8 +65,18 @@ def creators(create: MatrixEvent, version: RoomVersion) -> frozenset[str]:
 
 
 def is_creator(user_id: str, create: MatrixEvent, version: RoomVersion) -> bool:
-    """True when *user_id* is one of the room's creators."""
-    return user_id in creators(create, version)
+    """True when *user_id* is one of the room's creators (:func:`creators`, without
+    building the set)."""
+    if version.implicit_room_creator:
+        if user_id == create.sender:
+            return True
+    elif user_id == create.content.get("creator"):
+        return True
+    if version.creator_power:
+        extra = create.content.get("additional_creators")
+        # A JSON value other than a string never equals a user ID.
+        return isinstance(extra, list) and user_id in extra
+    return False
 
 
 def _content(state: Mapping[StateKey, MatrixEvent]) -> Mapping[str, Any] | None:
