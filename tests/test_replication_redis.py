@@ -230,7 +230,9 @@ def test_a_password_and_a_unix_socket(tmp_path: pathlib.Path) -> None:
         wrong = _streamrep(tmp_path / "wrong.err", "tail", "--redis",
                            f"redis://:wrong@127.0.0.1:{redis_server.port}", "--server-name", "x.example",
                            out=tmp_path / "wrong.out")
-        time.sleep(2)
+        deadline = time.monotonic() + 30
+        while "refused AUTH" not in (tmp_path / "wrong.err").read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
         wrong.send_signal(signal.SIGTERM)
         _finish(wrong, 30, "tail")
         err = (tmp_path / "wrong.err").read_text()
