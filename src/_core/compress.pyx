@@ -14,61 +14,14 @@ from libc.string cimport memcpy
 
 import array as _pyarray
 
+from streamrep._core.state cimport Int64s, raw_flags
+
 __all__ = ["DEFAULT_MAX_DEPTH", "DEFAULT_CANDIDATES", "plan_compression", "level_radices"]
 
 DEFAULT_MAX_DEPTH = 100
 DEFAULT_CANDIDATES = 16
 
 cdef array.array _INT64_TEMPLATE = _pyarray.array("q")
-
-_INT64_FORMATS = frozenset({"q", "l", "<q", "<l", "=q", "=l", "@q", "@l"})
-_BYTE_FORMATS = frozenset({"B", "b", "c", "?", "<B", "=B", "@B"})
-
-
-cdef class _Int64s:
-    """An aligned int64 view of a buffer (copied only if misaligned)."""
-    cdef const unsigned char[::1] raw
-    cdef bytes copy
-    cdef const int64_t* ptr
-    cdef Py_ssize_t length
-
-    def __cinit__(self, object obj, str name):
-        cdef object view
-        try:
-            view = memoryview(obj)
-        except TypeError:
-            raise TypeError(f"{name} must support the buffer protocol, not {type(obj).__name__}")
-        if view.format in _INT64_FORMATS and view.itemsize == 8:
-            pass
-        elif view.format in _BYTE_FORMATS and view.itemsize == 1:
-            if view.nbytes % 8:
-                raise ValueError(f"{name} holds {view.nbytes} bytes, not a whole number of int64s")
-        else:
-            raise TypeError(f"{name} must be a buffer of int64, not format {view.format!r}")
-        if not view.c_contiguous:
-            raise ValueError(f"{name} must be a contiguous buffer")
-        self.raw = view.cast("B")
-        self.length = self.raw.shape[0] // 8
-        self.ptr = NULL
-        if self.length:
-            if (<size_t>&self.raw[0]) % 8:
-                self.copy = bytes(self.raw)
-                self.ptr = <const int64_t*><const char*>self.copy
-            else:
-                self.ptr = <const int64_t*>&self.raw[0]
-
-
-cdef const unsigned char[::1] _flags(object obj, str name):
-    cdef object view
-    try:
-        view = memoryview(obj)
-    except TypeError:
-        raise TypeError(f"{name} must support the buffer protocol, not {type(obj).__name__}")
-    if view.itemsize != 1 or view.format not in _BYTE_FORMATS:
-        raise TypeError(f"{name} must be a buffer of uint8, not format {view.format!r}")
-    if not view.c_contiguous:
-        raise ValueError(f"{name} must be a contiguous buffer")
-    return view.cast("B")
 
 
 def level_radices(height, max_depth):
@@ -218,11 +171,11 @@ def plan_compression(parents, rooms, full_offsets, full_keys, full_events, fixed
         raise ValueError("max_depth must be at least 1")
     if candidates < 0:
         raise ValueError("candidates must not be negative")
-    cdef _Int64s parent_buf = _Int64s(parents, "parents")
-    cdef _Int64s room_buf = _Int64s(rooms, "rooms")
-    cdef _Int64s offset_buf = _Int64s(full_offsets, "full_offsets")
-    cdef _Int64s key_buf = _Int64s(full_keys, "full_keys")
-    cdef _Int64s event_buf = _Int64s(full_events, "full_events")
+    cdef Int64s parent_buf = Int64s(parents, "parents")
+    cdef Int64s room_buf = Int64s(rooms, "rooms")
+    cdef Int64s offset_buf = Int64s(full_offsets, "full_offsets")
+    cdef Int64s key_buf = Int64s(full_keys, "full_keys")
+    cdef Int64s event_buf = Int64s(full_events, "full_events")
     cdef Py_ssize_t n = parent_buf.length
     cdef const unsigned char[::1] fixed_view
     cdef bytes no_fixed
@@ -252,7 +205,7 @@ def plan_compression(parents, rooms, full_offsets, full_keys, full_events, fixed
         no_fixed = bytes(n if n else 1)
         keep = <const uint8_t*><const char*>no_fixed
     else:
-        fixed_view = _flags(fixed, "fixed")
+        fixed_view = raw_flags(fixed, "fixed")
         if fixed_view.shape[0] != n:
             raise ValueError(f"fixed has {fixed_view.shape[0]} entries for {n} groups")
         keep = <const uint8_t*>&fixed_view[0] if n else <const uint8_t*>b"\0"

@@ -109,7 +109,8 @@ cdef const unsigned char[::1] _raw_int64s(object obj, str name):
     return view.cast("B")
 
 
-cdef const unsigned char[::1] _raw_flags(object obj, str name):
+cdef const unsigned char[::1] raw_flags(object obj, str name):
+    """The bytes of *obj*, checked to be a contiguous buffer of uint8."""
     cdef object view
     try:
         view = memoryview(obj)
@@ -122,12 +123,8 @@ cdef const unsigned char[::1] _raw_flags(object obj, str name):
     return view.cast("B")
 
 
-cdef class _Int64s:
+cdef class Int64s:
     """An aligned int64 view of a byte buffer (copied only if misaligned)."""
-    cdef const unsigned char[::1] raw
-    cdef bytes copy
-    cdef const int64_t* ptr
-    cdef Py_ssize_t length
 
     def __cinit__(self, object obj, str name):
         self.raw = _raw_int64s(obj, name)
@@ -229,11 +226,11 @@ def expand_groups(group_ids, prev_ids, delta_offsets, delta_keys, delta_events, 
     or a key twice in one group's delta; :class:`ValueError`/:class:`TypeError`
     for buffers of the wrong shape.
     """
-    cdef _Int64s groups = _Int64s(group_ids, "group_ids")
-    cdef _Int64s prevs = _Int64s(prev_ids, "prev_ids")
-    cdef _Int64s offsets = _Int64s(delta_offsets, "delta_offsets")
-    cdef _Int64s keys = _Int64s(delta_keys, "delta_keys")
-    cdef _Int64s events = _Int64s(delta_events, "delta_events")
+    cdef Int64s groups = Int64s(group_ids, "group_ids")
+    cdef Int64s prevs = Int64s(prev_ids, "prev_ids")
+    cdef Int64s offsets = Int64s(delta_offsets, "delta_offsets")
+    cdef Int64s keys = Int64s(delta_keys, "delta_keys")
+    cdef Int64s events = Int64s(delta_events, "delta_events")
     cdef const unsigned char[::1] want_view
     cdef bytes all_wanted
     cdef const uint8_t* want
@@ -256,7 +253,7 @@ def expand_groups(group_ids, prev_ids, delta_offsets, delta_keys, delta_events, 
         all_wanted = b"\x01" * n
         want = <const uint8_t*><const char*>all_wanted
     else:
-        want_view = _raw_flags(wanted, "wanted")
+        want_view = raw_flags(wanted, "wanted")
         if want_view.shape[0] != n:
             raise ValueError(f"wanted has {want_view.shape[0]} entries for {n} groups")
         want = &want_view[0] if n else NULL
@@ -501,7 +498,7 @@ def expand_groups(group_ids, prev_ids, delta_offsets, delta_keys, delta_events, 
 
 
 cdef class _StringTable:
-    cdef _Int64s offsets
+    cdef Int64s offsets
     cdef const unsigned char[::1] data
     cdef Py_ssize_t count
 
@@ -510,7 +507,7 @@ cdef class _StringTable:
             offsets, data = table
         except (TypeError, ValueError):
             raise TypeError(f"{name} must be an (offsets, data) pair")
-        self.offsets = _Int64s(offsets, f"{name} offsets")
+        self.offsets = Int64s(offsets, f"{name} offsets")
         self.data = memoryview(data if data is not None else b"").cast("B")
         self.count = self.offsets.length - 1
 
@@ -578,9 +575,9 @@ def digest_states(out_groups, out_keys, out_events, int64_t key_stride, types, s
     """
     if key_stride <= 0:
         raise ValueError("key_stride must be positive")
-    cdef _Int64s groups = _Int64s(out_groups, "out_groups")
-    cdef _Int64s keys = _Int64s(out_keys, "out_keys")
-    cdef _Int64s events = _Int64s(out_events, "out_events")
+    cdef Int64s groups = Int64s(out_groups, "out_groups")
+    cdef Int64s keys = Int64s(out_keys, "out_keys")
+    cdef Int64s events = Int64s(out_events, "out_events")
     if not (groups.length == keys.length == events.length):
         raise ValueError("out_groups, out_keys and out_events differ in length")
     cdef _StringTable t_table = _StringTable(types, "types")
