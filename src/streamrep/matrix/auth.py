@@ -64,8 +64,10 @@ def domain_of(identifier: str) -> str:
 
 
 def _is_user_id(value: object) -> bool:
-    return (isinstance(value, str) and value.startswith("@") and ":" in value[2:]
-            and len(value.encode()) <= _MAX_ID_LENGTH)
+    if not isinstance(value, str) or not value.startswith("@") or value.find(":", 2) < 0:
+        return False
+    # An ASCII string is as long in UTF-8 (and has nothing to fail encoding).
+    return len(value if value.isascii() else value.encode()) <= _MAX_ID_LENGTH
 
 
 def _third_party_token(event: MatrixEvent) -> str | None:
@@ -378,8 +380,10 @@ def _check_power_levels(event: MatrixEvent, version: RoomVersion,
         names: set[str] = set()
         if type(old_values) is dict and type(new_values) is dict:
             # Only the names whose values differ can change a level.
-            names.update(n for n, v in old_values.items()
-                         if not _same_value(v, new_values.get(n, _ABSENT)))
+            for n, v in old_values.items():
+                w = new_values.get(n, _ABSENT)
+                if not (v is w or (type(v) is type(w) and v == w)):
+                    names.add(n)
             names.update(n for n in new_values if n not in old_values)
         else:
             for values in (old_values, new_values):
