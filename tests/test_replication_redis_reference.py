@@ -43,6 +43,10 @@ def test_tail_prints_every_event_a_reference_homeserver_persists(tmp_path: pathl
         with running_homeserver(str(tmp_path / "hs"), redis_server.url, server_name) as hs:
             token = hs.register("alice")
             before = max(hs.stream_orderings(), default=0)
+            import redis
+
+            listener = redis.Redis.from_url(redis_server.url).pubsub()
+            listener.subscribe(server_name)
             env = dict(os.environ)
             env.pop("STREAMREP_CONFIG", None)
             out, err = tmp_path / "tail.out", tmp_path / "tail.err"
@@ -53,9 +57,18 @@ def test_tail_prints_every_event_a_reference_homeserver_persists(tmp_path: pathl
                     stdout=sink, stderr=errors, env=env)
             try:
                 # tail's REPLICATE is answered by the homeserver's POSITIONs: from
-                # then on tail counts the homeserver's events.
-                wait_subscribed(redis_server.url, server_name, 2)
-                time.sleep(1.0)
+                # then on tail counts the homeserver's events. Redis hands every
+                # subscriber the channel's messages in one order, so once this
+                # listener heard the answer, tail hears it before any later event.
+                wait_subscribed(redis_server.url, server_name, 3)
+                deadline = time.monotonic() + 60
+                asked = answered = False
+                while not answered and time.monotonic() < deadline:
+                    message = listener.get_message(timeout=0.5)
+                    if message is not None and message["type"] == "message":
+                        asked = asked or message["data"] == b"REPLICATE"
+                        answered = asked and message["data"].startswith(b"POSITION events master ")
+                assert answered, "the homeserver did not answer tail's REPLICATE"
                 room = hs.create_room(token)
                 for i in range(25):
                     hs.send_message(token, room, f"message {i}")
@@ -69,6 +82,7 @@ def test_tail_prints_every_event_a_reference_homeserver_persists(tmp_path: pathl
             finally:
                 tail.send_signal(signal.SIGTERM)
                 tail.wait(30)
+                listener.close()
         facts = _events_facts(out)
         assert len(expected) >= 30  # the room's own events and the 25 messages
         assert sorted(facts) == expected, err.read_text()[-2000:]
