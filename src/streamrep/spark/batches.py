@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -151,6 +151,12 @@ def _check_topology(groups: np.ndarray, prevs: np.ndarray) -> None:
         raise
 
 
+def _mix(values: np.ndarray) -> np.ndarray:
+    """Spread int64 IDs evenly over uint64 (a multiplicative hash)."""
+    mixed: np.ndarray = (values.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(33)
+    return mixed
+
+
 def _pointer_jump(parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Root index and depth of every node; ``parent`` is -1 for roots (acyclic)."""
     n = len(parent)
@@ -215,9 +221,7 @@ def assign_trees(topology: pa.Table, split_threshold: int = 200_000) -> pa.Table
                 break
             bptr = nxt
         branch_ids = groups[bptr[giant]]
-        piece[giant] = (
-            (branch_ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(33)
-        ) % tree_pieces[giant].astype(np.uint64)
+        piece[giant] = _mix(branch_ids) % tree_pieces[giant].astype(np.uint64)
 
     kept = np.flatnonzero(keep)
     out_root = groups[root[kept]]
@@ -293,6 +297,36 @@ class _Interned:
         return f"({t!r}, {s!r})"
 
 
+def _delta_rows(segment: pa.Table, starts: np.ndarray) -> tuple[np.ndarray, _Interned]:
+    """The delta offsets (CSR over the groups starting at *starts*) and the
+    interned delta rows of *segment*, whose rows with a null ``type`` only
+    carry their group."""
+    has_row = _bool_numpy(segment.column("type").combine_chunks().is_valid())
+    cumulative = np.concatenate([[0], np.cumsum(has_row, dtype=np.int64)])
+    offsets = cumulative[np.r_[starts, segment.num_rows]]
+    delta = segment.filter(pa.array(has_row))
+    for column in ("state_key", "event_id"):
+        if delta.column(column).null_count:
+            bad = pc.unique(delta.filter(pc.is_null(delta.column(column))).column("state_group"))
+            named = tuple(sorted(bad.to_pylist()))
+            shown = ", ".join(str(g) for g in named[:10])
+            err = StateCorruptionError(f"state_groups_state rows with a null {column} in groups {shown}")
+            err.groups = named  # type: ignore[attr-defined]
+            raise err
+    return offsets, _Interned(delta)
+
+
+def _digest_states(out: tuple[Any, Any, Any], interned: _Interned) -> tuple[Any, Any]:
+    """The core's digests of the expanded states *out* over *interned*'s strings."""
+    out_groups, out_keys, out_events = out
+    digests: tuple[Any, Any] = _core_state.digest_states(
+        out_groups, out_keys, out_events, interned.stride,
+        _string_table(interned.types), _string_table(interned.state_keys),
+        _string_table(interned.events),
+    )
+    return digests
+
+
 def _expand_segment(segment: pa.Table, digest: bool) -> Iterator[pa.RecordBatch]:
     """Expand one closed batch of whole trees (group IDs unique within it)."""
     g_all = _int64_numpy(segment.column("state_group"))
@@ -304,21 +338,7 @@ def _expand_segment(segment: pa.Table, digest: bool) -> Iterator[pa.RecordBatch]
     prev_ids = _int64_numpy(segment.column("prev_state_group"), fill=-1)[starts]
     wanted = _bool_numpy(segment.column("wanted"))[starts].view(np.uint8)
 
-    type_col = segment.column("type").combine_chunks()
-    has_row = _bool_numpy(type_col.is_valid())
-    cumulative = np.concatenate([[0], np.cumsum(has_row, dtype=np.int64)])
-    offsets = cumulative[np.r_[starts, n_rows]]
-    delta = segment.filter(pa.array(has_row))
-    for column in ("state_key", "event_id"):
-        nulls = delta.column(column).null_count
-        if nulls:
-            bad = pc.unique(delta.filter(pc.is_null(delta.column(column))).column("state_group"))
-            named = tuple(sorted(bad.to_pylist()))
-            shown = ", ".join(str(g) for g in named[:10])
-            err = StateCorruptionError(f"state_groups_state rows with a null {column} in groups {shown}")
-            err.groups = tuple(named)  # type: ignore[attr-defined]
-            raise err
-    interned = _Interned(delta)
+    offsets, interned = _delta_rows(segment, starts)
     try:
         out_groups, out_keys, out_events = _core_state.expand_groups(
             group_ids, prev_ids, offsets, interned.keys, interned.event_ids, wanted
@@ -384,11 +404,7 @@ def _digest_batch(
     out_events: array[int],
     interned: _Interned,
 ) -> pa.RecordBatch:
-    digest_groups, hexes = _core_state.digest_states(
-        out_groups, out_keys, out_events, interned.stride,
-        _string_table(interned.types), _string_table(interned.state_keys),
-        _string_table(interned.events),
-    )
+    digest_groups, hexes = _digest_states((out_groups, out_keys, out_events), interned)
     wanted_groups = group_ids[wanted.astype(np.bool_)]
     m = len(digest_groups)
     hex_array = pa.Array.from_buffers(
@@ -439,6 +455,27 @@ def expand_partition(
     *batch_rows* are held, then every complete tree among them goes to the core
     in one call and the last (possibly incomplete) tree waits for more rows.
     """
+    for table in whole_tables(batches, _last_tree_start, batch_rows):
+        yield from expand_table(table, digest)
+
+
+def _last_tree_start(table: pa.Table) -> int:
+    """Where the rows of the last ``(root, piece)`` of sorted *table* start."""
+    roots = table.column("root")
+    pieces = table.column("piece")
+    tail = pc.sum(pc.and_(pc.equal(roots, roots[-1]), pc.equal(pieces, pieces[-1]))).as_py()
+    return int(table.num_rows - int(tail))
+
+
+def whole_tables(
+    batches: Iterable[pa.RecordBatch], last_start: Callable[[pa.Table], int], batch_rows: int
+) -> Iterator[pa.Table]:
+    """Tables of about *batch_rows* sorted rows out of record batches of any size.
+
+    Rows are buffered until *batch_rows* are held; *last_start* says where the
+    last (possibly incomplete) tree or unit of the buffer starts, and those rows
+    wait for more. The rest of the buffer is yielded at the end.
+    """
     pending: list[pa.RecordBatch] = []
     held = 0
     for batch in batches:
@@ -449,20 +486,14 @@ def expand_partition(
         if held < batch_rows:
             continue
         table = pa.Table.from_batches(pending).combine_chunks()
-        roots = table.column("root")
-        pieces = table.column("piece")
-        last_root, last_piece = roots[-1], pieces[-1]
-        tail = pc.sum(
-            pc.and_(pc.equal(roots, last_root), pc.equal(pieces, last_piece))
-        ).as_py()
-        split = table.num_rows - int(tail)
+        split = last_start(table)
         if split > 0:
-            yield from expand_table(table.slice(0, split), digest)
+            yield table.slice(0, split)
         rest = table.slice(split)
         pending = rest.to_batches()
         held = rest.num_rows
     if pending:
-        yield from expand_table(pa.Table.from_batches(pending).combine_chunks(), digest)
+        yield pa.Table.from_batches(pending).combine_chunks()
 
 
 #: What each task reports after writing its part file itself.

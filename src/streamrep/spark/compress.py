@@ -23,7 +23,6 @@ and the change set (:data:`CHANGES_SCHEMA`, :data:`CHANGE_ROWS_SCHEMA`).
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -38,10 +37,14 @@ from streamrep.errors import StateCorruptionError, StateVerificationError
 from streamrep.spark.batches import (
     TOPOLOGY_SCHEMA,
     _bool_numpy,
+    _delta_rows,
+    _digest_states,
     _int64_numpy,
     _Interned,
-    _string_table,
+    _mix,
+    _pointer_jump,
     assign_trees,
+    whole_tables,
 )
 
 if TYPE_CHECKING:
@@ -212,11 +215,6 @@ REPORT_SCHEMA = pa.schema(
 # --- units ----------------------------------------------------------------------
 
 
-def _mix(values: np.ndarray) -> np.ndarray:
-    mixed: np.ndarray = (values.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(33)
-    return mixed
-
-
 def assign_units(topology: pa.Table, split_threshold: int = 200_000) -> pa.Table:
     """Group the trees into units (rooms, or shares of giant rooms).
 
@@ -299,12 +297,7 @@ class UnitsOutput:
 def _digests(groups: np.ndarray, wanted: np.ndarray, out: tuple[Any, Any, Any],
              interned: _Interned) -> np.ndarray:
     """Hex digest (object array) of the full state of each wanted group."""
-    out_groups, out_keys, out_events = out
-    digest_groups, hexes = _core_state.digest_states(
-        out_groups, out_keys, out_events, interned.stride,
-        _string_table(interned.types), _string_table(interned.state_keys),
-        _string_table(interned.events),
-    )
+    digest_groups, hexes = _digest_states(out, interned)
     result = np.full(len(groups), _core_state.EMPTY_STATE_DIGEST, dtype=object)
     ids = np.frombuffer(digest_groups, dtype=np.int64) if len(digest_groups) else np.zeros(0, np.int64)
     text = bytes(hexes)
@@ -330,7 +323,6 @@ def compress_units(segment: pa.Table, options: CompressOptions) -> UnitsOutput:
     *segment* has :data:`UNIT_ROWS_SCHEMA` columns sorted by ``unit,
     state_group``.
     """
-    n_rows = segment.num_rows
     units_all = _int64_numpy(segment.column("unit"))
     g_all = _int64_numpy(segment.column("state_group"))
     starts = np.flatnonzero(np.r_[True, (g_all[1:] != g_all[:-1]) | (units_all[1:] != units_all[:-1])])
@@ -366,22 +358,7 @@ def compress_units(segment: pa.Table, options: CompressOptions) -> UnitsOutput:
         raise err
     parent[has_prev] = found
 
-    type_col = segment.column("type").combine_chunks()
-    has_row = _bool_numpy(type_col.is_valid())
-    cumulative = np.concatenate([[0], np.cumsum(has_row, dtype=np.int64)])
-    offsets = cumulative[np.r_[starts, n_rows]]
-    delta = segment.filter(pa.array(has_row))
-    for column in ("state_key", "event_id"):
-        if delta.column(column).null_count:
-            bad = pc.unique(delta.filter(pc.is_null(delta.column(column))).column("state_group"))
-            named = tuple(sorted(bad.to_pylist()))
-            err = StateCorruptionError(
-                f"state_groups_state rows with a null {column} in groups "
-                + ", ".join(str(g) for g in named[:10])
-            )
-            err.groups = named  # type: ignore[attr-defined]
-            raise err
-    interned = _Interned(delta)
+    offsets, interned = _delta_rows(segment, starts)
     local = np.arange(n, dtype=np.int64)
     try:
         full = _core_state.expand_groups(local, parent, offsets, interned.keys, interned.event_ids)
@@ -507,7 +484,7 @@ def compress_units(segment: pa.Table, options: CompressOptions) -> UnitsOutput:
     )
     tables["change_rows"] = pa.concat_tables([deletes, inserts])
 
-    old_depth = _depths(parent)
+    old_depth = _pointer_jump(parent)[1]
     report = {
         "groups": int(home.sum()),
         "changed_groups": int((changed & home).sum()),
@@ -521,43 +498,15 @@ def compress_units(segment: pa.Table, options: CompressOptions) -> UnitsOutput:
     return UnitsOutput(tables, report)
 
 
-def _depths(parent: np.ndarray) -> np.ndarray:
-    """Hops to the root of every group (``parent`` acyclic, -1 for roots)."""
-    n = len(parent)
-    idx = np.arange(n, dtype=np.int64)
-    has = parent >= 0
-    ptr = np.where(has, parent, idx)
-    depth = has.astype(np.int64)
-    for _ in range(max(1, math.ceil(math.log2(n + 1))) + 2):
-        nxt = ptr[ptr]
-        if np.array_equal(nxt, ptr):
-            break
-        depth = depth + depth[ptr]
-        ptr = nxt
-    return depth
-
-
 def unit_batches(batches: Iterable[pa.RecordBatch], batch_rows: int = 500_000) -> Iterator[pa.Table]:
     """Tables of whole units out of record batches sorted by ``unit, state_group``."""
-    pending: list[pa.RecordBatch] = []
-    held = 0
-    for batch in batches:
-        if batch.num_rows == 0:
-            continue
-        pending.append(batch)
-        held += batch.num_rows
-        if held < batch_rows:
-            continue
-        table = pa.Table.from_batches(pending).combine_chunks()
-        units = _int64_numpy(table.column("unit"))
-        split = int(np.searchsorted(units, units[-1], side="left"))
-        if split > 0:
-            yield table.slice(0, split)
-        rest = table.slice(split)
-        pending = rest.to_batches()
-        held = rest.num_rows
-    if pending:
-        yield pa.Table.from_batches(pending).combine_chunks()
+    return whole_tables(batches, _last_unit_start, batch_rows)
+
+
+def _last_unit_start(table: pa.Table) -> int:
+    """Where the rows of the last unit of *table* (sorted by unit) start."""
+    units = _int64_numpy(table.column("unit"))
+    return int(np.searchsorted(units, units[-1], side="left"))
 
 
 class OutputWriter:
