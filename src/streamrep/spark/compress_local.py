@@ -22,9 +22,8 @@ from streamrep.spark.compress import (
     compress_units,
     finish_output,
 )
-from streamrep.spark.local import TreeRows, _int64
+from streamrep.spark.local import TreeRows, _int64, group_edges, read_columns
 from streamrep.spark.options import Source, prepare_output
-from streamrep.spark.tables import read_db_table, read_table
 
 __all__ = ["compress_local", "load_compress_tables", "unit_topology"]
 
@@ -42,35 +41,13 @@ _COLUMNS = {
 def load_compress_tables(source: Source, find_unreferenced: bool) -> dict[str, pa.Table]:
     """The tables compression reads (``event_to_state_groups`` only when asked)."""
     names = list(_COLUMNS)[:3] + (["event_to_state_groups"] if find_unreferenced else [])
-    tables = {}
-    for name in names:
-        if source.input_dir is not None:
-            tables[name] = read_table(source.input_dir, name, _COLUMNS[name])
-        else:
-            assert source.db_url is not None
-            tables[name] = read_db_table(source.db_url, name).select(_COLUMNS[name])
-    return tables
+    return read_columns(source, {name: _COLUMNS[name] for name in names})
 
 
 def unit_topology(tables: dict[str, pa.Table]) -> pa.Table:
     """One row per (group, edge) with room, own event and whether it is referenced."""
     groups = tables["state_groups"]
-    edges = tables["state_group_edges"]
-    ids = _int64(groups.column("id"))
-    edge_groups = _int64(edges.column("state_group"))
-    edge_prevs = _int64(edges.column("prev_state_group"))
-    order = np.argsort(edge_groups, kind="stable")
-    sorted_edges = edge_groups[order]
-    lo = np.searchsorted(sorted_edges, ids, side="left")
-    hi = np.searchsorted(sorted_edges, ids, side="right")
-    counts = np.maximum(hi - lo, 1)
-    row_group = np.repeat(np.arange(len(ids)), counts)
-    within = np.arange(len(row_group)) - np.repeat(np.cumsum(counts) - counts, counts)
-    edge_pos = np.repeat(lo, counts) + within
-    has_edge = np.repeat(hi > lo, counts)
-    prev = (np.where(has_edge, edge_prevs[order[np.minimum(edge_pos, max(len(order) - 1, 0))]], -1)
-            if len(order) else np.full(len(row_group), -1, dtype=np.int64))
-    group_ids = ids[row_group]
+    group_ids, row_group, prev, has_edge = group_edges(tables)
     if "event_to_state_groups" in tables:
         referenced = np.isin(group_ids, _int64(tables["event_to_state_groups"].column("state_group")))
     else:

@@ -28,7 +28,7 @@ from streamrep.spark.batches import (
 from streamrep.spark.options import ReconstructOptions, ReconstructResult, Source, prepare_output
 from streamrep.spark.tables import locate_table, read_db_table, read_table
 
-__all__ = ["reconstruct_local", "load_tables", "build_topology", "TreeRows"]
+__all__ = ["reconstruct_local", "load_tables", "read_columns", "build_topology", "group_edges", "TreeRows"]
 
 #: Rows of sorted tree data handed to the core per call.
 CHUNK_ROWS = 1_000_000
@@ -42,33 +42,39 @@ def load_tables(source: Source, need_events: bool) -> dict[str, pa.Table]:
         "state_groups_state": ["state_group", "type", "state_key", "event_id"],
         "event_to_state_groups": ["state_group"],
     }
-    names = list(columns)[:3] + (["event_to_state_groups"] if need_events else [])
-    tables = {}
-    for name in names:
-        if source.input_dir is not None:
-            if name == "event_to_state_groups" and locate_table(source.input_dir, name) is None:
-                from streamrep.errors import ConfigError
+    if not need_events:
+        del columns["event_to_state_groups"]
+    elif source.input_dir is not None and locate_table(source.input_dir, "event_to_state_groups") is None:
+        from streamrep.errors import ConfigError
 
-                raise ConfigError(f"{source.input_dir} has no event_to_state_groups to restrict by")
-            tables[name] = read_table(source.input_dir, name, columns[name])
+        raise ConfigError(f"{source.input_dir} has no event_to_state_groups to restrict by")
+    return read_columns(source, columns)
+
+
+def read_columns(source: Source, columns: dict[str, list[str]]) -> dict[str, pa.Table]:
+    """These columns of these tables, from the input folder or the database."""
+    tables = {}
+    for name, wanted in columns.items():
+        if source.input_dir is not None:
+            tables[name] = read_table(source.input_dir, name, wanted)
         else:
             assert source.db_url is not None
-            tables[name] = read_db_table(source.db_url, name).select(columns[name])
+            tables[name] = read_db_table(source.db_url, name).select(wanted)
     return tables
 
 
-def build_topology(tables: dict[str, pa.Table], options: ReconstructOptions) -> pa.Table:
-    """One row per group with its prev group and whether it is wanted.
+def group_edges(tables: dict[str, pa.Table]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``state_groups`` left-joined with ``state_group_edges`` in numpy.
 
-    A group with several edges keeps them all (one row each), which
-    :func:`~streamrep.spark.batches.assign_trees` then reports as corrupt.
+    Returns, one entry per output row (a group with several edges has one row
+    each, a group without any has one): the group ID, the group's row in
+    ``state_groups``, its prev group (-1 without an edge) and whether it has an
+    edge.
     """
-    groups = tables["state_groups"]
+    ids = _int64(tables["state_groups"].column("id"))
     edges = tables["state_group_edges"]
-    ids = _int64(groups.column("id"))
     edge_groups = _int64(edges.column("state_group"))
     edge_prevs = _int64(edges.column("prev_state_group"))
-    # Left join groups -> edges with numpy: sort the edges by group.
     order = np.argsort(edge_groups, kind="stable")
     sorted_edges = edge_groups[order]
     lo = np.searchsorted(sorted_edges, ids, side="left")
@@ -80,7 +86,17 @@ def build_topology(tables: dict[str, pa.Table], options: ReconstructOptions) -> 
     has_edge = np.repeat(hi > lo, counts)
     prev = np.where(has_edge, edge_prevs[order[np.minimum(edge_pos, max(len(order) - 1, 0))]]
                     if len(order) else -1, -1)
-    group_ids = ids[row_group]
+    return ids[row_group], row_group, prev, has_edge
+
+
+def build_topology(tables: dict[str, pa.Table], options: ReconstructOptions) -> pa.Table:
+    """One row per group with its prev group and whether it is wanted.
+
+    A group with several edges keeps them all (one row each), which
+    :func:`~streamrep.spark.batches.assign_trees` then reports as corrupt.
+    """
+    groups = tables["state_groups"]
+    group_ids, row_group, prev, has_edge = group_edges(tables)
 
     wanted = np.ones(len(group_ids), dtype=np.bool_)
     if options.groups:
