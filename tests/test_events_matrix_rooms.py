@@ -250,3 +250,41 @@ def test_a_worker_follows_the_resolved_state(db_url: str, store: EventStore) -> 
         assert worker.has_room_changed_since(r.room_id, f"s{start}")
     finally:
         worker.close()
+
+
+@pytest.mark.parametrize("version_id", ["1", "2", "5", "10", "11", "12"])
+def test_room_builder_events_pass_the_rules_of_every_version_family(
+        db_url: str, version_id: str) -> None:
+    """RoomBuilder cites what each version's rules expect (event IDs with a server
+    name and ``[id, hashes]`` pairs in 1-2, the room ID from the create event in 12),
+    and a forbidden event it builds is still rejected."""
+    store = EventStore(db_url)
+    try:
+        r = RoomBuilder(f"!v{version_id}:x.org", ANN, version_id,
+                        event_id=(lambda n: f"$v{version_id}-{n}:x.org")
+                        if version_id in ("1", "2") else (lambda n: f"$v{version_id}-{n}"))
+        users = {BOB: 50} if r.version.creator_power else {ANN: 100, BOB: 50}
+        events = [r.create, member(r, ANN, "join"),
+                  r.event("m.room.power_levels", ANN, {"users": users}, state_key=""),
+                  r.event("m.room.join_rules", ANN, {"join_rule": "public"}, state_key=""),
+                  member(r, BOB, "join"), member(r, CAT, "join")]
+        assert store.persist_events(events).rejected == {}
+        base = list(r.extremities)
+        t1 = r.event("m.room.topic", ANN, {"topic": "a"}, state_key="", prev=base,
+                     advance=False)
+        t2 = r.event("m.room.topic", BOB, {"topic": "b"}, state_key="", prev=base,
+                     advance=False)
+        r.merge([t1["event_id"], t2["event_id"]])
+        assert store.persist_events([t1, t2]).rejected == {}
+        after = message(r, CAT, "hi")
+        bad = member(r, BOB, "ban", sender=CAT, advance=False)
+        result = store.persist_events([after, bad])
+        assert list(result.rejected) == [bad["event_id"]]
+        state = store.get_current_state(r.room_id)
+        assert state[("m.room.member", BOB)] == events[4]["event_id"]
+        assert state[TOPIC] in (t1["event_id"], t2["event_id"])
+        assert store.get_state_after_event(after["event_id"])[TOPIC] == state[TOPIC]
+        assert store.db.fetchval("SELECT room_version FROM rooms WHERE room_id = ?",
+                                 (r.room_id,)) == version_id
+    finally:
+        store.close()
