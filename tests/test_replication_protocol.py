@@ -74,6 +74,26 @@ def test_gap_without_database_is_reported_not_skipped() -> None:
     assert follower.positions[("events", "m")] == 4
 
 
+def test_a_reader_without_database_takes_nothing_after_a_gap_in_the_same_read() -> None:
+    """A fact of the writer after the gap would move its position past the
+    missing facts, and resuming through the hub from there would never bring
+    them: the session closes at the gap and its position stays before it."""
+    follower = FollowerState(start_from={"to_device": 0, "caches": 0})
+    session = ClientSession(SETTINGS, client_name="w3", follower=follower, resume_through_hub=True,
+                            now=0.0)
+    out = session.receive(lines(
+        'SERVER hs\nRDATA caches w1 7 ["a"]\nRDATA to_device w2 1 ["x"]\n'
+        "POSITION to_device w2 5 5\n"
+        'RDATA to_device w2 batch ["y"]\nRDATA to_device w2 6 ["z"]\nRDATA caches w1 8 ["b"]\n'), now=1.0)
+    assert out == [Fact("caches", "w1", 7, [["a"]], 0), Fact("to_device", "w2", 1, [["x"]], 0),
+                   GapUnfilled("to_device", "w2", 1, 5), Close("gap_unfilled", None)]
+    assert session.closed
+    assert follower.positions == {("caches", "w1"): 7, ("to_device", "w2"): 1}
+    # The next connection resumes each stream from where its facts stopped.
+    assert [(c.stream_name, c.token) for c in session.replicate_commands()] == [
+        ("caches", 7), ("to_device", 1)]
+
+
 def test_keepalive_is_data() -> None:
     session = ClientSession(SETTINGS, client_name="w1", now=0.0)
     assert session.tick(0.5, idle=True) == []

@@ -96,6 +96,7 @@ class DisconnectReason:
     WRONG_SERVER = "wrong_server"
     TOO_MANY_CONNECTIONS = "too_many_connections"
     CATCH_UP_FAILED = "catch_up_failed"
+    GAP_UNFILLED = "gap_unfilled"
 
 
 class ConnectionSettings:
@@ -560,7 +561,9 @@ class ClientSession(Session):
     this process's persisted positions ``(stream, instance, token)``, announced
     first so the hub fills what it missed. *resume_through_hub*: the reader has
     no database, so it asks the hub to stream what it missed (legacy
-    ``REPLICATE <stream> <token>``) instead of filling gaps itself.
+    ``REPLICATE <stream> <token>``) instead of filling gaps itself. A gap such
+    a reader cannot fill (:class:`GapUnfilled`) closes the session at once,
+    so no later fact of the read moves a position past the missing ones.
     """
 
     peer_side = SERVER_SIDE
@@ -639,8 +642,15 @@ class ClientSession(Session):
 
     def on_POSITION(self, command: Any, out: list[Action]) -> None:
         if self.follower is not None:
+            before = len(out)
             self.follower.position(command.stream_name, command.instance_name, command.prev_token,
                                    command.new_token, out)
+            if len(out) > before and type(out[-1]) is GapUnfilled:
+                # No database to fill it: resynchronise through the hub from the
+                # positions as they are now. Nothing after the gap is taken, since
+                # a later fact of this writer would move its position past the
+                # missing ones and the hub would never send them.
+                self._close(out, DisconnectReason.GAP_UNFILLED)
 
     def _other(self, command: Any, out: list[Action]) -> None:
         out.append(Received(command))

@@ -291,7 +291,7 @@ class ReplicationClient:
                 # was missed from our last tokens.
                 logger.warning("gap on %s/%s (at %s, hub was at %s): resynchronising through the hub",
                                action.stream, action.instance, action.from_token, action.upto_token)
-                conn.close(DisconnectReason.LOCAL_CLOSE)
+                conn.close(DisconnectReason.GAP_UNFILLED)
                 return
 
     # --- sending ---------------------------------------------------------------------------------
