@@ -27,10 +27,12 @@ from streamrep.spark.compress import (
     finish_output,
 )
 from streamrep.spark.job import (
-    BROADCAST_TREE_ROWS,
     _absolute_uri,
     _arrow_to_spark_schema,
     _reraise_executor_error,
+    _rows_with_deltas,
+    _task_attempt,
+    _whole_table_udf,
     read_spark_tables,
 )
 from streamrep.errors import StateVerificationError
@@ -56,28 +58,16 @@ def _reraise(exc: BaseException) -> None:
 
 
 def _units_udf(split_threshold: int) -> Any:
-    def assign(batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
-        import pyarrow as pa
+    from streamrep.spark.compress import assign_units
 
-        from streamrep.spark.compress import UNIT_TOPOLOGY_SCHEMA, assign_units
-
-        received = list(batches)
-        table = pa.Table.from_batches(received) if received else UNIT_TOPOLOGY_SCHEMA.empty_table()
-        table = table.select(UNIT_TOPOLOGY_SCHEMA.names).cast(UNIT_TOPOLOGY_SCHEMA)
-        yield from assign_units(table, split_threshold).to_batches(max_chunksize=500_000)
-
-    return assign
+    return _whole_table_udf(UNIT_TOPOLOGY_SCHEMA, assign_units, split_threshold)
 
 
 def _write_udf(output: str, options: CompressOptions) -> Any:
     def compress_and_write(batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
-        from pyspark import TaskContext
-
         from streamrep.spark.compress import write_units
 
-        context = TaskContext.get()
-        partition = context.partitionId() if context else 0
-        attempt = context.attemptNumber() if context else 0
+        partition, attempt = _task_attempt()
         yield write_units(batches, output, f"part-{partition:05d}-attempt{attempt}", options)
 
     return compress_and_write
@@ -110,7 +100,7 @@ def compress_spark(spark: "SparkSession", source: Source, options: CompressOptio
         topology = topology.withColumn("referenced", F.lit(True))
     topology = topology.withColumn("wanted", F.lit(True)).select(*UNIT_TOPOLOGY_SCHEMA.names)
     units = topology.repartition(1).mapInArrow(
-        _units_udf(options.split_threshold), _arrow_to_spark_schema_units()
+        _units_udf(options.split_threshold), _arrow_to_spark_schema(UNITS_SCHEMA)
     )
     try:
         units = units.localCheckpoint(eager=True)
@@ -120,22 +110,9 @@ def compress_spark(spark: "SparkSession", source: Source, options: CompressOptio
     result.timings["units"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
-    state = frames["state_groups_state"].select(
-        F.col("state_group").cast("long").alias("delta_group"), "type", "state_key", "event_id"
-    )
-    unit_side = F.broadcast(units) if unit_rows <= BROADCAST_TREE_ROWS else units
-    with_deltas = state.join(unit_side, F.col("state_group") == F.col("delta_group"), "inner").select(
-        *UNITS_SCHEMA.names, "type", "state_key", "event_id"
-    )
-    placeholders = units.select(
-        *UNITS_SCHEMA.names,
-        F.lit(None).cast("string").alias("type"),
-        F.lit(None).cast("string").alias("state_key"),
-        F.lit(None).cast("string").alias("event_id"),
-    )
     output_uri = _absolute_uri(options.output)
     reports = (
-        with_deltas.unionByName(placeholders)
+        _rows_with_deltas(frames, units, unit_rows, list(UNITS_SCHEMA.names))
         .repartition("unit")
         .sortWithinPartitions("unit", "state_group")
         .mapInArrow(_write_udf(output_uri, options), _arrow_to_spark_schema(REPORT_SCHEMA))
@@ -148,8 +125,3 @@ def compress_spark(spark: "SparkSession", source: Source, options: CompressOptio
     result.add(written)
     result.timings["compress_verify_write"] = time.perf_counter() - clock
     return result
-
-
-def _arrow_to_spark_schema_units() -> str:
-    kinds = {"int64": "long", "bool": "boolean", "string": "string"}
-    return ", ".join(f"{f.name} {kinds[str(f.type)]}" for f in UNITS_SCHEMA)

@@ -25,7 +25,7 @@ import os
 import re
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from streamrep.errors import ConfigError, StateCorruptionError
@@ -268,33 +268,74 @@ def _arrow_to_spark_schema(schema: "pa.Schema") -> str:
     return ", ".join(f"{f.name} {kinds[str(f.type)]}" for f in schema)
 
 
-def _trees_udf(split_threshold: int) -> Any:
-    def assign(batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
+def _whole_table_udf(
+    schema: "pa.Schema", assign: Callable[["pa.Table", int], "pa.Table"], split_threshold: int
+) -> Any:
+    """A ``mapInArrow`` body that hands its whole input, as *schema*, to
+    ``assign(table, split_threshold)`` (the topology, in one task)."""
+
+    def run(batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
         import pyarrow as pa
 
-        from streamrep.spark.batches import TOPOLOGY_SCHEMA, assign_trees
-
         received = list(batches)
-        table = pa.Table.from_batches(received) if received else TOPOLOGY_SCHEMA.empty_table()
+        table = pa.Table.from_batches(received) if received else schema.empty_table()
         # Spark marks some columns NOT NULL; the values are what matter.
-        table = table.select(TOPOLOGY_SCHEMA.names).cast(TOPOLOGY_SCHEMA)
-        yield from assign_trees(table, split_threshold).to_batches(max_chunksize=500_000)
+        table = table.select(schema.names).cast(schema)
+        yield from assign(table, split_threshold).to_batches(max_chunksize=500_000)
 
-    return assign
+    return run
+
+
+def _trees_udf(split_threshold: int) -> Any:
+    from streamrep.spark.batches import TOPOLOGY_SCHEMA, assign_trees
+
+    return _whole_table_udf(TOPOLOGY_SCHEMA, assign_trees, split_threshold)
+
+
+def _task_attempt() -> tuple[int, int]:
+    """The running Spark task's partition and attempt numbers (0, 0 outside one)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:
+        return 0, 0
+    return context.partitionId(), context.attemptNumber()
 
 
 def _write_udf(output: str, digest: bool) -> Any:
     def expand_and_write(batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
-        from pyspark import TaskContext
-
         from streamrep.spark.batches import write_partition
 
-        context = TaskContext.get()
-        partition = context.partitionId() if context else 0
-        attempt = context.attemptNumber() if context else 0
+        partition, attempt = _task_attempt()
         yield write_partition(batches, output, partition, attempt, digest)
 
     return expand_and_write
+
+
+def _rows_with_deltas(
+    frames: dict[str, "DataFrame"], groups: "DataFrame", group_rows: int, columns: list[str]
+) -> "DataFrame":
+    """The delta rows joined to *groups* (trees or units, by ``state_group``),
+    plus every row of *groups* once with null delta columns (so groups without
+    delta rows exist). *groups* (a few fields per group) is broadcast when it
+    has at most :data:`BROADCAST_TREE_ROWS` rows: the delta rows are then
+    shuffled once instead of twice."""
+    from pyspark.sql import functions as F
+
+    state = frames["state_groups_state"].select(
+        F.col("state_group").cast("long").alias("delta_group"), "type", "state_key", "event_id"
+    )
+    group_side = F.broadcast(groups) if group_rows <= BROADCAST_TREE_ROWS else groups
+    with_deltas = state.join(group_side, F.col("state_group") == F.col("delta_group"), "inner").select(
+        *columns, "type", "state_key", "event_id"
+    )
+    placeholders = groups.select(
+        *columns,
+        F.lit(None).cast("string").alias("type"),
+        F.lit(None).cast("string").alias("state_key"),
+        F.lit(None).cast("string").alias("event_id"),
+    )
+    return with_deltas.unionByName(placeholders)
 
 
 #: Up to this many tree rows, the trees are broadcast to the join with the deltas.
@@ -424,26 +465,9 @@ def reconstruct_spark(
     result.timings["trees"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
-    state = frames["state_groups_state"].select(
-        F.col("state_group").cast("long").alias("delta_group"), "type", "state_key", "event_id"
-    )
-    # Every tree row once with null delta columns (so groups without delta rows
-    # exist), plus the delta rows joined to their tree rows. The trees (a few
-    # fields per group) usually fit in a broadcast: then the delta rows are
-    # shuffled once, by tree, instead of twice.
-    tree_side = F.broadcast(trees) if tree_rows <= BROADCAST_TREE_ROWS else trees
     tree_columns = list(TREES_SCHEMA.names) + ([_TREE_ORDER] if driver_trees is not None else [])
     sort_columns = [_TREE_ORDER] if driver_trees is not None else ["root", "piece", "state_group"]
-    with_deltas = state.join(tree_side, F.col("state_group") == F.col("delta_group"), "inner").select(
-        *tree_columns, "type", "state_key", "event_id"
-    )
-    placeholders = trees.select(
-        *tree_columns,
-        F.lit(None).cast("string").alias("type"),
-        F.lit(None).cast("string").alias("state_key"),
-        F.lit(None).cast("string").alias("event_id"),
-    )
-    rows = with_deltas.unionByName(placeholders)
+    rows = _rows_with_deltas(frames, trees, tree_rows, tree_columns)
 
     # Each task writes its own part file from the Python worker and reports a
     # row: the output never passes through the JVM.
