@@ -7,7 +7,7 @@ otherwise) or, with ``--single-process``, the same pipeline without Spark.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import click
 
@@ -33,18 +33,69 @@ def _parse_groups(values: tuple[str, ...], groups_file: str | None) -> tuple[int
         raise click.BadParameter(f"state group IDs must be integers ({exc})") from None
 
 
+def _apply(options: list[Callable[[Any], Any]]) -> Callable[[Any], Any]:
+    """One decorator applying *options* so that ``--help`` lists them in order."""
+
+    def decorate(command: Any) -> Any:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+def _source_options(input_help: str, output_help: str) -> Callable[[Any], Any]:
+    """Where a job reads its tables, where it writes, and the Spark master."""
+    return _apply([
+        click.option("--input", "input_dir", type=click.Path(file_okay=False, exists=True),
+                     help=input_help),
+        click.option("--jdbc-url", metavar="URL",
+                     help="Read the tables from PostgreSQL instead (postgresql:// or jdbc:postgresql://)."),
+        click.option("--db", "db_url", metavar="URL",
+                     help="With --single-process: read from this database (postgresql:// or sqlite:///)."),
+        click.option("--output", required=True, type=click.Path(file_okay=False), help=output_help),
+        click.option("--master", default=None,
+                     help="Spark master URL (default local[*], bound to 127.0.0.1)."),
+    ])
+
+
+#: How a job runs: Spark settings, the single-process mode, the output folder's fate.
+_run_options = _apply([
+    click.option("--shuffle-partitions", default=None, type=click.IntRange(min=1),
+                 help="spark.sql.shuffle.partitions (default twice the local cores, at least 4)."),
+    click.option("--jdbc-partitions", default=None, type=click.IntRange(min=1),
+                 help="Range partitions per table for JDBC reads (default from the row count)."),
+    click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE", help="Extra Spark settings."),
+    click.option("--single-process", is_flag=True, help="Run without Spark, in this process."),
+    click.option("--overwrite", is_flag=True, help="Replace a non-empty output directory."),
+])
+
+
+def _source_and_conf(input_dir: str | None, jdbc_url: str | None, db_url: str | None,
+                     single_process: bool, confs: tuple[str, ...],
+                     missing: str) -> tuple[str | None, dict[str, str]]:
+    """The database URL (or None for --input) and the --conf settings, checked;
+    *missing* is the usage error for neither or both of the inputs."""
+    if db_url and not single_process:
+        raise click.UsageError("--db is for --single-process; the Spark job takes --jdbc-url")
+    database = jdbc_url or db_url
+    if (input_dir is None) == (database is None):
+        raise click.UsageError(missing)
+    conf: dict[str, str] = {}
+    for item in confs:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"--conf expects KEY=VALUE, not {item!r}")
+        conf[key] = value
+    return database, conf
+
+
 @spark.command("reconstruct")
-@click.option("--input", "input_dir", type=click.Path(file_okay=False, exists=True),
-              help="Directory with state_groups, state_group_edges and state_groups_state "
-                   "(and optionally event_to_state_groups) as CSV or Parquet.")
-@click.option("--jdbc-url", metavar="URL",
-              help="Read the tables from PostgreSQL instead (postgresql:// or jdbc:postgresql://).")
-@click.option("--db", "db_url", metavar="URL",
-              help="With --single-process: read from this database (postgresql:// or sqlite:///).")
-@click.option("--output", required=True, type=click.Path(file_okay=False),
-              help="Directory for the Parquet output.")
-@click.option("--master", default=None,
-              help="Spark master URL (default local[*], bound to 127.0.0.1).")
+@_source_options(
+    input_help="Directory with state_groups, state_group_edges and state_groups_state "
+               "(and optionally event_to_state_groups) as CSV or Parquet.",
+    output_help="Directory for the Parquet output.",
+)
 @click.option("--digest", is_flag=True,
               help="One row per group with a SHA-256 digest of its full state, not the state.")
 @click.option("--group", "group_values", multiple=True, metavar="ID[,ID...]",
@@ -60,13 +111,7 @@ def _parse_groups(values: tuple[str, ...], groups_file: str | None) -> tuple[int
 @click.option("--seed", default=0, type=int, help="Seed for choosing the --verify groups.")
 @click.option("--split-threshold", default=200_000, type=click.IntRange(min=1), show_default=True,
               help="Trees with more groups than this are split into pieces.")
-@click.option("--shuffle-partitions", default=None, type=click.IntRange(min=1),
-              help="spark.sql.shuffle.partitions (default twice the local cores, at least 4).")
-@click.option("--jdbc-partitions", default=None, type=click.IntRange(min=1),
-              help="Range partitions per table for JDBC reads (default from the row count).")
-@click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE", help="Extra Spark settings.")
-@click.option("--single-process", is_flag=True, help="Run without Spark, in this process.")
-@click.option("--overwrite", is_flag=True, help="Replace a non-empty output directory.")
+@_run_options
 def reconstruct(input_dir: str | None, jdbc_url: str | None, db_url: str | None, output: str,
                 master: str | None, digest: bool, group_values: tuple[str, ...],
                 groups_file: str | None, rooms: tuple[str, ...], referenced_by_events: bool,
@@ -77,17 +122,8 @@ def reconstruct(input_dir: str | None, jdbc_url: str | None, db_url: str | None,
     (``state_group, type, state_key, event_id``), or its digest."""
     from streamrep.spark.options import ReconstructOptions, Source
 
-    if db_url and not single_process:
-        raise click.UsageError("--db is for --single-process; the Spark job takes --jdbc-url")
-    database = jdbc_url or db_url
-    if (input_dir is None) == (database is None):
-        raise click.UsageError("give exactly one of --input and --jdbc-url")
-    conf: dict[str, str] = {}
-    for item in confs:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise click.BadParameter(f"--conf expects KEY=VALUE, not {item!r}")
-        conf[key] = value
+    database, conf = _source_and_conf(input_dir, jdbc_url, db_url, single_process, confs,
+                                      "give exactly one of --input and --jdbc-url")
     try:
         source = Source(input_dir=input_dir, db_url=database)
         options = ReconstructOptions(
@@ -100,7 +136,10 @@ def reconstruct(input_dir: str | None, jdbc_url: str | None, db_url: str | None,
 
             result = reconstruct_local(source, options)
         else:
-            result = _run_spark(source, options, master, shuffle_partitions, jdbc_partitions, conf)
+            from streamrep.spark.job import reconstruct_spark
+
+            result = _run_spark(reconstruct_spark, source, options, master, shuffle_partitions,
+                                jdbc_partitions, conf)
     except StreamrepError as exc:
         click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
         sys.exit(_status_of(exc))
@@ -117,30 +156,27 @@ def _status_of(exc: StreamrepError) -> ExitCode:
     return ExitCode.USAGE
 
 
-def _run_spark(source: Any, options: Any, master: str | None, shuffle_partitions: int | None,
-               jdbc_partitions: int | None, conf: dict[str, str]) -> Any:
-    from streamrep.spark.job import build_session, reconstruct_spark
+def _run_spark(job: Callable[..., Any], source: Any, options: Any, master: str | None,
+               shuffle_partitions: int | None, jdbc_partitions: int | None,
+               conf: dict[str, str], **session: Any) -> Any:
+    """``job(spark, source, options, jdbc_partitions=...)`` on a session built
+    for it (extra *session* arguments go to ``build_session``), stopped after."""
+    from streamrep.spark.job import build_session
 
     click.echo(f"reading {source.describe()} with Spark ({master or 'local[*]'})", err=True)
-    session = build_session(master, shuffle_partitions=shuffle_partitions, conf=conf)
+    spark_session = build_session(master, shuffle_partitions=shuffle_partitions, conf=conf, **session)
     try:
-        return reconstruct_spark(session, source, options, jdbc_partitions=jdbc_partitions)
+        return job(spark_session, source, options, jdbc_partitions=jdbc_partitions)
     finally:
-        session.stop()
+        spark_session.stop()
 
 
 @spark.command("compress")
-@click.option("--input", "input_dir", type=click.Path(file_okay=False, exists=True),
-              help="Directory with state_groups, state_group_edges and state_groups_state "
-                   "(and event_to_state_groups for --find-unreferenced) as CSV or Parquet.")
-@click.option("--jdbc-url", metavar="URL",
-              help="Read the tables from PostgreSQL instead (postgresql:// or jdbc:postgresql://).")
-@click.option("--db", "db_url", metavar="URL",
-              help="With --single-process: read from this database (postgresql:// or sqlite:///).")
-@click.option("--output", required=True, type=click.Path(file_okay=False),
-              help="Directory for the new tables and the change set (Parquet).")
-@click.option("--master", default=None,
-              help="Spark master URL (default local[*], bound to 127.0.0.1).")
+@_source_options(
+    input_help="Directory with state_groups, state_group_edges and state_groups_state "
+               "(and event_to_state_groups for --find-unreferenced) as CSV or Parquet.",
+    output_help="Directory for the new tables and the change set (Parquet).",
+)
 @click.option("--max-depth", default=100, type=click.IntRange(min=1), show_default=True,
               help="Longest chain of prev groups any group may have after compression.")
 @click.option("--candidates", default=16, type=click.IntRange(min=0), show_default=True,
@@ -150,13 +186,7 @@ def _run_spark(source: Any, options: Any, master: str | None, shuffle_partitions
                    "for deletion.")
 @click.option("--split-threshold", default=200_000, type=click.IntRange(min=1), show_default=True,
               help="Rooms (and trees) with more groups than this are split into units.")
-@click.option("--shuffle-partitions", default=None, type=click.IntRange(min=1),
-              help="spark.sql.shuffle.partitions (default twice the local cores, at least 4).")
-@click.option("--jdbc-partitions", default=None, type=click.IntRange(min=1),
-              help="Range partitions per table for JDBC reads (default from the row count).")
-@click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE", help="Extra Spark settings.")
-@click.option("--single-process", is_flag=True, help="Run without Spark, in this process.")
-@click.option("--overwrite", is_flag=True, help="Replace a non-empty output directory.")
+@_run_options
 def compress(input_dir: str | None, jdbc_url: str | None, db_url: str | None, output: str,
              master: str | None, max_depth: int, candidates: int, find_unreferenced: bool,
              split_threshold: int, shuffle_partitions: int | None, jdbc_partitions: int | None,
@@ -170,17 +200,8 @@ def compress(input_dir: str | None, jdbc_url: str | None, db_url: str | None, ou
     from streamrep.spark.compress import CompressOptions
     from streamrep.spark.options import Source
 
-    if db_url and not single_process:
-        raise click.UsageError("--db is for --single-process; the Spark job takes --jdbc-url")
-    database = jdbc_url or db_url
-    if (input_dir is None) == (database is None):
-        raise click.UsageError("give exactly one of --input and --jdbc-url (or --db)")
-    conf: dict[str, str] = {}
-    for item in confs:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise click.BadParameter(f"--conf expects KEY=VALUE, not {item!r}")
-        conf[key] = value
+    database, conf = _source_and_conf(input_dir, jdbc_url, db_url, single_process, confs,
+                                      "give exactly one of --input and --jdbc-url (or --db)")
     try:
         source = Source(input_dir=input_dir, db_url=database)
         options = CompressOptions(
@@ -194,15 +215,9 @@ def compress(input_dir: str | None, jdbc_url: str | None, db_url: str | None, ou
             result = compress_local(source, options)
         else:
             from streamrep.spark.compress_job import compress_spark
-            from streamrep.spark.job import build_session
 
-            click.echo(f"reading {source.describe()} with Spark ({master or 'local[*]'})", err=True)
-            session = build_session(master, app_name="streamrep-compress-state",
-                                    shuffle_partitions=shuffle_partitions, conf=conf)
-            try:
-                result = compress_spark(session, source, options, jdbc_partitions=jdbc_partitions)
-            finally:
-                session.stop()
+            result = _run_spark(compress_spark, source, options, master, shuffle_partitions,
+                                jdbc_partitions, conf, app_name="streamrep-compress-state")
     except StateCorruptionError as exc:
         click.echo(f"error: StateCorruptionError: {exc}", err=True)
         sys.exit(ExitCode.STATE_CORRUPT)
