@@ -99,7 +99,10 @@ def _serve(started: list[Proc], cwd: str, db: str, port: int) -> Proc:
     hub = _start(started, cwd, "serve", "--db", db, "--listen", f"127.0.0.1:{port}",
                  "--server-name", "test.local")
     def listening() -> bool:
-        assert hub.proc.poll() is None, "hub exited"
+        if hub.proc.poll() is not None:
+            with open(hub.log_path, "rb") as log:
+                said = log.read().decode(errors="replace").strip().splitlines()[-5:]
+            raise AssertionError(f"hub exited with {hub.proc.returncode}: " + " | ".join(said))
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             return True
@@ -246,7 +249,10 @@ def test_serve_write_and_tail_share_one_configuration_file(procs: tuple[str, lis
     hub = _start(started, cwd, "serve", "--config", config)
 
     def listening() -> bool:
-        assert hub.proc.poll() is None, "hub exited"
+        if hub.proc.poll() is not None:
+            with open(hub.log_path, "rb") as log:
+                said = log.read().decode(errors="replace").strip().splitlines()[-5:]
+            raise AssertionError(f"hub exited with {hub.proc.returncode}: " + " | ".join(said))
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             return True

@@ -41,9 +41,13 @@ def check_sequence(txn: Transaction, stream_name: str, sequence_name: str,
                    persisted: Mapping[str, int]) -> None:
     """Raise :class:`SequenceMismatchError` if *sequence_name* is behind any persisted
     position or stored row of *stream_name*."""
+    # Read what is stored before the sequence: writers may be running, and an ID
+    # committed before the maxima are read was drawn from the sequence before it is
+    # read here, so a sequence read afterwards is never behind a healthy table.
+    stored = _stored_maxima(txn, tables, negative)
     current = sequence_last_value(txn, sequence_name)
     behind: list[str] = []
-    for where, value in sorted(_stored_maxima(txn, tables, negative).items()):
+    for where, value in sorted(stored.items()):
         if value > current:
             behind.append(f"{where} holds {'-' if negative else ''}{value}")
     for instance, position in sorted(persisted.items()):
