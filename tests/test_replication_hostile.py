@@ -281,6 +281,56 @@ def test_a_catch_up_that_fails_closes_that_peer_with_error() -> None:
         hub.stop()
 
 
+class FlakySource(MemorySource):
+    """A database whose reads fail while :attr:`down` is set."""
+
+    down = False
+
+    def updates(self, stream: str, instance: str, from_token: int, upto_token: int,
+                limit: int) -> tuple[list[tuple[int, bytes]], bool]:
+        if self.down:
+            raise OSError("database connection lost")
+        return super().updates(stream, instance, from_token, upto_token, limit)
+
+
+def test_rows_past_a_gap_whose_fill_failed_wait_for_the_fill() -> None:
+    """A writer reconnects and says where it is with its next fact in the same
+    read; the hub cannot read the gap. Its live fact must not reach readers
+    ahead of the facts before it, or they would never get those."""
+    source = FlakySource(["caches"])
+    hub = ReplicationHub("hub.example", source, port=0, settings=SETTINGS, stream_writers=WRITERS)
+    hub.start()
+    seen: list[int] = []
+    worker = ReplicationClient("127.0.0.1", hub.address[1], client_name="worker1", settings=SETTINGS,
+                               handler=lambda s, i, t, rows: seen.append(t), source=source,
+                               start_from={"caches": 0}, backoff=Backoff(0.02, 0.1))
+    worker.start()
+    try:
+        assert worker.wait_connected(5)
+        rows = {t: orjson.dumps(["get_user_by_id", [f"@u{t}:x"], t]).decode() for t in range(1, 6)}
+        for t in range(1, 5):
+            source.append("caches", "writer1", t, [orjson.loads(rows[t])])
+        source.down = True
+        writer = LineClient(hub.address)
+        writer.send(f"NAME writer1\nPOSITION caches writer1 3 3\nRDATA caches writer1 4 {rows[4]}\n")
+        _refused(writer, "cannot read caches from the database: database connection lost")
+        writer.close()
+        gevent.sleep(0.2)
+        assert seen == []
+        # The database is back and the writer announces again: everything, once, in order.
+        source.down = False
+        source.append("caches", "writer1", 5, [orjson.loads(rows[5])])
+        writer = LineClient(hub.address)
+        writer.send("NAME writer1\nPOSITION caches writer1 5 5\n")
+        wait_until(lambda: len(seen) >= 5, timeout=5)
+        gevent.sleep(0.1)
+        assert seen == [1, 2, 3, 4, 5]
+        writer.close()
+    finally:
+        worker.stop()
+        hub.stop()
+
+
 def test_a_catch_up_whose_positions_cannot_fit_the_queue_ends_with_error() -> None:
     source = MemorySource(["caches"])
     for n in range(6):

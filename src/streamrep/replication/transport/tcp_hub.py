@@ -353,11 +353,20 @@ class ReplicationHub:
     # --- carrying out the protocol's actions ----------------------------------------------------
 
     def perform(self, conn: TcpConnection | None, actions: list[Action]) -> None:
-        """Carry out *actions* of *conn*'s session (None: the hub's own)."""
+        """Carry out *actions* of *conn*'s session (None: the hub's own).
+
+        When a gap's fill fails, the later rows of that stream in *actions* (the
+        writer's live ones, past the hole) are not published: a reader taking
+        them would move past the facts the fill could not read, and never get
+        them when the writer announces again and the hub fills from there.
+        """
+        unfilled: set[str] | None = None
         for action in actions:
             kind = type(action)
             if kind is Publish:
                 assert isinstance(action, Publish)
+                if unfilled is not None and action.stream in unfilled:
+                    continue
                 self.broadcast(action.stream, action.data, action.count, action.name, exclude=conn)
             elif kind is Send:
                 assert isinstance(action, Send) and conn is not None
@@ -367,7 +376,8 @@ class ReplicationHub:
                 self.relay_lines(action.data, action.name, exclude=conn)
             elif kind is FillGap:
                 assert isinstance(action, FillGap)
-                self._fill(action, conn)
+                if not self._fill(action, conn):
+                    unfilled = (unfilled or set()) | {action.stream}
             elif kind is CatchUp:
                 assert isinstance(action, CatchUp) and isinstance(conn, HubConnection)
                 self._start_catch_up(conn, action)
@@ -402,8 +412,9 @@ class ReplicationHub:
         *new_token*: publish its rows since the last published position."""
         self.perform(None, self.state.writer_advanced(stream, instance, new_token))
 
-    def _fill(self, gap: FillGap, conn: TcpConnection | None) -> None:
-        """Publish a writer's rows in ``(from_token, upto_token]`` from the source."""
+    def _fill(self, gap: FillGap, conn: TcpConnection | None) -> bool:
+        """Publish a writer's rows in ``(from_token, upto_token]`` from the source;
+        False if reading them failed (*conn*, the writer's, is then closed)."""
         source = self.source
         state = self.state
         stream, instance = gap.stream, gap.instance
@@ -424,8 +435,9 @@ class ReplicationHub:
             logger.warning("reading %s/%s from the database failed: %s", stream, instance, exc)
             if conn is not None:
                 conn.close(DisconnectReason.CATCH_UP_FAILED, f"cannot read {stream} from the database: {exc}")
-            return
+            return False
         self.perform(None, state.fill_done(gap, last))
+        return True
 
     # --- catch-up -------------------------------------------------------------------------------
 
