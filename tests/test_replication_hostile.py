@@ -281,6 +281,40 @@ def test_a_catch_up_that_fails_closes_that_peer_with_error() -> None:
         hub.stop()
 
 
+def test_a_writer_back_with_its_next_fact_in_the_same_read_reaches_every_reader_whole() -> None:
+    """A writer reconnects (after a hub restart, say) and its position and next
+    fact reach the hub in one read, as they do when the hub was busy: readers
+    filling gaps from the database and readers resuming through the hub get the
+    missed facts before the new one, each once."""
+    source = MemorySource(["caches"])
+    hub = ReplicationHub("hub.example", source, port=0, settings=SETTINGS, stream_writers=WRITERS)
+    hub.start()
+    seen: dict[str, list[int]] = {"filling": [], "resuming": []}
+    workers = [
+        ReplicationClient("127.0.0.1", hub.address[1], client_name=f"worker_{kind}", settings=SETTINGS,
+                          handler=lambda s, i, t, rows, kind=kind: seen[kind].append(t),
+                          source=source if kind == "filling" else None, start_from={"caches": 0},
+                          backoff=Backoff(0.02, 0.1))
+        for kind in seen]
+    for worker in workers:
+        worker.start()
+    try:
+        assert all(worker.wait_connected(5) for worker in workers)
+        rows = {t: orjson.dumps(["get_user_by_id", [f"@u{t}:x"], t]).decode() for t in range(1, 5)}
+        for t in range(1, 5):
+            source.append("caches", "writer1", t, [orjson.loads(rows[t])])
+        writer = LineClient(hub.address)
+        writer.send(f"NAME writer1\nPOSITION caches writer1 3 3\nRDATA caches writer1 4 {rows[4]}\n")
+        wait_until(lambda: all(len(tokens) >= 4 for tokens in seen.values()), timeout=5)
+        gevent.sleep(0.1)
+        assert seen == {"filling": [1, 2, 3, 4], "resuming": [1, 2, 3, 4]}
+        writer.close()
+    finally:
+        for worker in workers:
+            worker.stop()
+        hub.stop()
+
+
 class FlakySource(MemorySource):
     """A database whose reads fail while :attr:`down` is set."""
 
