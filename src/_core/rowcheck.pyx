@@ -12,6 +12,8 @@ cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.string cimport memcmp
 
+from streamrep._core.compactjson cimport skip_integer, skip_string, skip_value, skip_word
+
 from streamrep._pure import rowcheck as _ref
 
 __all__ = list(_ref.__all__)
@@ -28,11 +30,6 @@ cdef enum Kind:
     K_ARRAY_OR_NULL
     K_STRING_ARRAY
     K_ANY
-
-# Nesting deeper than this is left to the decoder.
-cdef enum:
-    MAX_DEPTH = 32
-
 
 @cython.final
 cdef class RowShape:
@@ -81,109 +78,6 @@ cdef class RowShape:
 
 @cython.boundscheck(False)
 @cython.wraparound(False)
-cdef bint _skip_string(const char** cursor, const char* end) noexcept nogil:
-    """Past a compact string at ``cursor[0]``; False when the decoder must decide."""
-    cdef const char* p = cursor[0]
-    cdef unsigned char c
-    if p >= end or p[0] != c'"':
-        return False
-    p += 1
-    while p < end:
-        c = <unsigned char>p[0]
-        if c == c'"':
-            cursor[0] = p + 1
-            return True
-        if c == c'\\' or c < 0x20 or c >= 0x80:
-            return False
-        p += 1
-    return False
-
-
-@cython.boundscheck(False)
-@cython.wraparound(False)
-cdef bint _skip_word(const char** cursor, const char* end, const char* word,
-                     Py_ssize_t size) noexcept nogil:
-    if end - cursor[0] >= size and memcmp(cursor[0], word, size) == 0:
-        cursor[0] += size
-        return True
-    return False
-
-
-@cython.boundscheck(False)
-@cython.wraparound(False)
-cdef bint _skip_integer(const char** cursor, const char* end) noexcept nogil:
-    cdef const char* p = cursor[0]
-    cdef const char* start
-    if p < end and p[0] == c'-':
-        p += 1
-    start = p
-    while p < end and c'0' <= p[0] <= c'9':
-        p += 1
-        if p - start > 18:
-            return False
-    if p == start or (p - start > 1 and start[0] == c'0'):
-        return False
-    if p < end and (p[0] == c'.' or p[0] == c'e' or p[0] == c'E'):
-        return False
-    cursor[0] = p
-    return True
-
-
-@cython.boundscheck(False)
-@cython.wraparound(False)
-cdef bint _skip_value(const char** cursor, const char* end, int depth) noexcept nogil:
-    """Past any compact JSON value; False when the decoder must decide."""
-    cdef const char* p = cursor[0]
-    cdef char c
-    if p >= end or depth > MAX_DEPTH:
-        return False
-    c = p[0]
-    if c == c'"':
-        return _skip_string(cursor, end)
-    if c == c'n':
-        return _skip_word(cursor, end, b"null", 4)
-    if c == c't':
-        return _skip_word(cursor, end, b"true", 4)
-    if c == c'f':
-        return _skip_word(cursor, end, b"false", 5)
-    if c == c'-' or (c'0' <= c <= c'9'):
-        return _skip_integer(cursor, end)
-    if c == c'[':
-        p += 1
-        if p < end and p[0] == c']':
-            cursor[0] = p + 1
-            return True
-        while True:
-            if not _skip_value(&p, end, depth + 1) or p >= end:
-                return False
-            if p[0] == c']':
-                cursor[0] = p + 1
-                return True
-            if p[0] != c',':
-                return False
-            p += 1
-    if c == c'{':
-        p += 1
-        if p < end and p[0] == c'}':
-            cursor[0] = p + 1
-            return True
-        while True:
-            if not _skip_string(&p, end) or p >= end or p[0] != c':':
-                return False
-            p += 1
-            if not _skip_value(&p, end, depth + 1) or p >= end:
-                return False
-            if p[0] == c'}':
-                cursor[0] = p + 1
-                return True
-            if p[0] != c',':
-                return False
-            p += 1
-    return False
-
-
-@cython.boundscheck(False)
-@cython.wraparound(False)
 cdef bint _skip_strings(const char** cursor, const char* end) noexcept nogil:
     """Past a compact array of strings."""
     cdef const char* p = cursor[0]
@@ -194,7 +88,7 @@ cdef bint _skip_strings(const char** cursor, const char* end) noexcept nogil:
         cursor[0] = p + 1
         return True
     while True:
-        if not _skip_string(&p, end) or p >= end:
+        if not skip_string(&p, end) or p >= end:
             return False
         if p[0] == c']':
             cursor[0] = p + 1
@@ -212,22 +106,22 @@ cdef bint _skip_kind(const char** cursor, const char* end, char kind) noexcept n
     if p >= end:
         return False
     if kind == K_STRING:
-        return _skip_string(cursor, end)
+        return skip_string(cursor, end)
     if kind == K_STRING_OR_NULL:
-        return _skip_word(cursor, end, b"null", 4) or _skip_string(cursor, end)
+        return skip_word(cursor, end, b"null", 4) or skip_string(cursor, end)
     if kind == K_INTEGER:
-        return (p[0] == c'-' or c'0' <= p[0] <= c'9') and _skip_integer(cursor, end)
+        return (p[0] == c'-' or c'0' <= p[0] <= c'9') and skip_integer(cursor, end)
     if kind == K_BOOLEAN:
-        return _skip_word(cursor, end, b"true", 4) or _skip_word(cursor, end, b"false", 5)
+        return skip_word(cursor, end, b"true", 4) or skip_word(cursor, end, b"false", 5)
     if kind == K_OBJECT:
-        return p[0] == c'{' and _skip_value(cursor, end, 1)
+        return p[0] == c'{' and skip_value(cursor, end, 1)
     if kind == K_ARRAY:
-        return p[0] == c'[' and _skip_value(cursor, end, 1)
+        return p[0] == c'[' and skip_value(cursor, end, 1)
     if kind == K_ARRAY_OR_NULL:
-        return _skip_word(cursor, end, b"null", 4) or (p[0] == c'[' and _skip_value(cursor, end, 1))
+        return skip_word(cursor, end, b"null", 4) or (p[0] == c'[' and skip_value(cursor, end, 1))
     if kind == K_STRING_ARRAY:
         return _skip_strings(cursor, end)
-    return _skip_value(cursor, end, 1)
+    return skip_value(cursor, end, 1)
 
 
 @cython.boundscheck(False)
@@ -268,7 +162,7 @@ cdef bint _fits(RowShape shape, const char* p, const char* end):
         return False
     p += 1
     tag_start = p + 1
-    if not _skip_string(&p, end) or p >= end or p[0] != c',':
+    if not skip_string(&p, end) or p >= end or p[0] != c',':
         return False
     tag_size = p - tag_start - 1
     p += 1

@@ -21,6 +21,8 @@ from libc.math cimport isfinite
 from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memchr, memcmp, memcpy
 
+from streamrep._core.compactjson cimport MAX_JSON_DEPTH, skip_value
+
 import orjson
 
 from streamrep._pure import wire as _ref
@@ -364,6 +366,7 @@ cdef object _fast_array(const char** cursor, const char* end, int depth):
 @cython.boundscheck(False)
 @cython.wraparound(False)
 cdef object _fast_value(const char** cursor, const char* end, int depth):
+    # Decodes exactly what compactjson.skip_value skips (validate_rows relies on it).
     cdef const char* p = cursor[0]
     cdef const char* start
     cdef unsigned char c
@@ -374,7 +377,7 @@ cdef object _fast_value(const char** cursor, const char* end, int depth):
     cdef dict mapping
     cdef object item
     cdef object key
-    if p >= end or depth > 32:
+    if p >= end or depth > MAX_JSON_DEPTH:
         return _GIVE_UP
     c = <unsigned char>p[0]
     if c == c'"':
@@ -453,92 +456,6 @@ cdef object _fast_value(const char** cursor, const char* end, int depth):
             else:
                 return _GIVE_UP
     return _GIVE_UP
-
-
-@cython.boundscheck(False)
-@cython.wraparound(False)
-cdef bint _fast_check(const char** cursor, const char* end, int depth) noexcept nogil:
-    """Whether the value at ``cursor[0]`` is one ``_fast_value`` would decode
-    (the same grammar, nothing built); False means orjson must decide."""
-    cdef const char* p = cursor[0]
-    cdef const char* start
-    cdef unsigned char c
-    if p >= end or depth > 32:
-        return False
-    c = <unsigned char>p[0]
-    if c == c'"':
-        p += 1
-        while p < end:
-            c = <unsigned char>p[0]
-            if c == c'"':
-                break
-            if c == c'\\' or c < 0x20 or c >= 0x80:
-                return False
-            p += 1
-        if p >= end:
-            return False
-        cursor[0] = p + 1
-        return True
-    if c == c'[':
-        p += 1
-        if p < end and p[0] == c']':
-            cursor[0] = p + 1
-            return True
-        while True:
-            if not _fast_check(&p, end, depth + 1) or p >= end:
-                return False
-            if p[0] == c',':
-                p += 1
-            elif p[0] == c']':
-                cursor[0] = p + 1
-                return True
-            else:
-                return False
-    if c == c'n' or c == c't':
-        if end - p >= 4 and (memcmp(p, b"null", 4) == 0 or memcmp(p, b"true", 4) == 0):
-            cursor[0] = p + 4
-            return True
-        return False
-    if c == c'f':
-        if end - p >= 5 and memcmp(p, b"false", 5) == 0:
-            cursor[0] = p + 5
-            return True
-        return False
-    if c == c'-' or (c'0' <= c <= c'9'):
-        if c == c'-':
-            p += 1
-        start = p
-        while p < end and c'0' <= p[0] <= c'9':
-            p += 1
-            if p - start > 18:
-                return False
-        if p == start or (p - start > 1 and start[0] == c'0'):
-            return False
-        if p < end and (p[0] == c'.' or p[0] == c'e' or p[0] == c'E'):
-            return False
-        cursor[0] = p
-        return True
-    if c == c'{':
-        p += 1
-        if p < end and p[0] == c'}':
-            cursor[0] = p + 1
-            return True
-        while True:
-            if p >= end or p[0] != c'"':
-                return False
-            if not _fast_check(&p, end, depth + 1) or p >= end or p[0] != c':':
-                return False
-            p += 1
-            if not _fast_check(&p, end, depth + 1) or p >= end:
-                return False
-            if p[0] == c',':
-                p += 1
-            elif p[0] == c'}':
-                cursor[0] = p + 1
-                return True
-            else:
-                return False
-    return False
 
 
 cdef object _fast_json(const char* p, Py_ssize_t n):
@@ -1657,7 +1574,7 @@ def validate_rows(list commands):
         row = PyBytes_AS_STRING(rd._line) + rd._row_start
         size = PyBytes_GET_SIZE(rd._line) - rd._row_start
         cursor = row
-        if _fast_check(&cursor, row + size, 0) and cursor == row + size:
+        if skip_value(&cursor, row + size, 0) and cursor == row + size:
             continue
         rd._row = rd._decode_row()
 
