@@ -145,6 +145,17 @@ cdef int64_t* _alloc(Py_ssize_t count) except NULL:
     return <int64_t*>p
 
 
+cdef Py_ssize_t _load_radices(_Scratch s, list radices) except -1:
+    """Put *radices* into ``s.radices`` (replacing what it held); their count."""
+    cdef Py_ssize_t k, m = len(radices)
+    free(s.radices)
+    s.radices = NULL
+    s.radices = _alloc(m)
+    for k in range(m):
+        s.radices[k] = radices[k]
+    return m
+
+
 cdef array.array _to_array(const int64_t* data, Py_ssize_t count):
     cdef array.array out = array.clone(_INT64_TEMPLATE, count, zero=False)
     if count:
@@ -319,11 +330,7 @@ def plan_compression(parents, rooms, full_offsets, full_keys, full_events, fixed
         chosen = None
         have_best = False
         for radix_list in level_radices(s.height[t], bound):
-            m = len(radix_list)
-            free(s.radices)
-            s.radices = _alloc(m)
-            for k in range(m):
-                s.radices[k] = radix_list[k]
+            m = _load_radices(s, radix_list)
             cost = 0
             with nogil:
                 for k in range(start, stop):
@@ -348,11 +355,7 @@ def plan_compression(parents, rooms, full_offsets, full_keys, full_events, fixed
                 have_best = True
                 best_cost = cost
                 chosen = radix_list
-        m = len(chosen)
-        free(s.radices)
-        s.radices = _alloc(m)
-        for k in range(m):
-            s.radices[k] = chosen[k]
+        m = _load_radices(s, chosen)
         with nogil:
             for k in range(start, stop):
                 i = s.members[k]
