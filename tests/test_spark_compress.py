@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import glob
 import os
-import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -18,6 +17,7 @@ from streamrep.errors import StateCorruptionError
 from streamrep.spark import Source
 from streamrep.spark.compress import CompressOptions
 from streamrep.spark.compress_apply import apply_compression
+from support.spark import local_session
 from support.state_forest import Forest, corrupt_forest, load_database, make_forest
 from test_compress_local import chain_lengths, compressed_forest, db_forest
 
@@ -27,26 +27,9 @@ pytestmark = [
 ]
 
 
-def _spark_missing() -> str | None:
-    try:
-        import pyspark  # noqa: F401
-    except ImportError as exc:
-        return f"pyspark is not installed ({exc})"
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        return "no Java runtime (java not on PATH, JAVA_HOME unset)"
-    return None
-
-
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    reason = _spark_missing()
-    if reason:
-        if os.environ.get("STREAMREP_REQUIRE_SPARK", "") not in ("", "0"):
-            pytest.fail(f"STREAMREP_REQUIRE_SPARK is set but {reason}", pytrace=False)
-        pytest.skip(reason)
-    from streamrep.spark.job import build_session
-
-    session = build_session("local[2]", shuffle_partitions=2, driver_memory="1g", jdbc_jar=jdbc_driver())
+    session = local_session(jdbc_jar=jdbc_driver())
     yield session
     session.stop()
 

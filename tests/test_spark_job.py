@@ -8,7 +8,6 @@ failure.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from streamrep import _impl
 from streamrep.errors import StateCorruptionError
 from streamrep.spark import ReconstructOptions, Source
 from streamrep.spark.verify import read_output_states
+from support.spark import local_session, spark_missing, spark_required
 from support.state_forest import Forest, corrupt_forest, load_database, make_forest
 
 pytestmark = [
@@ -32,34 +32,17 @@ pytestmark = [
 digest_state = _impl.load("state").digest_state
 
 
-def _spark_missing() -> str | None:
-    try:
-        import pyspark  # noqa: F401
-    except ImportError as exc:
-        return f"pyspark is not installed ({exc})"
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        return "no Java runtime (java not on PATH, JAVA_HOME unset)"
-    return None
-
-
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    reason = _spark_missing()
-    if reason:
-        if os.environ.get("STREAMREP_REQUIRE_SPARK", "") not in ("", "0"):
-            pytest.fail(f"STREAMREP_REQUIRE_SPARK is set but {reason}", pytrace=False)
-        pytest.skip(reason)
-    from streamrep.spark.job import build_session
-
-    session = build_session("local[2]", shuffle_partitions=2, driver_memory="1g")
+    session = local_session()
     yield session
     session.stop()
 
 
 def test_spark_is_available_when_required() -> None:
     # CI sets STREAMREP_REQUIRE_SPARK=1: then a missing Java or PySpark fails here.
-    reason = _spark_missing()
-    if os.environ.get("STREAMREP_REQUIRE_SPARK", "") not in ("", "0"):
+    reason = spark_missing()
+    if spark_required():
         assert reason is None, reason
     elif reason:
         pytest.skip(reason)
