@@ -509,16 +509,23 @@ def _last_unit_start(table: pa.Table) -> int:
     return int(np.searchsorted(units, units[-1], side="left"))
 
 
+def _output_filesystem(output: str) -> tuple[Any, str]:
+    """The filesystem and root path of *output* (a URI, or a local path)."""
+    import pyarrow.fs as pafs
+
+    if "://" in output:
+        found: tuple[Any, str] = pafs.FileSystem.from_uri(output)
+        return found
+    return pafs.LocalFileSystem(), os.path.abspath(output)
+
+
 class OutputWriter:
     """One Parquet file per output table, written as batches come."""
 
     def __init__(self, output: str, part: str) -> None:
-        import pyarrow.fs as pafs
-
         self.fs: Any
         self.root: str
-        self.fs, self.root = pafs.FileSystem.from_uri(output) if "://" in output else (
-            pafs.LocalFileSystem(), os.path.abspath(output))
+        self.fs, self.root = _output_filesystem(output)
         self.part = part
         self.writers: dict[str, Any] = {}
         self.partials: dict[str, str] = {}
@@ -571,10 +578,7 @@ def finish_output(output: str) -> None:
     import pyarrow.fs as pafs
     import pyarrow.parquet as pq
 
-    fs: Any
-    root: str
-    fs, root = pafs.FileSystem.from_uri(output) if "://" in output else (
-        pafs.LocalFileSystem(), os.path.abspath(output))
+    fs, root = _output_filesystem(output)
     for name, schema in OUTPUT_TABLES.items():
         folder = f"{root}/{name}"
         fs.create_dir(folder, recursive=True)
