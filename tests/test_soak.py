@@ -45,15 +45,6 @@ from support.replication import wait_until
 
 pytestmark = pytest.mark.slow
 
-# Known failure: with the hostile peer running, a worker ends with facts it never
-# received while its position moved past them: 26 consecutive facts of one writer
-# for a worker filling gaps from the database in one run, for the worker resuming
-# through the hub in another. Hub kills and connection cuts alone pass; the batch
-# flood alone is enough to fail. Remove the mark once every worker gets every fact.
-KNOWN_LOSS = pytest.mark.xfail(
-    reason="a worker loses facts while a hostile peer floods the hub",
-    strict=True)
-
 SECONDS = float(os.environ.get("STREAMREP_SOAK_SECONDS", "75"))
 SERVER = "soak.example"
 #: (instance, stream, facts per second, rows per fact)
@@ -137,9 +128,16 @@ class Hostile:
         self.port = port
         self.secret = secret
         self.attacks = 0
+        self._sockets: list[gsocket.socket] = []
+
+    def _connect(self) -> gsocket.socket:
+        # Every socket is closed after its attack, even one the hub's death cut short.
+        sock = gsocket.create_connection(("127.0.0.1", self.port), timeout=5)
+        self._sockets.append(sock)
+        return sock
 
     def _open(self, name: str, prove: bool = True) -> gsocket.socket:
-        sock = gsocket.create_connection(("127.0.0.1", self.port), timeout=5)
+        sock = self._connect()
         buf = b""
         while buf.count(b"\n") < 2:
             chunk = sock.recv(4096)
@@ -192,7 +190,7 @@ class Hostile:
         sock.close()
 
     def trickle(self) -> None:
-        sock = gsocket.create_connection(("127.0.0.1", self.port), timeout=5)
+        sock = self._connect()
         for byte in b"PING 1\n":
             try:
                 sock.sendall(bytes([byte]))
@@ -231,7 +229,7 @@ class Hostile:
         sock.close()
 
     def garbage(self) -> None:
-        sock = gsocket.create_connection(("127.0.0.1", self.port), timeout=5)
+        sock = self._connect()
         sock.sendall(b"\x00\xff not a command\r\nRDATA\n")
         self._drain(sock, 0.5)
         sock.close()
@@ -250,6 +248,10 @@ class Hostile:
                     self.attacks += 1
                 except (OSError, ConnectionError):
                     gevent.sleep(0.2)  # the hub is down (killed): try the next one later
+                finally:
+                    for sock in self._sockets:
+                        sock.close()
+                    self._sockets.clear()
 
 
 # --- the soak ----------------------------------------------------------------------------
@@ -289,7 +291,6 @@ def _listening(port: int) -> bool:
         return False
 
 
-@KNOWN_LOSS
 def test_soak(deployment: tuple[pathlib.Path, int, bytes]) -> None:
     config, port, secret = deployment
     tmp = config.parent
