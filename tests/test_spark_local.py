@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from streamrep import _impl
 from streamrep.cli import main
+from streamrep.cli.exits import ExitCode
 from streamrep.errors import ConfigError, StateCorruptionError, StateVerificationError
 from streamrep.spark import ReconstructOptions, Source
 from streamrep.spark.batches import TOPOLOGY_SCHEMA, assign_trees, expand_partition
@@ -251,8 +252,8 @@ def test_cli_reports_corruption(forest: Forest, tmp_path: Path) -> None:
     corrupt(forest, "missing").write_parquet(str(tmp_path / "in"))
     res = CliRunner().invoke(main, ["spark", "reconstruct", "--single-process", "--input",
                                     str(tmp_path / "in"), "--output", str(tmp_path / "out")])
-    assert res.exit_code == 2
-    assert "StateCorruptionError" in res.output and "999999999" in res.output
+    assert res.exit_code == ExitCode.STATE_CORRUPT
+    assert "999999999" in res.output and "Traceback" not in res.output
 
 
 def test_jdbc_url_conversions() -> None:
