@@ -34,7 +34,16 @@ import orjson
 from streamrep.matrix import auth
 from streamrep.matrix import schema as _schema
 from streamrep.matrix.errors import AuthRejection, MatrixError, RejectionReason
-from streamrep.matrix.events import CREATE, MatrixEvent, StateKey, parse_event
+from streamrep.matrix.events import (
+    ALIASES,
+    CREATE,
+    MEMBER,
+    REDACTION,
+    THIRD_PARTY_INVITE,
+    MatrixEvent,
+    StateKey,
+    parse_event,
+)
 from streamrep.matrix.room_versions import DEFAULT_ROOM_VERSION, RoomVersion, room_version
 from streamrep.matrix.stateres import InMemoryEventSource, resolve_state
 
@@ -46,6 +55,8 @@ __all__ = ["Rejection", "RoomModel", "RoomRules", "MatrixStateResolver"]
 _CHUNK = 500
 #: Memberships a server may hold for a room it has not joined (out-of-band).
 _OUT_OF_BAND = frozenset({"invite", "leave", "knock"})
+#: Event types whose authorization reads more than their type, sender and auth events.
+_NOT_PLAIN = frozenset({CREATE, MEMBER, ALIASES, THIRD_PARTY_INVITE, REDACTION})
 
 
 @dataclass(frozen=True)
@@ -207,14 +218,17 @@ class RoomRules:
                 elif record.event_id in model.outliers:
                     self._deoutliered.add(record.event_id)
                     model.outliers.discard(record.event_id)
+            passed: dict[tuple[tuple[str, ...], str, str], bool] = {}
             for record in _topological(room_records, cites):
-                rejection = self._check(model, record, bodies[record.event_id], current)
+                rejection = self._check(model, record, bodies[record.event_id], current,
+                                        passed)
                 if rejection is not None:
                     out[record.event_id] = rejection
         return out
 
     def _check(self, model: RoomModel, record: Any, body: dict[str, Any],
-               current: _CurrentState | None) -> Rejection | None:
+               current: _CurrentState | None,
+               passed: dict[tuple[tuple[str, ...], str, str], bool]) -> Rejection | None:
         if model.version is None:
             if record.type == CREATE and record.state_key == "":
                 model.version = room_version(_version_of(body)) if _known_version(
@@ -253,11 +267,21 @@ class RoomRules:
         if record.rejected:
             rejection = Rejection("flagged", "persisted with the rejected flag")
         else:
-            try:
-                auth.authorize(event, version, model.source.events, model.source.rejected)
-            except AuthRejection as exc:
-                record.rejected = True
-                rejection = Rejection(exc.reason.value, exc.detail)
+            # A plain non-state event's verdict depends only on its type, its sender
+            # and its auth events: the batch's messages citing the same auth events
+            # as one that passed pass too.
+            plain = event.state_key is None and event.type not in _NOT_PLAIN
+            seen = (event.auth_ids, event.sender, event.type) if plain else None
+            if seen is None or seen not in passed:
+                try:
+                    auth.authorize(event, version, model.source.events,
+                                   model.source.rejected)
+                except AuthRejection as exc:
+                    record.rejected = True
+                    rejection = Rejection(exc.reason.value, exc.detail)
+                else:
+                    if seen is not None:
+                        passed[seen] = True
         if rejection is None and current is not None and not record.outlier:
             now = current.for_event(event, version)
             # Citing exactly the current state's events, it has just passed against them.
@@ -267,6 +291,8 @@ class RoomRules:
                 except AuthRejection:
                     record.soft_failed = True
         if event.state_key is not None:
+            if passed and (rejection is not None or event.event_id in model.source.events):
+                passed.clear()  # a held event replaced or rejected: verdicts may change
             model.add(event, rejected=rejection is not None)
             if current is not None and rejection is None and not record.soft_failed and (
                     not record.outlier):
