@@ -264,13 +264,13 @@ class RoomRules:
                              f"room {record.room_id} is not the room {event.room_id} "
                              "this create event defines")
         rejection: Rejection | None = None
+        plain = event.state_key is None and event.type not in _NOT_PLAIN
         if record.rejected:
             rejection = Rejection("flagged", "persisted with the rejected flag")
         else:
             # A plain non-state event's verdict depends only on its type, its sender
             # and its auth events: the batch's messages citing the same auth events
             # as one that passed pass too.
-            plain = event.state_key is None and event.type not in _NOT_PLAIN
             seen = (event.auth_ids, event.sender, event.type) if plain else None
             if seen is None or seen not in passed:
                 try:
@@ -283,14 +283,21 @@ class RoomRules:
                     if seen is not None:
                         passed[seen] = True
         if rejection is None and current is not None and not record.outlier:
-            now = current.for_event(event, version)
-            # Citing exactly the current state's events, it has just passed against them.
-            if {e.event_id for e in now.values()} != set(event.auth_ids):
-                try:
-                    auth.check_against_state(event, version, now)
-                except AuthRejection:
+            if plain:
+                if current.fails_plain(event, version):
                     record.soft_failed = True
+            else:
+                now, now_ids = current.for_event(event, version)
+                # Citing exactly the current state's events, it has just passed
+                # against them.
+                if now_ids != frozenset(event.auth_ids):
+                    try:
+                        auth.check_against_state(event, version, now)
+                    except AuthRejection:
+                        record.soft_failed = True
         if event.state_key is not None:
+            if current is not None:
+                current.forget_plain()
             if passed and (rejection is not None or event.event_id in model.source.events):
                 passed.clear()  # a held event replaced or rejected: verdicts may change
             model.add(event, rejected=rejection is not None)
@@ -361,6 +368,9 @@ class _CurrentState:
         self._room_id = room_id
         self._model = model
         self._state: dict[StateKey, str | None] = {}
+        # Soft-failure verdicts of plain events by (sender, type): they read only the
+        # sender's entries of the state, which hold until a state event is added.
+        self._plain: dict[tuple[str, str], bool] = {}
 
     def _fetch(self, keys: set[StateKey]) -> None:
         wanted = [k for k in keys if k not in self._state]
@@ -379,7 +389,8 @@ class _CurrentState:
                 self._state[(etype, skey)] = event_id
 
     def for_event(self, event: MatrixEvent, version: RoomVersion
-                  ) -> dict[StateKey, MatrixEvent]:
+                  ) -> tuple[dict[StateKey, MatrixEvent], frozenset[str]]:
+        """The current state's events that may authorize *event*, and their IDs."""
         keys = auth.auth_types_for_event(event, version)
         self._fetch(keys)
         out: dict[StateKey, MatrixEvent] = {}
@@ -388,10 +399,31 @@ class _CurrentState:
             held = self._model.source.get_event(event_id) if event_id else None
             if held is not None:
                 out[key] = held
-        return out
+        return out, frozenset(e.event_id for e in out.values())
+
+    def fails_plain(self, event: MatrixEvent, version: RoomVersion) -> bool:
+        """True when a plain event (see ``_NOT_PLAIN``) fails against the current
+        state."""
+        memo = (event.sender, event.type)
+        verdict = self._plain.get(memo)
+        if verdict is None:
+            now, now_ids = self.for_event(event, version)
+            verdict = False
+            if now_ids != frozenset(event.auth_ids):
+                try:
+                    auth.check_against_state(event, version, now)
+                except AuthRejection:
+                    verdict = True
+            self._plain[memo] = verdict
+        return verdict
+
+    def forget_plain(self) -> None:
+        """A state event was added: the current state or the events held changed."""
+        self._plain.clear()
 
     def apply(self, event: MatrixEvent) -> None:
         self._state[event.key] = event.event_id
+        self._plain.clear()
 
 
 class MatrixStateResolver:
