@@ -337,3 +337,29 @@ def test_an_outlier_whose_auth_chain_arrives_later_is_accepted_when_de_outliered
     rows = store.db.fetchall("SELECT auth_id FROM event_auth WHERE event_id = ?",
                              (carol["event_id"],))
     assert len(rows) == len({row[0] for row in rows}) > 0
+
+
+@pytest.mark.parametrize("version_id", FAMILIES)
+def test_verdicts_within_one_batch_follow_each_state_event(store: EventStore,
+                                                          version_id: str) -> None:
+    """Messages of one batch citing the same auth events get the verdicts each would
+    get alone: a ban between two of Bob's soft-fails the later one, and every message
+    of a user who is not in the room is rejected with its reason."""
+    r, events = build(version_id)
+    store.persist_events(events)
+    tip = r.id("carol")
+    early = [r.event(f"m{n}", [tip], "m.room.message", None, BOB, {"body": str(n)})
+             for n in range(2)]
+    ban = r.event("ban", [r.id("m1")], "m.room.member", BOB, ALICE, {"membership": "ban"})
+    late = r.event("late", [tip], "m.room.message", None, BOB, {"body": "late"})
+    assert late["auth_events"] == early[0]["auth_events"]
+    outsider = "@dave:d.org"
+    no_members = {k: v for k, v in r.state_after[tip].items() if k[0] != "m.room.member"}
+    strays = [r.event(f"d{n}", [tip], "m.room.message", None, outsider, {"body": str(n)},
+                      state=no_members) for n in range(2)]
+    result = store.persist_events([*early, ban, late, *strays])
+    assert set(result.rejected) == {r.id("d0"), r.id("d1")}
+    assert all(reason.startswith("not_in_room") for reason in result.rejected.values())
+    assert [store.get_event(e["event_id"]).soft_failed for e in [*early, late]] == [
+        False, False, True]
+    assert store.get_forward_extremities(r.room_id) == {r.id("m0"), r.id("ban")}
