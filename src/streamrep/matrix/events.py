@@ -88,10 +88,13 @@ def create_event_id_for_room(room_id: str) -> str:
     return "$" + room_id[1:]
 
 
+_STR_ONLY = frozenset({str})
+
+
 def _ids(value: object, field: str, event_id: str, version: RoomVersion) -> tuple[str, ...]:
-    if type(value) is list and not version.event_ids_have_domain and all(
-            type(item) is str and item for item in value):
-        return tuple(value)  # the usual case, checked in one pass
+    if type(value) is list and not version.event_ids_have_domain and _STR_ONLY.issuperset(
+            map(type, value)) and "" not in value:
+        return tuple(value)  # the usual case, checked in C loops
     if not isinstance(value, list):
         raise MalformedEventError(f"event {event_id}: {field} must be a list")
     out: list[str] = []

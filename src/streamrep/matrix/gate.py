@@ -55,6 +55,7 @@ __all__ = ["Rejection", "RoomModel", "RoomRules", "MatrixStateResolver"]
 _CHUNK = 500
 #: Memberships a server may hold for a room it has not joined (out-of-band).
 _OUT_OF_BAND = frozenset({"invite", "leave", "knock"})
+_STR_ONLY = frozenset({str})
 #: Event types whose authorization reads more than their type, sender and auth events.
 _NOT_PLAIN = frozenset({CREATE, MEMBER, ALIASES, THIRD_PARTY_INVITE, REDACTION})
 
@@ -112,8 +113,11 @@ def _topological(records: list[Any], cites: dict[str, Sequence[str]]) -> list[An
 
 
 def _listed_auth(body: Mapping[str, Any]) -> list[str]:
+    listed = body.get("auth_events", ()) or ()
+    if type(listed) is list and _STR_ONLY.issuperset(map(type, listed)):
+        return list(listed)  # the usual case: event IDs only
     out = []
-    for item in body.get("auth_events", ()) or ():
+    for item in listed:
         if isinstance(item, list) and item:
             item = item[0]
         if isinstance(item, str):
