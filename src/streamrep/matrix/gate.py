@@ -343,8 +343,13 @@ class RoomRules:
             txn.execute(f"DELETE FROM event_auth WHERE event_id IN ({marks})", tuple(chunk))
             txn.execute(f"DELETE FROM rejections WHERE event_id IN ({marks})", tuple(chunk))
         if auth_rows:
-            txn.executemany(
-                "INSERT INTO event_auth (event_id, auth_id, room_id) VALUES (?, ?, ?)", auth_rows)
+            # Several rows an event: on PostgreSQL they travel as one JSON parameter.
+            # (Imported here: the event store package imports this module.)
+            from streamrep.events.writes import writes_for
+
+            writes = writes_for(txn)
+            writes.insert("event_auth", "event_id, auth_id, room_id", auth_rows)
+            writes.flush()
         if rejected_rows:
             txn.executemany(
                 "INSERT INTO rejections (event_id, reason, last_check) VALUES (?, ?, ?)",
