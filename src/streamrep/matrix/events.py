@@ -163,20 +163,20 @@ def parse_event(event_id: str, fields: Mapping[str, Any], version: RoomVersion) 
         raise MalformedEventError(f"event {event_id}: redacts must be an event ID")
     if not isinstance(redacts, str):
         redacts = None
+    # Positional, in MatrixEvent's field order: cheaper than keywords, once per event.
     return MatrixEvent(
-        event_id=event_id,
-        room_id=room_id,
-        type=etype,
-        sender=sender,
-        state_key=state_key,
-        content=content,
-        prev_events=prev,
-        auth_events=auth,
-        auth_ids=auth_ids,
-        depth=_int(fields.get("depth"), "depth", event_id, default=0),
-        origin_server_ts=_int(fields.get("origin_server_ts"), "origin_server_ts", event_id,
-                              default=0),
-        redacts=redacts,
-        key=(etype, state_key if state_key is not None else ""),
-        membership=content.get("membership") if etype == MEMBER else None,
+        event_id,
+        room_id,
+        etype,
+        sender,
+        state_key,
+        content,
+        prev,
+        auth,
+        auth_ids,
+        _int(fields.get("depth"), "depth", event_id, default=0),
+        _int(fields.get("origin_server_ts"), "origin_server_ts", event_id, default=0),
+        redacts,
+        (etype, state_key if state_key is not None else ""),
+        content.get("membership") if etype == MEMBER else None,
     )
