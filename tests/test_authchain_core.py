@@ -94,13 +94,12 @@ dags = st.integers(1, 40).flatmap(lambda n: st.lists(
     st.lists(st.integers(0, n - 1), max_size=4), min_size=n, max_size=n))
 
 
+@pytest.mark.compiled_vs_pure
 @settings(max_examples=150, deadline=None)
 @given(dags, st.lists(st.lists(st.integers(0, 45), max_size=5), max_size=5),
        st.lists(st.integers(0, 45), max_size=6))
 def test_compiled_and_pure_agree(parents: list[list[int]], sets: list[list[int]],
                                  roots: list[int]) -> None:
-    if len(IMPLEMENTATIONS) < 2:
-        pytest.skip("only the pure implementation is in use")
     # Keep it a DAG: an event's auth events come before it.
     edges = {i: [p for p in ps if p < i] for i, ps in enumerate(parents)}
     c, p = graph("compiled", edges), graph("pure", edges)

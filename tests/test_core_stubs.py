@@ -30,8 +30,8 @@ import pytest
 
 from streamrep import _impl
 
-pytestmark = pytest.mark.skipif(_impl.NO_EXTENSIONS,
-                                reason="compares the compiled core, which NO_EXTENSIONS skips")
+# Compares the compiled core with the stubs and twins: the compiled run's business.
+pytestmark = pytest.mark.compiled_vs_pure
 
 P = inspect.Parameter
 KIND_NAMES = {P.POSITIONAL_ONLY: "positional-only", P.POSITIONAL_OR_KEYWORD: "positional",
