@@ -17,7 +17,7 @@ from streamrep.errors import StateCorruptionError
 from streamrep.spark import Source
 from streamrep.spark.compress import CompressOptions
 from streamrep.spark.compress_apply import apply_compression
-from support.spark import local_session
+from support.spark import local_session, spark_required
 from support.state_forest import Forest, corrupt_forest, load_database, make_forest
 from test_compress_local import chain_lengths, compressed_forest, db_forest
 
@@ -84,7 +84,10 @@ def test_corrupt_input_is_refused(spark: Any, forest: Forest, tmp_path: Path) ->
 @pytest.mark.postgres
 def test_jdbc_compress_then_apply(spark: Any, forest: Forest, pg_url: str, tmp_path: Path) -> None:
     if jdbc_driver() is None:
-        pytest.skip("no PostgreSQL JDBC driver (install libpostgresql-jdbc-java)")
+        why = "no PostgreSQL JDBC driver (install libpostgresql-jdbc-java)"
+        if spark_required():
+            pytest.fail(f"STREAMREP_REQUIRE_SPARK is set but {why}", pytrace=False)
+        pytest.skip(why)
     load_database(pg_url, forest)
     out = str(tmp_path / "out")
     result = run(spark, Source(db_url=pg_url), CompressOptions(out, find_unreferenced=True), jdbc_partitions=2)

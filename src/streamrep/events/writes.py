@@ -8,6 +8,7 @@ one at :meth:`Writes.flush`, inserts through ``executemany``.
 
 from __future__ import annotations
 
+import abc
 from functools import lru_cache
 from typing import Any, Sequence
 
@@ -21,25 +22,25 @@ __all__ = ["Writes", "PostgresWrites", "SqliteWrites", "writes_for"]
 Rows = Sequence[Sequence[Any]]
 
 
-class Writes:
+class Writes(abc.ABC):
     """Write statements queued for one round trip (see the module docstring)."""
 
     def __init__(self, txn: Transaction) -> None:
         self.txn = txn
 
+    @abc.abstractmethod
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         """Queue one statement."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def insert(self, table: str, columns: str, rows: Rows, suffix: str = "") -> None:
         """Queue the insertion of *rows* (tuples in the order of *columns*, a
         comma-separated list); *suffix* follows the values (``ON CONFLICT ...``)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def delete_rows(self, table: str, columns: str, keys: Rows) -> None:
         """Queue the deletion of the rows of *table* whose *columns* (comma-separated)
         equal one of *keys*."""
-        raise NotImplementedError
 
     def delete_in(self, table: str, column: str, values: Sequence[Any],
                   room_id: str | None = None) -> None:
@@ -50,9 +51,9 @@ class Writes:
             self.execute(f"DELETE FROM {table} WHERE {where}"
                          + in_list(self.txn, column, chunk, params), params)
 
+    @abc.abstractmethod
     def flush(self) -> None:
         """Run everything queued."""
-        raise NotImplementedError
 
 
 class SqliteWrites(Writes):
