@@ -205,6 +205,75 @@ def test_group_gaining_a_child_is_skipped(forest: Forest, pg_url: str, tmp_path:
     assert prev[rewrite["state_group"]] == rewrite["old_prev"]
 
 
+@pytest.mark.parametrize("engine", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_small_rooms_share_a_transaction_and_a_changed_group_is_skipped_alone(
+        engine: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    small = make_forest(600, seed=7, rooms=12, fan_out=0, snapshot_share=0.08, initial_members=55,
+                        member_pool=120)
+    url = f"sqlite:///{tmp_path}/state.db" if engine == "sqlite" else request.getfixturevalue("pg_url")
+    load_database(url, small)
+    out = str(tmp_path / "out")
+    compress_db(url, out)
+    changes = ds.dataset(os.path.join(out, "changes"), format="parquet").to_table().to_pylist()
+    assert len({c["unit"] for c in changes}) > 1 and len(changes) < 1000
+    # Meanwhile something else gives a rewritten snapshot its new prev but
+    # keeps all its rows: it differs from what compress read and from what
+    # apply would write, and every full state stays the same.
+    truth = small.brute_force()
+    changed = next(c for c in changes if c["action"] == "rewrite" and c["old_prev"] is None
+                   and c["new_prev"] is not None and truth[c["new_prev"]].keys() <= truth[c["state_group"]].keys())
+    group = changed["state_group"]
+    if engine == "sqlite":
+        import sqlite3
+
+        with sqlite3.connect(url[len("sqlite:///"):]) as lite:
+            lite.execute("INSERT INTO state_group_edges VALUES (?, ?)", (group, changed["new_prev"]))
+        lite.close()
+    else:
+        import psycopg2
+
+        with psycopg2.connect(url) as conn, conn.cursor() as cur:
+            cur.execute("INSERT INTO state_group_edges VALUES (%s, %s)", (group, changed["new_prev"]))
+        conn.close()
+    before = db_forest(url)
+    report = apply_compression(url, out, batch_groups=1000)
+    assert report.transactions == 1
+    assert report.skipped == {"changed since compress": 1}
+    assert report.rewritten == len(changes) - 1 == report.verified
+    after = db_forest(url)
+    assert after.brute_force() == before.brute_force()
+    assert report.rows_after == len(after.state) < len(before.state)
+    assert dict(after.edges)[group] == changed["new_prev"]
+    assert sorted(r for r in after.state if r[0] == group) == sorted(r for r in before.state if r[0] == group)
+
+
+def test_a_unit_that_fails_verification_stops_after_the_units_before_it(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    from streamrep.errors import StateVerificationError
+
+    small = make_forest(600, seed=7, rooms=12, fan_out=0, snapshot_share=0.08, initial_members=55,
+                        member_pool=120)
+    url = f"sqlite:///{tmp_path}/state.db"
+    load_database(url, small)
+    out = str(tmp_path / "out")
+    compress_db(url, out)
+    path = next(p for p in Path(out, "changes").glob("*.parquet"))
+    changes = pq.read_table(path)
+    units = sorted(set(changes.column("unit").to_pylist()))
+    bad_unit = units[len(units) // 2]
+    # The job's digest of one group of a middle unit is wrong.
+    rows = changes.to_pylist()
+    bad = next(r for r in rows if r["unit"] == bad_unit and r["action"] == "rewrite")
+    bad["state_digest"] = "0" * 64
+    pq.write_table(type(changes).from_pylist(rows, schema=changes.schema), path)
+    with pytest.raises(StateVerificationError, match=str(bad["state_group"])):
+        apply_compression(url, out, batch_groups=1000)
+    prev = dict(db_forest(url).edges)
+    for r in rows:
+        assert prev.get(r["state_group"]) == (r["new_prev"] if r["unit"] < bad_unit else r["old_prev"])
+
+
 @pytest.mark.postgres
 def test_apply_killed_mid_way_and_rerun_ends_consistent(forest: Forest, pg_url: str, tmp_path: Path) -> None:
     load_database(pg_url, forest)

@@ -39,7 +39,7 @@ def export(db_url: str, out_dir: str, overwrite: bool) -> None:
 @click.option("--changes", "changes_dir", required=True, type=click.Path(file_okay=False, exists=True),
               help="Output directory of `streamrep spark compress`.")
 @click.option("--batch-groups", default=1000, type=click.IntRange(min=1), show_default=True,
-              help="Groups per transaction.")
+              help="Groups per transaction: small rooms share one, a larger room gets several.")
 @click.option("--no-verify", is_flag=True,
               help="Do not walk each rewritten group's chain before committing.")
 @click.option("--undo", is_flag=True,
@@ -47,8 +47,9 @@ def export(db_url: str, out_dir: str, overwrite: bool) -> None:
                    "restored.")
 def apply_compression(db_url: str, changes_dir: str, batch_groups: int, no_verify: bool,
                       undo: bool) -> None:
-    """Write a compression change set to the database, one unit at a time in
-    short transactions; groups changed since the compress run are skipped.
+    """Write a compression change set to the database in short transactions
+    of about --batch-groups groups; groups changed since the compress run are
+    skipped, each on its own.
 
     Safe to stop at any point and run again."""
     import sqlite3

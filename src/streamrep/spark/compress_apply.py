@@ -1,8 +1,12 @@
 """Writing a compression change set to a live database, safely and resumably.
 
 The change set (``streamrep spark compress`` output: ``changes/`` and
-``change_rows/``) is applied one unit (a room, or a share of a giant one) at a
-time, in transactions of at most ``batch_groups`` groups. Each transaction:
+``change_rows/``) is read a window of whole units (rooms, or shares of giant
+ones) at a time, so memory stays bounded however large the set, and applied in
+transactions of about ``batch_groups`` groups: small units are packed together
+into one transaction, a unit larger than that gets transactions of its own.
+Within a transaction the groups to restore come first (prev first), then the
+rewrites, then the deletions (leaves first). Each transaction:
 
 1. locks ``state_group_edges`` and ``event_to_state_groups`` against writers
    (PostgreSQL ``SHARE ROW EXCLUSIVE``, held for the transaction only; SQLite
@@ -14,7 +18,12 @@ time, in transactions of at most ``batch_groups`` groups. Each transaction:
 3. rewrites (or deletes) the groups to apply;
 4. recomputes the full state of every rewritten group by walking its chain in
    SQL and compares its digest with the one the job verified; a difference
-   rolls the transaction back and stops.
+   rolls the transaction back and stops. When the transaction held several
+   units, they are first re-applied one transaction each, so every unit
+   before the one that differs is committed and the error names its groups.
+
+A group changed since the compress run is skipped on its own: the other groups
+of its unit and the other units of its transaction are applied.
 
 A compressed group's full state never changes, so every committed transaction
 leaves the tables consistent: stopping at any point (even SIGKILL) and rerunning
@@ -31,7 +40,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-import pyarrow as pa
+import numpy as np
 import pyarrow.dataset as ds
 
 from streamrep import _impl
@@ -44,6 +53,9 @@ log = logging.getLogger("streamrep.state.compress")
 
 #: Groups per transaction.
 DEFAULT_BATCH_GROUPS = 1000
+
+#: Changed groups read into memory at a time (whole units; about 2 KB each).
+WINDOW_GROUPS = 100_000
 
 #: A multiset of delta rows ``(type, state_key, event_id)``.
 Rows = Counter[tuple[str, str, str]]
@@ -68,6 +80,14 @@ class ApplyReport:
 
     def skip(self, reason: str, count: int = 1) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + count
+
+    def merge(self, other: "ApplyReport") -> None:
+        """Add the group counts of *other* (one committed transaction)."""
+        for name in ("rewritten", "already_rewritten", "deleted", "already_deleted", "restored",
+                     "already_restored", "verified"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for reason, count in other.skipped.items():
+            self.skip(reason, count)
 
     def summary(self) -> str:
         skipped = sum(self.skipped.values())
@@ -101,32 +121,63 @@ class Change:
     new_rows: Rows = field(default_factory=Counter)
 
 
-def read_change_set(directory: str) -> dict[int, list[Change]]:
-    """The change set under *directory*, by unit."""
+def _check_change_set(directory: str) -> None:
     for name in ("changes", "change_rows"):
         if not os.path.isdir(os.path.join(directory, name)):
             raise ConfigError(f"{directory} has no {name}/: give the output directory of "
                               "`streamrep spark compress`")
     if not os.path.exists(os.path.join(directory, "_SUCCESS")):
         raise ConfigError(f"{directory} is not a complete compression output (no _SUCCESS)")
-    changes = ds.dataset(os.path.join(directory, "changes"), format="parquet").to_table()
-    rows = ds.dataset(os.path.join(directory, "change_rows"), format="parquet").to_table()
+
+
+def _read_changes(directory: str, units: tuple[int, int] | None = None) -> dict[int, list[Change]]:
+    """The changes of the units ``lo..hi`` (all with None) under *directory*, by unit."""
+    where = None if units is None else (ds.field("unit") >= units[0]) & (ds.field("unit") <= units[1])
+    changes = ds.dataset(os.path.join(directory, "changes"), format="parquet").to_table(filter=where)
+    rows = ds.dataset(os.path.join(directory, "change_rows"), format="parquet").to_table(
+        columns=["state_group", "op", "type", "state_key", "event_id"], filter=where)
     by_group: dict[int, Change] = {}
-    units: dict[int, list[Change]] = defaultdict(list)
+    found: dict[int, list[Change]] = defaultdict(list)
     columns = {name: changes.column(name).to_pylist() for name in changes.column_names}
     for i, group in enumerate(columns["state_group"]):
         change = Change(group, columns["action"][i], columns["room_id"][i], columns["old_prev"][i],
                         columns["new_prev"][i], columns["children"][i], columns["state_digest"][i],
                         columns["group_event_id"][i])
         by_group[group] = change
-        units[columns["unit"][i]].append(change)
+        found[columns["unit"][i]].append(change)
+    del columns, changes
     for group, op, t, s, e in zip(*(rows.column(c).to_pylist()
                                      for c in ("state_group", "op", "type", "state_key", "event_id"))):
         owner = by_group.get(group)
         if owner is None:
             raise ConfigError(f"{directory}: change_rows has rows of group {group}, which changes lacks")
         (owner.old_rows if op == "delete" else owner.new_rows)[(t, s, e)] += 1
-    return dict(units)
+    return dict(found)
+
+
+def read_change_set(directory: str) -> dict[int, list[Change]]:
+    """The whole change set under *directory*, by unit."""
+    _check_change_set(directory)
+    return _read_changes(directory)
+
+
+def _unit_windows(directory: str, window_groups: int) -> list[tuple[int, int]]:
+    """Unit ranges ``(lo, hi)`` of about *window_groups* changed groups each
+    (whole units), in unit order."""
+    units = ds.dataset(os.path.join(directory, "changes"), format="parquet").to_table(columns=["unit"])
+    if units.num_rows == 0:
+        return []
+    ids, counts = np.unique(units.column("unit").to_numpy(), return_counts=True)
+    windows: list[tuple[int, int]] = []
+    lo, size = 0, 0
+    for i, count in enumerate(counts.tolist()):
+        size += count
+        if size >= window_groups:
+            windows.append((int(ids[lo]), int(ids[i])))
+            lo, size = i + 1, 0
+    if lo < len(ids):
+        windows.append((int(ids[lo]), int(ids[-1])))
+    return windows
 
 
 class _Store:
@@ -264,6 +315,51 @@ def _undone(change: Change) -> Change:
                   change.children, change.digest, change.group_event_id, change.new_rows, change.old_rows)
 
 
+def _phases(changes: list[Change]) -> list[list[Change]]:
+    """One unit's changes as the steps to apply in order: restores (prev
+    first), rewrites, deletions (leaves first)."""
+    rewrites = [c for c in changes if c.action == "rewrite"]
+    deletes = _leaves_first([c for c in changes if c.action == "delete"])
+    # Restored groups come back prev first, before the groups that had them as
+    # prev are rewritten back.
+    by_group = {c.group: c for c in changes}
+    restores = [by_group[c.group] for c in _leaves_first(
+        [Change(c.group, c.action, c.room_id, c.new_prev, None, 0, None)
+         for c in changes if c.action == "restore"])[::-1]]
+    return [restores, rewrites, deletes]
+
+
+#: A transaction: its steps in order, and the units whose changes it holds.
+Transaction = tuple[list[list[Change]], list[list[list[Change]]]]
+
+
+def _transactions(units: dict[int, list[Change]], batch_groups: int) -> Iterable[Transaction]:
+    """Pack whole units into transactions of at most *batch_groups* groups; a
+    larger unit is cut into transactions of its own, one step at a time."""
+    pending: list[list[list[Change]]] = []
+    size = 0
+
+    def packed() -> Transaction:
+        steps = [[c for phases in pending for c in phases[i]] for i in range(3)]
+        return [step for step in steps if step], list(pending)
+
+    for unit in sorted(units):
+        changes = units[unit]
+        phases = _phases(changes)
+        if pending and size + len(changes) > batch_groups:
+            yield packed()
+            pending, size = [], 0
+        if len(changes) <= batch_groups:
+            pending.append(phases)
+            size += len(changes)
+            continue
+        for phase in phases:
+            for chunk in _chunks(phase, batch_groups):
+                yield [chunk], [[chunk]]
+    if pending:
+        yield packed()
+
+
 def apply_compression(
     db_url: str, changes_dir: str, batch_groups: int = DEFAULT_BATCH_GROUPS, verify: bool = True,
     after_transaction: Callable[[int], None] | None = None, undo: bool = False,
@@ -278,38 +374,47 @@ def apply_compression(
     old prev and rows back and deleted groups are restored, with the same
     checks, transactions and verification.
     """
-    units = read_change_set(changes_dir)
-    if undo:
-        units = {unit: [_undone(c) for c in changes] for unit, changes in units.items()}
+    _check_change_set(changes_dir)
+    windows = _unit_windows(changes_dir, max(WINDOW_GROUPS, batch_groups))
     digest_state = _impl.load("state").digest_state
     clock = time.perf_counter()
     store = _Store(db_url)
     report = ApplyReport()
+
+    def run(steps: list[list[Change]], listed: set[int], unlisted: dict[int, int] | None) -> None:
+        _apply_transaction(store, steps, listed, unlisted, report, verify, digest_state)
+        report.transactions += 1
+        if after_transaction is not None:
+            after_transaction(report.transactions)
+
     try:
         report.rows_before = store.count_rows()
-        for unit in sorted(units):
-            changes = units[unit]
-            rewrites = [c for c in changes if c.action == "rewrite"]
-            deletes = _leaves_first([c for c in changes if c.action == "delete"])
-            # Restored groups come back prev first, before the groups that
-            # had them as prev are rewritten back.
-            restores = _leaves_first([Change(c.group, c.action, c.room_id, c.new_prev, None, 0, None)
-                                      for c in changes if c.action == "restore"])[::-1]
-            by_group = {c.group: c for c in changes}
-            restores = [by_group[c.group] for c in restores]
+        for window in windows:
+            units = _read_changes(changes_dir, window)
+            if undo:
+                units = {unit: [_undone(c) for c in changes] for unit, changes in units.items()}
             # Expected children: a group keeps its unchanged children; the
             # change set says which changed groups point at it before and after.
-            listed = {c.group for c in changes}
-            old_listed_children: Counter[int] = Counter(c.old_prev for c in changes if c.old_prev is not None)
-            unlisted_children: dict[int, int] | None = None
+            # Units are disjoint (a split tree's shared root is never changed),
+            # so the window's sets serve every unit in it.
+            listed = {c.group for changes in units.values() for c in changes}
+            unlisted: dict[int, int] | None = None
             if not undo:
-                unlisted_children = {c.group: c.children - old_listed_children[c.group] for c in changes}
-            order = _chunks(restores, batch_groups), _chunks(rewrites, batch_groups), _chunks(deletes, batch_groups)
-            for batch in [b for chunks in order for b in chunks]:
-                _apply_batch(store, batch, listed, unlisted_children, report, verify, digest_state)
-                report.transactions += 1
-                if after_transaction is not None:
-                    after_transaction(report.transactions)
+                old_listed_children: Counter[int] = Counter(
+                    c.old_prev for changes in units.values() for c in changes if c.old_prev is not None)
+                unlisted = {c.group: c.children - old_listed_children[c.group]
+                            for changes in units.values() for c in changes}
+            for steps, members in _transactions(units, batch_groups):
+                try:
+                    run(steps, listed, unlisted)
+                except StateVerificationError:
+                    if len(members) == 1:
+                        raise
+                    # Commit the units that verify, one transaction each, and
+                    # stop at the first that does not.
+                    for phases in members:
+                        run([step for step in phases if step], listed, unlisted)
+            del units
         report.rows_after = store.count_rows()
     finally:
         store.close()
@@ -317,115 +422,128 @@ def apply_compression(
     return report
 
 
-def _apply_batch(store: _Store, batch: list[Change], listed: set[int], unlisted_children: dict[int, int] | None,
-                 report: ApplyReport, verify: bool, digest_state: Callable[[Any], str]) -> None:
-    groups = [c.group for c in batch]
+def _apply_transaction(store: _Store, steps: list[list[Change]], listed: set[int],
+                       unlisted_children: dict[int, int] | None, report: ApplyReport, verify: bool,
+                       digest_state: Callable[[Any], str]) -> None:
+    """Apply *steps* in one transaction, verify every rewritten group, commit."""
+    done = ApplyReport()
     store.begin()
     try:
-        prevs: dict[int, list[int]] = defaultdict(list)
-        for g, p in store.query("SELECT state_group, prev_state_group FROM state_group_edges "
-                                "WHERE state_group = {groups}", groups):
-            prevs[g].append(p)
-        rows: dict[int, Rows] = defaultdict(Counter)
-        for g, t, s, e in store.query("SELECT state_group, type, state_key, event_id FROM "
-                                      "state_groups_state WHERE state_group = {groups}", groups):
-            rows[g][(t, s, e)] += 1
-        children: dict[int, list[int]] = defaultdict(list)
-        for c, p in store.query("SELECT state_group, prev_state_group FROM state_group_edges "
-                                "WHERE prev_state_group = {groups}", groups):
-            children[p].append(c)
-        targets = sorted(set(groups) | {c.new_prev for c in batch if c.new_prev is not None})
-        exists = {g for (g,) in store.query("SELECT id FROM state_groups WHERE id = {groups}", targets)}
-        referenced: set[int] = set()
-        if any(c.action == "delete" for c in batch):
-            referenced = {g for (g,) in store.query(
-                "SELECT DISTINCT state_group FROM event_to_state_groups WHERE state_group = {groups}", groups)}
-
-        def as_read(c: Change) -> bool:
-            current = prevs.get(c.group, [])
-            return current == ([] if c.old_prev is None else [c.old_prev]) and rows.get(c.group, Counter()) == c.old_rows
-
-        def new_children(c: Change) -> bool:
-            # Children not managed by the change set beyond those it had.
-            if unlisted_children is None:
-                return False
-            unmanaged = [x for x in children.get(c.group, []) if x not in listed]
-            return len(unmanaged) > unlisted_children.get(c.group, 0)
-
-        to_rewrite: list[Change] = []
-        to_delete: list[Change] = []
-        to_restore: list[Change] = []
-        coming_back: set[int] = set()
-        for c in batch:
-            if c.action == "restore":
-                if c.group in exists:
-                    report.already_restored += 1
-                elif c.new_prev is not None and c.new_prev not in exists | coming_back:
-                    report.skip("prev group no longer exists")
-                else:
-                    to_restore.append(c)
-                    coming_back.add(c.group)
-            elif c.action == "rewrite":
-                if c.group not in exists:
-                    report.skip("group no longer exists")
-                elif c.new_prev is not None and c.new_prev not in exists:
-                    report.skip("new prev group no longer exists")
-                elif as_read(c):
-                    if new_children(c):
-                        report.skip("gained a child")
-                    else:
-                        to_rewrite.append(c)
-                elif prevs.get(c.group, []) == ([] if c.new_prev is None else [c.new_prev]) and \
-                        rows.get(c.group, Counter()) == c.new_rows:
-                    report.already_rewritten += 1
-                else:
-                    report.skip("changed since compress")
-            else:
-                if c.group not in exists:
-                    report.already_deleted += 1
-                elif not as_read(c):
-                    report.skip("changed since compress")
-                elif c.group in referenced:
-                    report.skip("now referenced by an event")
-                else:
-                    to_delete.append(c)
-        # A group may go only if all its children go with it.
-        deleting = {c.group for c in to_delete}
-        while True:
-            blocked = {c.group for c in to_delete
-                       if any(x not in deleting for x in children.get(c.group, []))}
-            if not blocked:
-                break
-            report.skip("needed by a group that stays", len(blocked))
-            to_delete = [c for c in to_delete if c.group not in blocked]
-            deleting -= blocked
-
-        touched = [c.group for c in to_rewrite] + [c.group for c in to_delete]
-        if touched:
-            store.delete("DELETE FROM state_groups_state WHERE state_group = {groups}", touched)
-            store.delete("DELETE FROM state_group_edges WHERE state_group = {groups}", touched)
-        if to_delete:
-            store.delete("DELETE FROM state_groups WHERE id = {groups}", [c.group for c in to_delete])
-        store.insert("state_groups", "id, room_id, event_id",
-                     [(c.group, c.room_id, c.group_event_id) for c in to_restore])
-        store.insert("state_group_edges", "state_group, prev_state_group",
-                     [(c.group, c.new_prev) for c in to_rewrite + to_restore if c.new_prev is not None])
-        store.insert("state_groups_state", "state_group, room_id, type, state_key, event_id",
-                     [(c.group, c.room_id, t, s, e) for c in to_rewrite + to_restore
-                      for (t, s, e), n in c.new_rows.items() for _ in range(n)])
-        if verify and to_rewrite:
-            states = _full_states(store, [c.group for c in to_rewrite])
-            bad = [c.group for c in to_rewrite if digest_state(states[c.group]) != c.digest]
+        rewritten: list[Change] = []
+        for batch in steps:
+            rewritten += _apply_step(store, batch, listed, unlisted_children, done)
+        if verify and rewritten:
+            states = _full_states(store, [c.group for c in rewritten])
+            bad = [c.group for c in rewritten if digest_state(states[c.group]) != c.digest]
             if bad:
                 raise StateVerificationError(
                     f"after rewriting, {len(bad)} state groups walk to a different full state than "
                     f"the compress job verified: {', '.join(str(g) for g in bad[:20])}; the "
                     "transaction was rolled back", tuple(bad))
-            report.verified += len(to_rewrite)
+            done.verified += len(rewritten)
         store.commit()
     except BaseException:
         store.rollback()
         raise
+    report.merge(done)
+
+
+def _apply_step(store: _Store, batch: list[Change], listed: set[int], unlisted_children: dict[int, int] | None,
+                report: ApplyReport) -> list[Change]:
+    """Check and write one step of a transaction; returns the groups it rewrote."""
+    groups = [c.group for c in batch]
+    prevs: dict[int, list[int]] = defaultdict(list)
+    for g, p in store.query("SELECT state_group, prev_state_group FROM state_group_edges "
+                            "WHERE state_group = {groups}", groups):
+        prevs[g].append(p)
+    rows: dict[int, Rows] = defaultdict(Counter)
+    for g, t, s, e in store.query("SELECT state_group, type, state_key, event_id FROM "
+                                  "state_groups_state WHERE state_group = {groups}", groups):
+        rows[g][(t, s, e)] += 1
+    children: dict[int, list[int]] = defaultdict(list)
+    for c, p in store.query("SELECT state_group, prev_state_group FROM state_group_edges "
+                            "WHERE prev_state_group = {groups}", groups):
+        children[p].append(c)
+    targets = sorted(set(groups) | {c.new_prev for c in batch if c.new_prev is not None})
+    exists = {g for (g,) in store.query("SELECT id FROM state_groups WHERE id = {groups}", targets)}
+    referenced: set[int] = set()
+    if any(c.action == "delete" for c in batch):
+        referenced = {g for (g,) in store.query(
+            "SELECT DISTINCT state_group FROM event_to_state_groups WHERE state_group = {groups}", groups)}
+
+    def as_read(c: Change) -> bool:
+        current = prevs.get(c.group, [])
+        return current == ([] if c.old_prev is None else [c.old_prev]) and rows.get(c.group, Counter()) == c.old_rows
+
+    def new_children(c: Change) -> bool:
+        # Children not managed by the change set beyond those it had.
+        if unlisted_children is None:
+            return False
+        unmanaged = [x for x in children.get(c.group, []) if x not in listed]
+        return len(unmanaged) > unlisted_children.get(c.group, 0)
+
+    to_rewrite: list[Change] = []
+    to_delete: list[Change] = []
+    to_restore: list[Change] = []
+    coming_back: set[int] = set()
+    for c in batch:
+        if c.action == "restore":
+            if c.group in exists:
+                report.already_restored += 1
+            elif c.new_prev is not None and c.new_prev not in exists | coming_back:
+                report.skip("prev group no longer exists")
+            else:
+                to_restore.append(c)
+                coming_back.add(c.group)
+        elif c.action == "rewrite":
+            if c.group not in exists:
+                report.skip("group no longer exists")
+            elif c.new_prev is not None and c.new_prev not in exists:
+                report.skip("new prev group no longer exists")
+            elif as_read(c):
+                if new_children(c):
+                    report.skip("gained a child")
+                else:
+                    to_rewrite.append(c)
+            elif prevs.get(c.group, []) == ([] if c.new_prev is None else [c.new_prev]) and \
+                    rows.get(c.group, Counter()) == c.new_rows:
+                report.already_rewritten += 1
+            else:
+                report.skip("changed since compress")
+        else:
+            if c.group not in exists:
+                report.already_deleted += 1
+            elif not as_read(c):
+                report.skip("changed since compress")
+            elif c.group in referenced:
+                report.skip("now referenced by an event")
+            else:
+                to_delete.append(c)
+    # A group may go only if all its children go with it.
+    deleting = {c.group for c in to_delete}
+    while True:
+        blocked = {c.group for c in to_delete
+                   if any(x not in deleting for x in children.get(c.group, []))}
+        if not blocked:
+            break
+        report.skip("needed by a group that stays", len(blocked))
+        to_delete = [c for c in to_delete if c.group not in blocked]
+        deleting -= blocked
+
+    touched = [c.group for c in to_rewrite] + [c.group for c in to_delete]
+    if touched:
+        store.delete("DELETE FROM state_groups_state WHERE state_group = {groups}", touched)
+        store.delete("DELETE FROM state_group_edges WHERE state_group = {groups}", touched)
+    if to_delete:
+        store.delete("DELETE FROM state_groups WHERE id = {groups}", [c.group for c in to_delete])
+    store.insert("state_groups", "id, room_id, event_id",
+                 [(c.group, c.room_id, c.group_event_id) for c in to_restore])
+    store.insert("state_group_edges", "state_group, prev_state_group",
+                 [(c.group, c.new_prev) for c in to_rewrite + to_restore if c.new_prev is not None])
+    store.insert("state_groups_state", "state_group, room_id, type, state_key, event_id",
+                 [(c.group, c.room_id, t, s, e) for c in to_rewrite + to_restore
+                  for (t, s, e), n in c.new_rows.items() for _ in range(n)])
     report.rewritten += len(to_rewrite)
     report.deleted += len(to_delete)
     report.restored += len(to_restore)
+    return to_rewrite
