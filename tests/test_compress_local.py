@@ -93,6 +93,31 @@ def test_compress_keeps_every_state(forest: Forest, parquet_dir: str, tmp_path: 
     assert result.verified_groups == result.changed_groups > 0
 
 
+@pytest.mark.parametrize("split_threshold", [200_000, 120])
+@pytest.mark.parametrize("from_db", [False, True])
+def test_buckets_of_units_give_the_same_output(forest: Forest, parquet_dir: str, tmp_path: Path,
+                                               split_threshold: int, from_db: bool) -> None:
+    if from_db:
+        url = f"sqlite:///{tmp_path}/state.db"
+        load_database(url, forest)
+        source = Source(db_url=url)
+    else:
+        source = Source(input_dir=parquet_dir)
+    outputs = {}
+    for bucket_groups in (0, 300):
+        out = str(tmp_path / f"out{bucket_groups}")
+        options = CompressOptions(out, split_threshold=split_threshold, find_unreferenced=True)
+        result = compress_local(source, options, bucket_groups=bucket_groups)
+        assert ("spill" in result.timings) == (bucket_groups == 300)
+        assert not os.path.exists(os.path.join(out, "_spill"))
+        tables = {name: sorted(ds.dataset(os.path.join(out, name), format="parquet").to_table().to_pylist(),
+                               key=lambda r: sorted((k, str(v)) for k, v in r.items()))
+                  for name in ("state_group_edges", "state_groups_state", "changes", "change_rows")}
+        outputs[bucket_groups] = (tables, result.rows_after, result.changed_groups)
+    assert outputs[0] == outputs[300]
+    assert outputs[300][2] > 0
+
+
 def test_find_unreferenced(forest: Forest, parquet_dir: str, tmp_path: Path) -> None:
     out = str(tmp_path / "out")
     result = compress_local(Source(input_dir=parquet_dir), CompressOptions(out, find_unreferenced=True))
