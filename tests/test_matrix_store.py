@@ -363,3 +363,49 @@ def test_verdicts_within_one_batch_follow_each_state_event(store: EventStore,
     assert [store.get_event(e["event_id"]).soft_failed for e in [*early, late]] == [
         False, False, True]
     assert store.get_forward_extremities(r.room_id) == {r.id("m0"), r.id("ban")}
+
+
+@pytest.mark.parametrize("version_id", FAMILIES)
+def test_messages_get_the_verdicts_of_the_json_stored(store: EventStore,
+                                                      version_id: str) -> None:
+    """A message with a malformed field is rejected with its reason; a mapping's
+    tuple of auth events reads as the JSON list it is stored as."""
+    r, events = build(version_id)
+    store.persist_events(events)
+    tip = r.id("carol")
+
+    def message(name: str, **changes: Any) -> dict[str, Any]:
+        return {**r.event(name, [tip], "m.room.message", None, BOB, {"body": name}),
+                **changes}
+
+    good = message("good")
+    as_tuple = message("tuple")
+    as_tuple["auth_events"] = tuple(as_tuple["auth_events"])
+    malformed = [message("ts", origin_server_ts="soon"), message("sender", sender="@bob"),
+                 message("auth", auth_events=[*good["auth_events"], ""])]
+    result = store.persist_events([good, as_tuple, *malformed])
+    assert set(result.rejected) == {e["event_id"] for e in malformed}
+    assert all(reason.startswith("malformed") for reason in result.rejected.values())
+    assert not store.get_event(as_tuple["event_id"]).soft_failed
+
+
+@pytest.mark.parametrize("version_id", FAMILIES)
+def test_soft_failures_in_one_batch_follow_the_state_their_messages_read(
+        store: EventStore, version_id: str) -> None:
+    """Another user's join between two of Bob's messages leaves their verdict as it
+    was; new power levels that Bob's level no longer meets soft-fail the next one."""
+    r, events = build(version_id)
+    store.persist_events(events)
+    tip, dave = r.id("carol"), "@dave:d.org"
+    users = {BOB: 50} if r.version.creator_power else {ALICE: 100, BOB: 50}
+    batch = [
+        r.event("m0", [tip], "m.room.message", None, BOB, {"body": "0"}),
+        r.event("dave", [r.id("m0")], "m.room.member", dave, dave, {"membership": "join"}),
+        r.event("m1", [tip], "m.room.message", None, BOB, {"body": "1"}),
+        r.event("power2", [r.id("dave")], "m.room.power_levels", "", ALICE,
+                {"users": users, "events_default": 60}),
+        r.event("m2", [tip], "m.room.message", None, BOB, {"body": "2"}),
+    ]
+    assert store.persist_events(batch).rejected == {}
+    assert [store.get_event(r.id(name)).soft_failed for name in ("m0", "m1", "m2")] == [
+        False, False, True]

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import orjson
+
 from streamrep.db import Transaction
 from streamrep.db.inlists import chunks, in_list
 from streamrep.events.batch import Batch, BatchCaches, PersistOutcome
@@ -101,7 +103,11 @@ def _events_to_write(records: list[EventRecord],
         if record.event_id in stored:
             if stored[record.event_id] and not record.outlier:
                 deoutliered.append(record.event_id)
-                record.json = lookup.outlier_json.get(record.event_id, record.json)
+                first = lookup.outlier_json.get(record.event_id)
+                if first is not None and first != record.json:
+                    # The fields follow the bytes kept (a retried transaction's room
+                    # rules read them).
+                    record.json, record.body = first, orjson.loads(first)
                 todo.append(record)
             continue
         todo.append(record)

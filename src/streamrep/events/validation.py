@@ -34,6 +34,9 @@ class EventRecord:
     prev_events: list[str]
     state_key: str | None
     json: bytes
+    #: The event's fields as given: the caller's mapping less ``event_id`` and the
+    #: flags (its values are the caller's objects), or the decoded ``json``.
+    body: dict[str, Any]
     content: dict[str, Any]
     outlier: bool
     rejected: bool
@@ -157,7 +160,7 @@ def _build(event_id: Any, body: Any, raw: bytes, flags: Mapping[str, Any]) -> Ev
     # Positional: several times cheaper than keywords for a slotted dataclass, and
     # this runs once per persisted event. The order is EventRecord's field order.
     return EventRecord(event_id, room_id, etype, sender, depth, prev_events, state_key, raw,
-                       content, outlier, rejected, soft_failed, membership, redacts,
+                       body, content, outlier, rejected, soft_failed, membership, redacts,
                        relates_to)
 
 

@@ -27,6 +27,7 @@ import heapq
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from itertools import repeat
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import orjson
@@ -37,11 +38,14 @@ from streamrep.matrix.errors import AuthRejection, MatrixError, RejectionReason
 from streamrep.matrix.events import (
     ALIASES,
     CREATE,
+    CREATE_KEY,
     MEMBER,
+    POWER_LEVELS_KEY,
     REDACTION,
     THIRD_PARTY_INVITE,
     MatrixEvent,
     StateKey,
+    create_event_id_for_room,
     parse_event,
 )
 from streamrep.matrix.room_versions import DEFAULT_ROOM_VERSION, RoomVersion, room_version
@@ -86,10 +90,15 @@ class RoomModel:
 def _topological(records: list[Any], cites: dict[str, Sequence[str]]) -> list[Any]:
     """Batch records with the batch events they cite as auth events first."""
     by_id = {r.event_id: r for r in records}
+    in_batch = by_id.keys()
     waiting: dict[str, int] = {}
     children: dict[str, list[str]] = {}
     for r in records:
-        cited = {a for a in cites[r.event_id] if a in by_id and a != r.event_id}
+        listed = cites[r.event_id]
+        if in_batch.isdisjoint(listed):  # the usual case: it cites stored events only
+            waiting[r.event_id] = 0
+            continue
+        cited = {a for a in listed if a in by_id and a != r.event_id}
         waiting[r.event_id] = len(cited)
         for a in cited:
             children.setdefault(a, []).append(r.event_id)
@@ -112,6 +121,29 @@ def _topological(records: list[Any], cites: dict[str, Sequence[str]]) -> list[An
     return out
 
 
+def _plain_listed_auth(record: Any) -> list[str] | None:
+    """The ``auth_events`` of a plain event (see ``_NOT_PLAIN``) whose fields have
+    the usual shape, every one :func:`parse_event` checks of exactly the JSON type
+    it reads (so that the caller's mapping reads as the stored JSON); else None, and
+    the event is decoded and parsed in full."""
+    if record.state_key is not None or record.type in _NOT_PLAIN:
+        return None
+    body = record.body
+    listed = body.get("auth_events")
+    prevs = body.get("prev_events")
+    ts = body.get("origin_server_ts")
+    sender = record.sender
+    if (type(listed) is list and _STR_ONLY.issuperset(map(type, listed)) and "" not in listed
+            and type(prevs) is list and _STR_ONLY.issuperset(map(type, prevs))
+            and (ts is None or type(ts) is int)
+            and type(record.type) is str and type(sender) is str
+            and sender.startswith("@") and ":" in sender
+            and type(record.room_id) is str and record.room_id.startswith("!")
+            and record.event_id.startswith("$")):
+        return listed
+    return None
+
+
 def _listed_auth(body: Mapping[str, Any]) -> list[str]:
     listed = body.get("auth_events", ()) or ()
     if type(listed) is list and _STR_ONLY.issuperset(map(type, listed)):
@@ -132,8 +164,8 @@ class RoomRules:
         self._rooms: OrderedDict[str, RoomModel] = OrderedDict()
         self._max_rooms = max_rooms
         self._db: Database | None = None
-        # The last batch's events as parsed, for its event_auth rows.
-        self._parsed: dict[str, MatrixEvent] = {}
+        # The auth event IDs of the last batch's events, for their event_auth rows.
+        self._auth_ids: dict[str, tuple[str, ...]] = {}
         self._batch: list[Any] | None = None
         # Events of the last batch stored before as outliers: their rows are replaced.
         self._deoutliered: set[str] = set()
@@ -204,8 +236,17 @@ class RoomRules:
         else:
             for r, (rejected, soft_failed) in zip(records, self._given):
                 r.rejected, r.soft_failed = rejected, soft_failed
-        bodies = {r.event_id: orjson.loads(r.json) for r in records}
-        self._parsed = {}
+        # Plain events of the usual shape are checked from the fields validation
+        # read (see _check_plain); the others are decoded here and parsed in full.
+        bodies: dict[str, dict[str, Any]] = {}
+        cites: dict[str, Sequence[str]] = {}
+        for r in records:
+            listed = _plain_listed_auth(r)
+            if listed is None:
+                body = bodies[r.event_id] = orjson.loads(r.json)
+                listed = _listed_auth(body)
+            cites[r.event_id] = listed
+        self._auth_ids = {}
         self._deoutliered = set()
         out: dict[str, Rejection] = {}
         rooms: dict[str, list[Any]] = {}
@@ -214,8 +255,6 @@ class RoomRules:
         for room_id, room_records in rooms.items():
             model = self.room(txn, room_id)
             current = None if backfilled else _CurrentState(txn, room_id, model)
-            cites: dict[str, Sequence[str]] = {
-                r.event_id: _listed_auth(bodies[r.event_id]) for r in room_records}
             for record in room_records:
                 if record.outlier:
                     model.outliers.add(record.event_id)
@@ -224,11 +263,51 @@ class RoomRules:
                     model.outliers.discard(record.event_id)
             passed: dict[tuple[tuple[str, ...], str, str], bool] = {}
             for record in _topological(room_records, cites):
-                rejection = self._check(model, record, bodies[record.event_id], current,
-                                        passed)
+                body = bodies.get(record.event_id)
+                if body is None and model.version is not None:
+                    rejection = self._check_plain(model.version, model, record,
+                                                  cites[record.event_id], current, passed)
+                else:
+                    if body is None:
+                        body = bodies[record.event_id] = orjson.loads(record.json)
+                    rejection = self._check(model, record, body, current, passed)
                 if rejection is not None:
                     out[record.event_id] = rejection
         return out
+
+    def _check_plain(self, version: RoomVersion, model: RoomModel, record: Any,
+                     listed: Sequence[str], current: _CurrentState | None,
+                     passed: dict[tuple[tuple[str, ...], str, str], bool]) -> Rejection | None:
+        """:meth:`_check` for a plain event that :func:`_plain_listed_auth` found of
+        the usual shape (it parses): the verdicts are memoized by what they read, so
+        the event is parsed only when one is worked out."""
+        auth_ids = tuple(listed)
+        if version.room_id_from_create_event:
+            create_id = create_event_id_for_room(record.room_id)
+            if create_id not in auth_ids:
+                auth_ids = (create_id,) + auth_ids
+        self._auth_ids[record.event_id] = auth_ids
+        if record.rejected:
+            return Rejection("flagged", "persisted with the rejected flag")
+        event: MatrixEvent | None = None
+        seen = (auth_ids, record.sender, record.type)
+        if seen not in passed:
+            event = parse_event(record.event_id, orjson.loads(record.json), version)
+            try:
+                auth.authorize(event, version, model.source.events, model.source.rejected)
+            except AuthRejection as exc:
+                record.rejected = True
+                return Rejection(exc.reason.value, exc.detail)
+            passed[seen] = True
+        if current is not None and not record.outlier:
+            fails = current.plain_verdict(record.sender, record.type)
+            if fails is None:
+                if event is None:
+                    event = parse_event(record.event_id, orjson.loads(record.json), version)
+                fails = current.fails_plain(event, version)
+            if fails:
+                record.soft_failed = True
+        return None
 
     def _check(self, model: RoomModel, record: Any, body: dict[str, Any],
                current: _CurrentState | None,
@@ -260,7 +339,7 @@ class RoomRules:
         except MatrixError as exc:
             record.rejected = True
             return Rejection(RejectionReason.MALFORMED.value, str(exc))
-        self._parsed[event.event_id] = event
+        self._auth_ids[event.event_id] = event.auth_ids
         if event.room_id != record.room_id:
             # Version 12: the room ID must be the one the create event defines.
             record.rejected = True
@@ -301,7 +380,7 @@ class RoomRules:
                         record.soft_failed = True
         if event.state_key is not None:
             if current is not None:
-                current.forget_plain()
+                current.forget_plain(event.key)
             if passed and (rejection is not None or event.event_id in model.source.events):
                 passed.clear()  # a held event replaced or rejected: verdicts may change
             model.add(event, rejected=rejection is not None)
@@ -317,21 +396,19 @@ class RoomRules:
         new = set(persisted)
         if not new:
             return
-        by_id = {r.event_id: r for r in records}
         auth_rows: list[tuple[str, str, str]] = []
         rooms: list[tuple[str, str]] = []
-        for event_id in new:
-            record = by_id.get(event_id)
-            if record is None:
+        checked = self._auth_ids
+        for record in records:
+            event_id = record.event_id
+            if event_id not in new:
                 continue
-            model = self._rooms.get(record.room_id)
-            event = self._parsed.get(event_id)
-            if event is not None:
-                ids: Sequence[str] = event.auth_ids
-            else:
+            ids: Sequence[str] | None = checked.get(event_id)
+            if ids is None:  # not checked: stored unchecked, or its room had no version
                 ids = _listed_auth(orjson.loads(record.json))
-            auth_rows.extend((event_id, a, record.room_id) for a in ids)
+            auth_rows.extend(zip(repeat(event_id), ids, repeat(record.room_id)))
             if record.type == CREATE and record.state_key == "" and event_id not in rejections:
+                model = self._rooms.get(record.room_id)
                 if model is not None and model.version is not None:
                     rooms.append((record.room_id, model.version.identifier))
         now = int(time.time() * 1000)
@@ -378,7 +455,8 @@ class _CurrentState:
         self._model = model
         self._state: dict[StateKey, str | None] = {}
         # Soft-failure verdicts of plain events by (sender, type): they read only the
-        # sender's entries of the state, which hold until a state event is added.
+        # create event, the power levels and the sender's membership (the keys of
+        # auth_types_for_event), so they hold until an event for one of those is added.
         self._plain: dict[tuple[str, str], bool] = {}
 
     def _fetch(self, keys: set[StateKey]) -> None:
@@ -410,6 +488,10 @@ class _CurrentState:
                 out[key] = held
         return out, frozenset(e.event_id for e in out.values())
 
+    def plain_verdict(self, sender: str, etype: str) -> bool | None:
+        """The memoized :meth:`fails_plain` verdict for *sender* and *etype*, or None."""
+        return self._plain.get((sender, etype))
+
     def fails_plain(self, event: MatrixEvent, version: RoomVersion) -> bool:
         """True when a plain event (see ``_NOT_PLAIN``) fails against the current
         state."""
@@ -426,13 +508,20 @@ class _CurrentState:
             self._plain[memo] = verdict
         return verdict
 
-    def forget_plain(self) -> None:
-        """A state event was added: the current state or the events held changed."""
-        self._plain.clear()
+    def forget_plain(self, key: StateKey) -> None:
+        """A state event for *key* was added (to the current state or the events
+        held): drop the verdicts that read *key*."""
+        if not self._plain:
+            return
+        if key[0] == MEMBER:
+            for memo in [m for m in self._plain if m[0] == key[1]]:
+                del self._plain[memo]
+        elif key == POWER_LEVELS_KEY or key == CREATE_KEY:
+            self._plain.clear()
 
     def apply(self, event: MatrixEvent) -> None:
         self._state[event.key] = event.event_id
-        self._plain.clear()
+        self.forget_plain(event.key)
 
 
 class MatrixStateResolver:
