@@ -3,13 +3,15 @@
 :func:`writes_for` gives the form of the transaction's engine: on PostgreSQL every
 queued statement goes to the server in one round trip, each insert's rows as one
 JSON parameter; on SQLite, where a statement costs no round trip, they run one by
-one at :meth:`Writes.flush`, inserts through ``executemany``.
+one at :meth:`Writes.flush`, each insert's rows as few multi-row ``VALUES``
+statements.
 """
 
 from __future__ import annotations
 
 import abc
 from functools import lru_cache
+from itertools import chain
 from typing import Any, Sequence
 
 import orjson
@@ -56,8 +58,14 @@ class Writes(abc.ABC):
         """Run everything queued."""
 
 
+#: Values bound by one SQLite statement: 999 is the least any SQLite build allows.
+_SQLITE_MAX_VALUES = 999
+
+
 class SqliteWrites(Writes):
-    """Statements run one by one at :meth:`flush`; rows bound as they are."""
+    """Statements run one by one at :meth:`flush`; an insert's rows go as few
+    multi-row ``VALUES`` statements (SQLite spends less on one statement of many
+    rows than on the same statement run once a row)."""
 
     def __init__(self, txn: Transaction) -> None:
         super().__init__(txn)
@@ -67,9 +75,14 @@ class SqliteWrites(Writes):
         self._queued.append((sql, [params]))
 
     def insert(self, table: str, columns: str, rows: Rows, suffix: str = "") -> None:
-        if rows:
-            one = "(" + ",".join("?" * len(rows[0])) + ")"
-            self._queued.append((f"INSERT INTO {table} ({columns}) VALUES {one}{suffix}", rows))
+        if not rows:
+            return
+        width = len(rows[0])
+        step = max(1, _SQLITE_MAX_VALUES // width)
+        for start in range(0, len(rows), step):
+            chunk = rows[start:start + step]
+            self._queued.append((_multi_row_insert(table, columns, suffix, width, len(chunk)),
+                                 [list(chain.from_iterable(chunk))]))
 
     def delete_rows(self, table: str, columns: str, keys: Rows) -> None:
         if keys:
@@ -138,6 +151,13 @@ def writes_for(txn: Transaction, utf8_bytea: bool = False) -> Writes:
     if txn.is_postgres:
         return PostgresWrites(txn, utf8_bytea)
     return SqliteWrites(txn)
+
+
+@lru_cache(maxsize=256)
+def _multi_row_insert(table: str, columns: str, suffix: str, width: int, count: int) -> str:
+    """An INSERT of *count* rows of *width* values each."""
+    row = "(" + ",".join("?" * width) + ")"
+    return f"INSERT INTO {table} ({columns}) VALUES {','.join([row] * count)}{suffix}"
 
 
 @lru_cache(maxsize=64)
