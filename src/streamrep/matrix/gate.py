@@ -240,27 +240,29 @@ class RoomRules:
         # read (see _check_plain); the others are decoded here and parsed in full.
         bodies: dict[str, dict[str, Any]] = {}
         cites: dict[str, Sequence[str]] = {}
+        rooms: dict[str, list[Any]] = {}
+        any_outlier = False
         for r in records:
             listed = _plain_listed_auth(r)
             if listed is None:
                 body = bodies[r.event_id] = orjson.loads(r.json)
                 listed = _listed_auth(body)
             cites[r.event_id] = listed
+            rooms.setdefault(r.room_id, []).append(r)
+            any_outlier = any_outlier or r.outlier
         self._auth_ids = {}
         self._deoutliered = set()
         out: dict[str, Rejection] = {}
-        rooms: dict[str, list[Any]] = {}
-        for r in records:
-            rooms.setdefault(r.room_id, []).append(r)
         for room_id, room_records in rooms.items():
             model = self.room(txn, room_id)
             current = None if backfilled else _CurrentState(txn, room_id, model)
-            for record in room_records:
-                if record.outlier:
-                    model.outliers.add(record.event_id)
-                elif record.event_id in model.outliers:
-                    self._deoutliered.add(record.event_id)
-                    model.outliers.discard(record.event_id)
+            if any_outlier or model.outliers:
+                for record in room_records:
+                    if record.outlier:
+                        model.outliers.add(record.event_id)
+                    elif record.event_id in model.outliers:
+                        self._deoutliered.add(record.event_id)
+                        model.outliers.discard(record.event_id)
             passed: dict[tuple[tuple[str, ...], str, str], bool] = {}
             for record in _topological(room_records, cites):
                 body = bodies.get(record.event_id)
