@@ -54,8 +54,9 @@ log = logging.getLogger("streamrep.state.compress")
 #: Groups per transaction.
 DEFAULT_BATCH_GROUPS = 1000
 
-#: Changed groups read into memory at a time (whole units; about 2 KB each).
-WINDOW_GROUPS = 100_000
+#: Changed groups read into memory at a time (whole units). A rewritten
+#: snapshot carries its old full state, so one can take ten KB or more.
+WINDOW_GROUPS = 20_000
 
 #: A multiset of delta rows ``(type, state_key, event_id)``.
 Rows = Counter[tuple[str, str, str]]
