@@ -21,6 +21,7 @@ from streamrep.cli import main
 from streamrep.errors import StateCorruptionError
 from streamrep.spark import Source
 from streamrep.spark.compress import CompressOptions
+from streamrep.spark import compress_apply
 from streamrep.spark.compress_apply import apply_compression
 from streamrep.spark.compress_local import compress_local
 from streamrep.spark.tables import read_db_table
@@ -182,9 +183,13 @@ def loaded_url(request: pytest.FixtureRequest, forest: Forest, tmp_path: Path) -
     return url
 
 
-def test_apply_keeps_every_state_and_reruns_as_a_no_op(forest: Forest, loaded_url: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("window_groups", [20_000, 100])
+def test_apply_keeps_every_state_and_reruns_as_a_no_op(forest: Forest, loaded_url: str, tmp_path: Path,
+                                                       window_groups: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A window of 100 changed groups reads the change set a unit at a time.
+    monkeypatch.setattr(compress_apply, "WINDOW_GROUPS", window_groups)
     out = str(tmp_path / "out")
-    compress_db(loaded_url, out, find_unreferenced=True)
+    compress_db(loaded_url, out, find_unreferenced=True, split_threshold=120)
     report = apply_compression(loaded_url, out, batch_groups=200)
     after = db_forest(loaded_url)
     referenced = sorted({g for _, g in forest.event_to_state_groups})
