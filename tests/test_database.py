@@ -65,6 +65,11 @@ def test_transactions_commit_roll_back_and_call_back(db_url: str) -> None:
     assert db.fetchone("SELECT b FROM t WHERE a = ?", (99,)) is None
     assert db.fetchval("SELECT b FROM t WHERE a = ?", (99,), "none") == "none"
     assert db.run(lambda txn, a: txn.fetchval("SELECT b FROM t WHERE a = ?", (a,)), 2) == "v2%"
+    # One statement without a transaction of its own: same answers, same errors.
+    assert db.read_value("SELECT b FROM t WHERE a = ?", (2,)) == "v2%"
+    assert db.read_value("SELECT b FROM t WHERE a = ?", (99,), "none") == "none"
+    with pytest.raises(Exception, match="no_such_table|does not exist|no such table"):
+        db.read_value("SELECT b FROM no_such_table")
     with db.transaction():
         assert db.connections_in_use == 1
     # Every connection lent out came back, also after the failures above.

@@ -156,3 +156,15 @@ def test_only_lost_connections_are_retried(db: Database) -> None:
         db.run(duplicate, name="duplicate")
     assert calls == [1]
     assert db.fetchall("SELECT body FROM facts WHERE id = 3") == [("c",)]
+
+
+def test_a_single_read_survives_terminated_backends(
+        db: Database, tagged: tuple[str, str], pg_server: str) -> None:
+    # read_value runs its statement without BEGIN/COMMIT: a lost connection
+    # still falls back to run()'s retry on a new one.
+    db.execute("INSERT INTO facts VALUES (4, 'd')")
+    assert db.read_value("SELECT body FROM facts WHERE id = ?", (4,)) == "d"
+    assert terminate_backends(pg_server, tagged[1]) >= 1
+    assert db.read_value("SELECT body FROM facts WHERE id = ?", (4,)) == "d"
+    assert db.read_value("SELECT body FROM facts WHERE id = ?", (5,), "none") == "none"
+    assert db.connections_in_use == 0

@@ -150,6 +150,35 @@ def test_hub_refuses_who_may_not_say_what() -> None:
     assert not third.receive(lines("NAME w1\nPOSITION caches w1 0 0\n"), now=0.0)
 
 
+def test_hub_checks_a_writers_facts_of_one_read_together_and_keeps_the_good_ones() -> None:
+    """Facts of one writer in one read cost one read of the stored token; when one
+    of them is bad, those before it still go out and the peer is refused at it."""
+    reads: list[int] = []
+
+    def stored(stream: str, instance: str) -> int:
+        reads.append(1)
+        return 10
+
+    def read(text: str) -> tuple[HubState, list[Any]]:
+        hub = _hub(stream_writers={"caches": ["w1"]}, stored_token=stored,
+                   row_check=lambda stream, cmds: next(
+                       (f"bad row {c.row_json!r}" for c in cmds if c.row_json == b'["bad"]'), None))
+        return hub, hub.new_peer("w", now=0.0).receive(lines("NAME w1\n" + text), now=0.0)
+
+    facts = "".join(f'RDATA caches w1 batch ["a{t}"]\nRDATA caches w1 {t} ["b{t}"]\n' for t in (4, 5, 6))
+    hub, out = read(facts)
+    assert sent(out) == facts.encode() and len(reads) == 1
+    assert hub.positions[("caches", "w1")] == 6
+    hub, out = read('RDATA caches w1 4 ["a"]\nRDATA caches w1 5 ["bad"]\nRDATA caches w1 6 ["c"]\n')
+    assert sent(out) == b'RDATA caches w1 4 ["a"]\n'
+    assert Close("protocol_error", "RDATA caches w1: bad row b'[\"bad\"]'") in out
+    assert hub.positions[("caches", "w1")] == 4
+    hub, out = read('RDATA caches w1 9 ["a"]\nRDATA caches w1 10 ["b"]\nRDATA caches w1 11 ["c"]\n')
+    assert sent(out) == b'RDATA caches w1 9 ["a"]\nRDATA caches w1 10 ["b"]\n'
+    assert Close("refused", "caches/w1 token 11 is past what the database holds (10)") in out
+    assert hub.positions[("caches", "w1")] == 10
+
+
 def test_hub_bounds_batches_and_the_handshake() -> None:
     hub = _hub()
     peer = hub.new_peer("p", now=0.0)

@@ -211,3 +211,19 @@ def test_compiled_checks_compact_rows_in_place(monkeypatch: pytest.MonkeyPatch) 
         assert compiled.check_row(compiled_shapes[stream], row) is None
     with pytest.raises(AssertionError, match="decoded"):
         compiled.check_row(compiled_shapes["typing"], b'["!r",[1]]')
+
+
+def test_rows_of_decoded_rdata_lines(rowcheck: ModuleType, impl_kind: str) -> None:
+    """Decoded RDATA commands (checked inside their lines on the compiled core)
+    get the same answers as their rows alone, spaces and escapes included."""
+    wire = core_module("wire", impl_kind)
+    mod_shapes = shapes(rowcheck)
+    for stream, row in GOOD:
+        line = b"RDATA %s writer1 batch %s\n" % (stream.encode(), row)
+        commands = wire.Decoder().feed(line + line.replace(b"batch", b"7"))
+        assert rowcheck.check_rows(mod_shapes[stream], commands) is None, row
+    for stream, row, message in BAD:
+        good_row = next(r for s, r in GOOD if s == stream)
+        lines = b"".join(b"RDATA %s writer1 batch %s\n" % (stream.encode(), r) for r in (good_row, row))
+        commands = wire.Decoder().feed(lines)
+        assert rowcheck.check_rows(mod_shapes[stream], commands) == message

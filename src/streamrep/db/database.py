@@ -657,6 +657,37 @@ class Database:
         """Run one statement in its own transaction (:meth:`run`: retried, once)."""
         self.run(lambda txn: txn.execute(sql, params), name="execute")
 
+    def read_value(self, sql: str, params: Params = (), default: Any = None, *,
+                   name: str = "read_value") -> Any:
+        """The first value of one read-only statement (*default* for no row or NULL).
+
+        The statement runs alone, in autocommit (a single statement is its own
+        snapshot), so it costs no ``BEGIN``/``COMMIT``: this is for reads on a hot
+        path, such as the hub's check of a writer's stored token. A busy SQLite
+        database or a lost PostgreSQL connection falls back to :meth:`run`, which
+        retries as it does for any read.
+        """
+        try:
+            if self.engine == POSTGRES:
+                with self._pg_connection() as conn:
+                    with conn.cursor() as cursor:
+                        cursor.execute(to_pyformat(sql), tuple(params))
+                        row = cursor.fetchone()
+            else:
+                with self._sqlite_lock:
+                    self._check_open()
+                    if self._sqlite_in_txn:
+                        raise DatabaseConfigError(
+                            "nested transaction on SQLite: finish the open transaction first")
+                    row = self._sqlite.execute(sql, tuple(params)).fetchone()
+        except Exception as exc:
+            if not (is_busy(exc) or is_connection_loss(exc) or isinstance(exc, _PG_RETRYABLE)):
+                raise
+            return self.run(lambda txn: txn.fetchval(sql, params, default), name=name, read_only=True)
+        if row is None or row[0] is None:
+            return default
+        return row[0]
+
     def fetchall(self, sql: str, params: Params = ()) -> list[Row]:
         """Run one query in its own transaction and return its rows."""
         return self.run(lambda txn: txn.fetchall(sql, params), name="fetchall")

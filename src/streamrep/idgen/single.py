@@ -9,22 +9,35 @@ from streamrep.idgen.base import BackingTable, IdGenerator
 from streamrep.idgen.tracking import CompletionTracker, WriterPositions
 
 
+def stored_token_query(tables: Sequence[BackingTable], negative: bool,
+                       instance: str | None = None) -> tuple[str, tuple[str, ...]]:
+    """One statement (``?`` placeholders) whose single value is the largest token
+    stored in *tables*, negated on a negative stream (NULL when they are empty);
+    with *instance*, only rows that writer wrote (tables without a writer column
+    count whole). Each table's part is an index lookup of its MAX (or MIN)."""
+    func = "MIN" if negative else "MAX"
+    parts: list[str] = []
+    params: list[str] = []
+    for table in tables:
+        part = f"SELECT {func}({table.id_column}) AS token FROM {table.table}"
+        if instance is not None and table.instance_column:
+            part += f" WHERE {table.instance_column} = ?"
+            params.append(instance)
+        parts.append(part)
+    sign = "-" if negative else ""
+    if len(parts) == 1:
+        sql = f"SELECT {sign}token FROM ({parts[0]}) AS stored"
+    else:
+        sql = f"SELECT {sign}{func}(token) FROM ({' UNION ALL '.join(parts)}) AS stored"
+    return sql, tuple(params)
+
+
 def max_stored_token(txn: Transaction, tables: Sequence[BackingTable], negative: bool,
                      instance: str | None = None) -> int:
-    """The largest token stored in *tables* (0 when empty); with *instance*, only
-    rows that writer wrote (tables without a writer column count whole)."""
-    best = 0
-    for table in tables:
-        func = "MIN" if negative else "MAX"
-        sql = f"SELECT {func}({table.id_column}) FROM {table.table}"
-        params: tuple[str, ...] = ()
-        if instance is not None and table.instance_column:
-            sql += f" WHERE {table.instance_column} = ?"
-            params = (instance,)
-        value = txn.fetchval(sql, params)
-        if value is not None:
-            best = max(best, -int(value) if negative else int(value))
-    return best
+    """The largest token stored in *tables* (0 when empty), as
+    :func:`stored_token_query` reads it, in *txn*."""
+    sql, params = stored_token_query(tables, negative, instance)
+    return max(int(txn.fetchval(sql, params, 0)), 0)
 
 
 class StreamIdGenerator(IdGenerator):

@@ -1000,17 +1000,24 @@ class HubPeer(Session):
     # --- dispatch ----------------------------------------------------------------------------
 
     def _dispatch(self, commands: list[Any], out: list[Action]) -> None:
-        # A writer's RDATA comes grouped per fact by the core and is gathered per
-        # stream, published once per read; anything else first flushes what was
-        # gathered, keeping the order.
+        # A writer's RDATA comes grouped per fact by the core; consecutive facts of
+        # one writer are checked together and gathered per stream, published once
+        # per read; anything else first flushes what was gathered, keeping the order.
         handlers = self._handlers
+        facts: list[tuple[Any, ...]] = []
         try:
             for item in _group_rdata(commands):
+                if type(item) is tuple:
+                    if facts and (item[0] != facts[0][0] or item[1] != facts[0][1]):
+                        self._writer_facts(facts, out)
+                        facts = []
+                    facts.append(item)
+                    continue
+                if facts:
+                    self._writer_facts(facts, out)
+                    facts = []
                 if self.closed:
                     return
-                if type(item) is tuple:
-                    self._rdata_run(item[0], item[1], item[2], item[3], out)
-                    continue
                 if self._relay:
                     self._flush_relay(out)
                 handler = handlers.get(item.NAME)
@@ -1018,6 +1025,8 @@ class HubPeer(Session):
                     self._refuse(item, out)
                     return
                 handler(item, out)
+            if facts:
+                self._writer_facts(facts, out)
         finally:
             # Facts gathered before a bad line passed every check and moved the
             # hub's positions: they go out whatever follows.
@@ -1033,22 +1042,65 @@ class HubPeer(Session):
     def _refused(self, out: list[Action], why: str) -> None:
         self._close(out, DisconnectReason.REFUSED, why)
 
-    def _rdata_run(self, stream: str, instance: str, token: int | None, commands: list[Any],
-                   out: list[Action]) -> None:
-        if not self._may_write(stream, instance, out):
+    def _writer_facts(self, facts: list[tuple[Any, ...]], out: list[Action]) -> None:
+        """Consecutive facts ``(stream, instance, token, commands)`` of one writer
+        from one read. Several are checked together (one read of the database's
+        token per batch of facts rather than per fact); when that fails they are
+        checked one by one, so the facts before the first bad one still go out, as
+        they would have alone."""
+        stream, instance = facts[0][0], facts[0][1]
+        if (len(facts) > 1 and not self.closed and self._may_write(stream, instance, out)
+                and self._all_pass(stream, instance, facts)):
+            for fact in facts:
+                self._take_fact(stream, instance, fact[2], fact[3], out)
+                if self.closed:
+                    return
             return
-        hub = self.hub
-        row_check = hub.row_check
+        for fact in facts:
+            if self.closed:
+                return
+            self._rdata_run(stream, instance, fact[2], fact[3], out)
+
+    def _all_pass(self, stream: str, instance: str, facts: list[tuple[Any, ...]]) -> bool:
+        """Whether every row of *facts* fits and their last token is stored."""
+        if self._rows_problem(stream, [command for fact in facts for command in fact[3]]) is not None:
+            return False
+        last = max((fact[2] for fact in facts if fact[2] is not None), default=None)
+        return last is None or self.hub.token_limit(stream, instance, last) is None
+
+    def _rows_problem(self, stream: str, commands: list[Any]) -> str | None:
+        """What is wrong with the rows of RDATA *commands* of *stream*, or None."""
+        row_check = self.hub.row_check
         if row_check is not None:
             # The stream's row format (JSON validity included), checked in place.
-            problem = row_check(stream, commands)
-            if problem is not None:
-                raise MalformedCommandError(f"RDATA {stream} {instance}: {problem}")
-        else:
-            try:
-                C.validate_rows(commands)
-            except MalformedCommandError:
-                raise MalformedCommandError(f"RDATA {stream} {instance}: row is not valid JSON") from None
+            return row_check(stream, commands)
+        try:
+            C.validate_rows(commands)
+        except MalformedCommandError:
+            return "row is not valid JSON"
+        return None
+
+    def _rdata_run(self, stream: str, instance: str, token: int | None, commands: list[Any],
+                   out: list[Action]) -> None:
+        """One fact (or the ``batch`` rows of one), checked on its own."""
+        if not self._may_write(stream, instance, out):
+            return
+        problem = self._rows_problem(stream, commands)
+        if problem is not None:
+            raise MalformedCommandError(f"RDATA {stream} {instance}: {problem}")
+        if token is not None:
+            pos = self.hub.positions.get((stream, instance))
+            if pos is None or token > pos:
+                limit = self.hub.token_limit(stream, instance, token)
+                if limit is not None:
+                    self._refused(out, f"{stream}/{instance} token {token} is past what the database "
+                                       f"holds ({limit})")
+                    return
+        self._take_fact(stream, instance, token, commands, out)
+
+    def _take_fact(self, stream: str, instance: str, token: int | None, commands: list[Any],
+                   out: list[Action]) -> None:
+        """Gather a checked fact for relaying (``batch`` rows wait for their token)."""
         key = (stream, instance)
         if token is None:
             self._pending_rows += len(commands)
@@ -1064,13 +1116,10 @@ class HubPeer(Session):
         waiting = self._batches.pop(key, None)
         if waiting:
             self._pending_rows -= len(waiting)
+        hub = self.hub
         pos = hub.positions.get(key)
         if pos is not None and token <= pos:
             return  # already published (the hub filled it from the database)
-        limit = hub.token_limit(stream, instance, token)
-        if limit is not None:
-            self._refused(out, f"{stream}/{instance} token {token} is past what the database holds ({limit})")
-            return
         hub.positions[key] = token
         hub.known_streams.setdefault(stream, None)
         buf = self._relay.get(stream)

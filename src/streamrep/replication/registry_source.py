@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Sequence
 
 from streamrep.errors import UnknownStreamError
-from streamrep.idgen.single import max_stored_token
+from streamrep.idgen.single import stored_token_query
 from streamrep.streams import Streams
 
 if TYPE_CHECKING:
@@ -80,17 +80,21 @@ class RegistrySource:
                 (stream, instance),
             )
             return abs(int(value)) if value is not None else 0
-        # Database.run: a lost connection is retried rather than failing the peer.
-        return int(self.db.run(max_stored_token, definition.tables, definition.negative,
-                               instance, name=f"{stream}:replication_position",
-                               read_only=True))
+        return self._stored(stream, instance)
 
     def stored_token(self, stream: str, instance: str) -> int:
         definition = self.streams.definition(stream)
         if definition.in_memory:
             return int(self.streams.current_token(stream, instance))
-        return int(self.db.run(max_stored_token, definition.tables, definition.negative,
-                               instance, name=f"{stream}:replication_stored", read_only=True))
+        return self._stored(stream, instance)
+
+    def _stored(self, stream: str, instance: str) -> int:
+        # Read once per writer transaction by the hub's token check: one statement
+        # without BEGIN/COMMIT, and a lost connection is retried rather than
+        # failing the peer.
+        definition = self.streams.definition(stream)
+        sql, params = stored_token_query(definition.tables, definition.negative, instance)
+        return max(int(self.db.read_value(sql, params, 0, name=f"{stream}:replication_stored")), 0)
 
     def updates(
         self, stream: str, instance: str, from_token: int, upto_token: int, limit: int
