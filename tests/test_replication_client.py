@@ -110,6 +110,40 @@ def test_gap_without_source_is_reported() -> None:
     assert f.positions[("events", "w1")] == 2 and got == []
 
 
+def test_client_acts_on_what_precedes_an_unfillable_gap_then_reconnects() -> None:
+    """Without a database a gap closes the connection (the hub resends from the
+    last tokens); what came before it in the read is still carried out."""
+    from streamrep.replication import commands as C
+    from streamrep.replication.protocol import GapUnfilled, Received, Send
+    from streamrep.replication.transport.tcp_connection import TcpConnection
+
+    relayed: list[Any] = []
+
+    class Conn:
+        name = "hub"
+        perform_basic = TcpConnection.perform_basic
+        log_peer_error = TcpConnection.log_peer_error
+
+        def __init__(self) -> None:
+            self.sent: list[bytes] = []
+            self.closed_with: list[str] = []
+
+        def send_lines(self, data: bytes, count: int, name: str) -> bool:
+            self.sent.append(data)
+            return True
+
+        def close(self, reason: str, error: str | None = None) -> None:
+            self.closed_with.append(reason)
+
+    client = ReplicationClient("127.0.0.1", 1, client_name="w", on_command=relayed.append)
+    conn = Conn()
+    server_up = C.new_decoder(1000).feed(b"REMOTE_SERVER_UP other.example\n")[0]
+    client.perform(conn, [Send(b"PING 1\n", 1, "PING"), Received(server_up),  # type: ignore[arg-type]
+                          GapUnfilled("events", "w1", 2, 4), Send(b"PING 2\n", 1, "PING")])
+    assert conn.sent == [b"PING 1\n"] and relayed == [server_up]
+    assert conn.closed_with == [DisconnectReason.GAP_UNFILLED]
+
+
 def test_start_from_and_stream_filter() -> None:
     src = MemorySource()
     src.append("caches", "main", 2, [["c2"]])

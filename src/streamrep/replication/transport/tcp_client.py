@@ -40,12 +40,9 @@ from streamrep.replication.metrics import ReplicationMetrics
 from streamrep.replication.protocol import (
     Action,
     ClientSession,
-    Close,
     ConnectionSettings,
     DisconnectReason,
     GapUnfilled,
-    Received,
-    Send,
 )
 from streamrep.replication.auth import AUTH_FAILED, PeerGate
 from streamrep.replication.security import PeerSecurity
@@ -273,26 +270,17 @@ class ReplicationClient:
         follower = self.follower
         if follower is not None:
             actions = follower.run(actions)
-        for action in actions:
-            kind = type(action)
-            if kind is Send:
-                assert isinstance(action, Send)
-                conn.send_lines(action.data, action.count, action.name)
-            elif kind is Close:
-                assert isinstance(action, Close)
-                conn.close(action.reason, action.error)
-            elif kind is Received:
-                assert isinstance(action, Received)
-                if not conn.log_peer_error(action.command) and self.on_command is not None:
-                    self.on_command(action.command)
-            elif kind is GapUnfilled:
+        for index, action in enumerate(actions):
+            if type(action) is GapUnfilled:
                 assert isinstance(action, GapUnfilled)
+                conn.perform_basic(actions[:index], self.on_command)
                 # No database to fill it from: reconnect, and the hub streams what
                 # was missed from our last tokens.
                 logger.warning("gap on %s/%s (at %s, hub was at %s): resynchronising through the hub",
                                action.stream, action.instance, action.from_token, action.upto_token)
                 conn.close(DisconnectReason.GAP_UNFILLED)
                 return
+        conn.perform_basic(actions, self.on_command)
 
     # --- sending ---------------------------------------------------------------------------------
 

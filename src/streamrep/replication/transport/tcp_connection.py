@@ -192,8 +192,10 @@ class TcpConnection:
 
     # --- actions ----------------------------------------------------------------------------
 
-    def perform_basic(self, actions: list[Action]) -> None:
-        """Carry out ``Send``, ``Close`` and a peer's ``ERROR``; ignore the rest."""
+    def perform_basic(self, actions: Sequence[Action],
+                      on_command: Callable[[Any], None] | None = None) -> None:
+        """Carry out ``Send``, ``Close`` and a peer's ``ERROR``; hand any other
+        received command to *on_command*; ignore the rest."""
         for action in actions:
             kind = type(action)
             if kind is Send:
@@ -204,7 +206,8 @@ class TcpConnection:
                 self.close(action.reason, action.error)
             elif kind is Received:
                 assert isinstance(action, Received)
-                self.log_peer_error(action.command)
+                if not self.log_peer_error(action.command) and on_command is not None:
+                    on_command(action.command)
 
     def log_peer_error(self, command: Any) -> bool:
         """Log a peer's ``ERROR``; True if *command* was one."""
