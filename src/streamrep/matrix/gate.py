@@ -39,6 +39,7 @@ from streamrep.matrix.events import (
     ALIASES,
     CREATE,
     CREATE_KEY,
+    JOIN_RULES_KEY,
     MEMBER,
     POWER_LEVELS_KEY,
     REDACTION,
@@ -57,6 +58,9 @@ if TYPE_CHECKING:
 __all__ = ["Rejection", "RoomModel", "RoomRules", "MatrixStateResolver"]
 
 _CHUNK = 500
+#: Current-state keys looked up by one query: three values each, within the 999
+#: values any SQLite build binds.
+_KEYS_PER_QUERY = 333
 #: Memberships a server may hold for a room it has not joined (out-of-band).
 _OUT_OF_BAND = frozenset({"invite", "leave", "knock"})
 _STR_ONLY = frozenset({str})
@@ -142,6 +146,19 @@ def _plain_listed_auth(record: Any) -> list[str] | None:
             and record.event_id.startswith("$")):
         return listed
     return None
+
+
+def _keys_likely_read(records: list[Any]) -> set[StateKey]:
+    """The current state's keys that checking *records* will most likely read: the
+    create event, the power levels, each sender's membership and, for membership
+    events, the target's and the join rules (see ``auth_types_for_event``)."""
+    keys = {CREATE_KEY, POWER_LEVELS_KEY}
+    for r in records:
+        keys.add((MEMBER, r.sender))
+        if r.type == MEMBER and type(r.state_key) is str:
+            keys.add((MEMBER, r.state_key))
+            keys.add(JOIN_RULES_KEY)
+    return keys
 
 
 def _listed_auth(body: Mapping[str, Any]) -> list[str]:
@@ -256,6 +273,8 @@ class RoomRules:
         for room_id, room_records in rooms.items():
             model = self.room(txn, room_id)
             current = None if backfilled else _CurrentState(txn, room_id, model)
+            if current is not None:
+                current.prefetch(_keys_likely_read(room_records))
             if any_outlier or model.outliers:
                 for record in room_records:
                     if record.outlier:
@@ -461,19 +480,26 @@ class _CurrentState:
         # auth_types_for_event), so they hold until an event for one of those is added.
         self._plain: dict[tuple[str, str], bool] = {}
 
+    def prefetch(self, keys: set[StateKey]) -> None:
+        """Read *keys* now, in one query, rather than one query per event later (the
+        current state does not change until the batch's rows are written)."""
+        self._fetch(keys)
+
     def _fetch(self, keys: set[StateKey]) -> None:
         wanted = [k for k in keys if k not in self._state]
-        for i in range(0, len(wanted), _CHUNK):
-            chunk = wanted[i:i + _CHUNK]
+        for i in range(0, len(wanted), _KEYS_PER_QUERY):
+            chunk = wanted[i:i + _KEYS_PER_QUERY]
             for key in chunk:
                 self._state[key] = None
-            clause = " OR ".join(["(type = ? AND state_key = ?)"] * len(chunk))
-            params: list[str] = [self._room_id]
+            # Each term names the whole primary key, so that SQLite looks each key up
+            # (with room_id factored out it reads every row of the room's state).
+            clause = " OR ".join(["(room_id = ? AND type = ? AND state_key = ?)"] * len(chunk))
+            params: list[str] = []
             for etype, skey in chunk:
-                params.extend((etype, skey))
+                params.extend((self._room_id, etype, skey))
             rows = self._txn.fetchall(
-                "SELECT type, state_key, event_id FROM current_state_events"
-                f" WHERE room_id = ? AND ({clause})", tuple(params))
+                f"SELECT type, state_key, event_id FROM current_state_events WHERE {clause}",
+                tuple(params))
             for etype, skey, event_id in rows:
                 self._state[(etype, skey)] = event_id
 
