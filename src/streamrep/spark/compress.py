@@ -498,7 +498,13 @@ def compress_units(segment: pa.Table, options: CompressOptions) -> UnitsOutput:
     return UnitsOutput(tables, report)
 
 
-def unit_batches(batches: Iterable[pa.RecordBatch], batch_rows: int = 500_000) -> Iterator[pa.Table]:
+#: Sorted rows a Spark task compresses at a time. Expanding every group's full
+#: state takes several times the rows' own size, and the two Python workers of
+#: ``local[2]`` run beside the JVM, so batches stay small.
+TASK_BATCH_ROWS = 200_000
+
+
+def unit_batches(batches: Iterable[pa.RecordBatch], batch_rows: int = TASK_BATCH_ROWS) -> Iterator[pa.Table]:
     """Tables of whole units out of record batches sorted by ``unit, state_group``."""
     return whole_tables(batches, _last_unit_start, batch_rows)
 
@@ -561,6 +567,10 @@ def write_units(batches: Iterable[pa.RecordBatch], output: str, part: str,
         for table in unit_batches(batches):
             produced = compress_units(table, options)
             writer.write(produced.tables)
+            del table
+            # Hand the batch's Arrow buffers back to the system rather than
+            # keep them in the worker for the next one.
+            pa.default_memory_pool().release_unused()
             for name, value in produced.report.items():
                 if name.startswith("max_"):
                     totals[name] = max(totals[name], value)
