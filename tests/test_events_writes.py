@@ -9,11 +9,11 @@ from streamrep.db import Database, Transaction
 from streamrep.events.writes import writes_for
 
 
-@pytest.mark.parametrize("count", [1, 332, 333, 334, 1000])
+@pytest.mark.parametrize("count", [1, 7, 8, 9, 63, 64, 65, 73, 1000])
 def test_an_insert_stores_every_row_and_its_suffix_applies_to_each(db_url: str,
                                                                    count: int) -> None:
-    """On SQLite the rows go 333 (of 3 values) to a statement: counts around that
-    split, and ``ON CONFLICT`` skips the duplicates of every statement."""
+    """On SQLite the rows go 64, then 8, then 1 to a statement: counts around those
+    splits, and ``ON CONFLICT`` skips the duplicates of every statement."""
     db = Database.open(db_url)
     try:
         db.run(lambda txn: txn.execute(

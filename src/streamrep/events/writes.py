@@ -3,8 +3,8 @@
 :func:`writes_for` gives the form of the transaction's engine: on PostgreSQL every
 queued statement goes to the server in one round trip, each insert's rows as one
 JSON parameter; on SQLite, where a statement costs no round trip, they run one by
-one at :meth:`Writes.flush`, each insert's rows as few multi-row ``VALUES``
-statements.
+one at :meth:`Writes.flush`, each insert's rows 64, 8 or 1 to a multi-row
+``VALUES`` statement.
 """
 
 from __future__ import annotations
@@ -60,12 +60,16 @@ class Writes(abc.ABC):
 
 #: Values bound by one SQLite statement: 999 is the least any SQLite build allows.
 _SQLITE_MAX_VALUES = 999
+#: Rows of one multi-row SQLite INSERT, largest first: a few fixed sizes, so that
+#: each statement is compiled once and then found in the connection's statement
+#: cache (a statement for every row count would be compiled again and again).
+_SQLITE_ROWS_PER_INSERT = (64, 8, 1)
 
 
 class SqliteWrites(Writes):
-    """Statements run one by one at :meth:`flush`; an insert's rows go as few
-    multi-row ``VALUES`` statements (SQLite spends less on one statement of many
-    rows than on the same statement run once a row)."""
+    """Statements run one by one at :meth:`flush`; an insert's rows go 64, then 8,
+    then 1 to a multi-row ``VALUES`` statement (SQLite spends less on one statement
+    of many rows than on the same statement run once a row)."""
 
     def __init__(self, txn: Transaction) -> None:
         super().__init__(txn)
@@ -78,11 +82,16 @@ class SqliteWrites(Writes):
         if not rows:
             return
         width = len(rows[0])
-        step = max(1, _SQLITE_MAX_VALUES // width)
-        for start in range(0, len(rows), step):
-            chunk = rows[start:start + step]
-            self._queued.append((_multi_row_insert(table, columns, suffix, width, len(chunk)),
-                                 [list(chain.from_iterable(chunk))]))
+        start = 0
+        for size in _SQLITE_ROWS_PER_INSERT:
+            if size > 1 and size * width > _SQLITE_MAX_VALUES:
+                continue
+            end = start + (len(rows) - start) // size * size
+            if end > start:
+                sql = _multi_row_insert(table, columns, suffix, width, size)
+                self._queued.append((sql, rows[start:end] if size == 1 else [
+                    list(chain.from_iterable(rows[i:i + size])) for i in range(start, end, size)]))
+                start = end
 
     def delete_rows(self, table: str, columns: str, keys: Rows) -> None:
         if keys:
@@ -153,7 +162,7 @@ def writes_for(txn: Transaction, utf8_bytea: bool = False) -> Writes:
     return SqliteWrites(txn)
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=128)
 def _multi_row_insert(table: str, columns: str, suffix: str, width: int, count: int) -> str:
     """An INSERT of *count* rows of *width* values each."""
     row = "(" + ",".join("?" * width) + ")"
