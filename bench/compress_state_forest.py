@@ -4,7 +4,8 @@
 
 The forest is the reconstruction bench's (``reconstruct_state_forest.py``: rooms
 of about 50 groups, 8% snapshots), loaded into one fresh PostgreSQL database per
-contender with Synapse's indexes on the state tables:
+contender, indexed as Synapse indexes it (``state_groups`` by room, edges both
+ways, delta rows and event references by group):
 
 1. the reference compressor (``synapse_auto_compressor``, run from its own
    virtualenv, ``--compressor-python``) over every room, its default levels
