@@ -471,9 +471,23 @@ def _apply_transaction(store: _Store, steps: list[list[Change]], listed: set[int
     report.merge(done)
 
 
-def _apply_step(store: _Store, batch: list[Change], listed: set[int], unlisted_children: dict[int, int] | None,
-                report: ApplyReport) -> list[Change]:
-    """Check and write one step of a transaction; returns the groups it rewrote."""
+@dataclass
+class _Held:
+    """What the database holds now for the groups of one step."""
+
+    prevs: dict[int, list[int]]
+    rows: dict[int, Rows]
+    children: dict[int, list[int]]
+    exists: set[int]
+    referenced: set[int]
+
+    def matches(self, group: int, prev: int | None, rows: Rows) -> bool:
+        """Whether *group* has exactly *prev* and delta *rows*."""
+        return (self.prevs.get(group, []) == ([] if prev is None else [prev])
+                and self.rows.get(group, Counter()) == rows)
+
+
+def _read_held(store: _Store, batch: list[Change]) -> _Held:
     groups = [c.group for c in batch]
     prevs: dict[int, list[int]] = defaultdict(list)
     for g, p in store.query("SELECT state_group, prev_state_group FROM state_group_edges "
@@ -493,16 +507,20 @@ def _apply_step(store: _Store, batch: list[Change], listed: set[int], unlisted_c
     if any(c.action == "delete" for c in batch):
         referenced = {g for (g,) in store.query(
             "SELECT DISTINCT state_group FROM event_to_state_groups WHERE state_group = {groups}", groups)}
+    return _Held(prevs, rows, children, exists, referenced)
 
-    def as_read(c: Change) -> bool:
-        current = prevs.get(c.group, [])
-        return current == ([] if c.old_prev is None else [c.old_prev]) and rows.get(c.group, Counter()) == c.old_rows
 
-    def new_children(c: Change) -> bool:
+def _sort_step(batch: list[Change], held: _Held, listed: set[int],
+               unlisted_children: dict[int, int] | None, report: ApplyReport
+               ) -> tuple[list[Change], list[Change], list[Change]]:
+    """The changes of *batch* to rewrite, delete and restore; the others are
+    counted in *report* as done already or skipped, with why."""
+
+    def gained_a_child(c: Change) -> bool:
         # Children not managed by the change set beyond those it had.
         if unlisted_children is None:
             return False
-        unmanaged = [x for x in children.get(c.group, []) if x not in listed]
+        unmanaged = [x for x in held.children.get(c.group, []) if x not in listed]
         return len(unmanaged) > unlisted_children.get(c.group, 0)
 
     to_rewrite: list[Change] = []
@@ -511,48 +529,58 @@ def _apply_step(store: _Store, batch: list[Change], listed: set[int], unlisted_c
     coming_back: set[int] = set()
     for c in batch:
         if c.action == "restore":
-            if c.group in exists:
+            if c.group in held.exists:
                 report.already_restored += 1
-            elif c.new_prev is not None and c.new_prev not in exists | coming_back:
+            elif c.new_prev is not None and c.new_prev not in held.exists | coming_back:
                 report.skip("prev group no longer exists")
             else:
                 to_restore.append(c)
                 coming_back.add(c.group)
         elif c.action == "rewrite":
-            if c.group not in exists:
+            if c.group not in held.exists:
                 report.skip("group no longer exists")
-            elif c.new_prev is not None and c.new_prev not in exists:
+            elif c.new_prev is not None and c.new_prev not in held.exists:
                 report.skip("new prev group no longer exists")
-            elif as_read(c):
-                if new_children(c):
+            elif held.matches(c.group, c.old_prev, c.old_rows):
+                if gained_a_child(c):
                     report.skip("gained a child")
                 else:
                     to_rewrite.append(c)
-            elif prevs.get(c.group, []) == ([] if c.new_prev is None else [c.new_prev]) and \
-                    rows.get(c.group, Counter()) == c.new_rows:
+            elif held.matches(c.group, c.new_prev, c.new_rows):
                 report.already_rewritten += 1
             else:
                 report.skip("changed since compress")
+        elif c.group not in held.exists:
+            report.already_deleted += 1
+        elif not held.matches(c.group, c.old_prev, c.old_rows):
+            report.skip("changed since compress")
+        elif c.group in held.referenced:
+            report.skip("now referenced by an event")
         else:
-            if c.group not in exists:
-                report.already_deleted += 1
-            elif not as_read(c):
-                report.skip("changed since compress")
-            elif c.group in referenced:
-                report.skip("now referenced by an event")
-            else:
-                to_delete.append(c)
-    # A group may go only if all its children go with it.
+            to_delete.append(c)
+    return to_rewrite, _without_needed(to_delete, held.children, report), to_restore
+
+
+def _without_needed(to_delete: list[Change], children: dict[int, list[int]],
+                    report: ApplyReport) -> list[Change]:
+    """*to_delete* less the groups a staying group needs: a group may go only if
+    all its children go with it."""
     deleting = {c.group for c in to_delete}
     while True:
         blocked = {c.group for c in to_delete
                    if any(x not in deleting for x in children.get(c.group, []))}
         if not blocked:
-            break
+            return to_delete
         report.skip("needed by a group that stays", len(blocked))
         to_delete = [c for c in to_delete if c.group not in blocked]
         deleting -= blocked
 
+
+def _apply_step(store: _Store, batch: list[Change], listed: set[int], unlisted_children: dict[int, int] | None,
+                report: ApplyReport) -> list[Change]:
+    """Check and write one step of a transaction; returns the groups it rewrote."""
+    held = _read_held(store, batch)
+    to_rewrite, to_delete, to_restore = _sort_step(batch, held, listed, unlisted_children, report)
     touched = [c.group for c in to_rewrite] + [c.group for c in to_delete]
     if touched:
         store.delete("DELETE FROM state_groups_state WHERE state_group = {groups}", touched)
