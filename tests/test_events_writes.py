@@ -30,3 +30,35 @@ def test_an_insert_stores_every_row_and_its_suffix_applies_to_each(db_url: str,
         assert db.fetchall("SELECT a, b, c FROM pairs ORDER BY a") == rows
     finally:
         db.close()
+
+
+@pytest.mark.parametrize("count", [1, 9, 65, 1000])
+def test_an_insert_of_flat_values_stores_the_same_rows(db_url: str, count: int) -> None:
+    db = Database.open(db_url)
+    try:
+        db.run(lambda txn: txn.execute(
+            "CREATE TABLE pairs (a TEXT NOT NULL PRIMARY KEY, b TEXT NOT NULL, c TEXT)"))
+        rows = [(f"a{i:04}", f"b{i}", f"c{i}") for i in range(count)]
+        flat = [value for row in rows for value in row]
+
+        def write(txn: Transaction) -> None:
+            writes = writes_for(txn)
+            writes.insert_flat("pairs", "a, b, c", flat)
+            writes.flush()
+
+        db.run(write)
+        assert db.fetchall("SELECT a, b, c FROM pairs ORDER BY a") == rows
+    finally:
+        db.close()
+
+
+def test_flat_values_that_do_not_fill_whole_rows_are_refused(db_url: str) -> None:
+    db = Database.open(db_url)
+    try:
+        def write(txn: Transaction) -> None:
+            writes_for(txn).insert_flat("pairs", "a, b, c", ["a", "b", "c", "d"])
+
+        with pytest.raises(ValueError, match="4 values do not make rows of 3"):
+            db.run(write)
+    finally:
+        db.close()

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from streamrep import EventStore
-from streamrep.db import Database
 from streamrep.matrix import auth
 from streamrep.matrix.events import parse_event, room_id_for_create_event
 from streamrep.matrix.gate import RoomRules
@@ -212,21 +211,82 @@ def test_unknown_room_version_rejects_the_create_event(store: EventStore) -> Non
     assert store.get_current_state("!r:a.org") == {}
 
 
-def test_existing_databases_get_the_tables_filled(db_url: str) -> None:
-    r, events = build("10")
-    plain = EventStore(db_url)
+def _auth_rows(store: EventStore) -> dict[str, set[str]]:
+    rows: dict[str, set[str]] = {}
+    for event_id, auth_id in store.db.fetchall("SELECT event_id, auth_id FROM event_auth"):
+        rows.setdefault(event_id, set()).add(auth_id)
+    return rows
+
+
+def _expected_auth_rows(r: Room, events: list[dict[str, Any]]) -> dict[str, set[str]]:
+    """The rows the reference system stores: each state event's auth event IDs, with
+    the create event in version 12."""
+    expected = {}
+    for e in events:
+        if "state_key" not in e:
+            continue
+        cited = {a[0] if isinstance(a, list) else a for a in e["auth_events"]}
+        if r.version.room_id_from_create_event and e is not r.create:
+            cited.add(r.id("create"))
+        if cited:
+            expected[e["event_id"]] = cited
+    return expected
+
+
+def _with_messages(r: Room, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    hello = r.event("hello", [events[-1]["event_id"]], "m.room.message", None, BOB,
+                    {"body": "hello"})
+    return [*events, hello]
+
+
+@pytest.mark.parametrize("version_id", ["10", "12"])
+def test_event_auth_holds_the_state_events_auth_events(store: EventStore,
+                                                       version_id: str) -> None:
+    r, events = build(version_id)
+    events = _with_messages(r, events)
+    assert store.persist_events(events).rejected == {}
+    assert _auth_rows(store) == _expected_auth_rows(r, events)
+
+
+@pytest.mark.parametrize("version_id", ["10", "12"])
+def test_existing_databases_get_the_tables_filled(db_url: str, version_id: str) -> None:
+    r, events = build(version_id)
+    events = _with_messages(r, events)
+    plain = EventStore(db_url, room_rules=None)  # no matrix tables yet
     plain.persist_events(events)
     plain.close()
     ruled = EventStore(db_url, room_rules=RoomRules())
     try:
         assert ruled.db.fetchval("SELECT room_version FROM rooms WHERE room_id = ?",
-                                 (r.room_id,)) == "10"
-        rows = ruled.db.fetchall("SELECT auth_id FROM event_auth WHERE event_id = ?",
-                                 (r.id("bob"),))
-        assert {row[0] for row in rows} == {r.id("create"), r.id("power"), r.id("rules")}
+                                 (r.room_id,)) == version_id
+        assert _auth_rows(ruled) == _expected_auth_rows(r, events)
     finally:
         ruled.close()
-    assert isinstance(Database, type)
+
+
+def test_event_auth_rows_of_an_earlier_release_are_brought_to_the_state_events(
+        db_url: str) -> None:
+    r, events = build("12")
+    events = _with_messages(r, events)
+    store = EventStore(db_url, room_rules=RoomRules())
+    try:
+        store.persist_events(events)
+        hello = r.id("hello")
+        # As an earlier release left them: rows for every event, and version 12's
+        # state events without their create event.
+        store.db.execute("DELETE FROM event_auth WHERE auth_id = ?", (r.id("create"),))
+        store.db.execute("INSERT INTO event_auth (event_id, auth_id, room_id) VALUES (?, ?, ?)",
+                         (hello, r.id("bob"), r.room_id))
+        store.db.execute("UPDATE schema_versions SET version = 1 WHERE component = 'matrix'")
+    finally:
+        store.close()
+    again = EventStore(db_url, room_rules=RoomRules())
+    try:
+        assert _auth_rows(again) == _expected_auth_rows(r, events)
+        assert again.db.fetchval(
+            "SELECT version FROM schema_versions WHERE component = 'matrix'") == 2
+    finally:
+        again.close()
 
 
 def test_a_version_12_create_event_without_room_id_makes_its_room(store: EventStore) -> None:

@@ -217,6 +217,9 @@ class EventStore:
                 self._forward.clear()
                 self._current_state.clear()
                 raise
+            finally:
+                if self.room_rules is not None:
+                    self.room_rules.end_batch()
             cache_rows = self._apply_outcome(outcome)
         if self._writes_caches and cache_rows and self._streams is not None:
             for cache_name, keys in cache_rows:
@@ -249,7 +252,8 @@ class EventStore:
                      backfilled: bool) -> PersistOutcome:
         rules = self.room_rules
         if rules is not None:
-            self._rejections = rules.check_batch(txn, records, backfilled)
+            self._rejections = rules.check_batch(txn, records, backfilled,
+                                                 known_state=self._current_state.get)
         outcome = persist_batch(
             txn, records, backfilled, states=self.states, resolver=self.resolver,
             allocator=self._allocator,

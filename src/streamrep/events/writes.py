@@ -39,6 +39,12 @@ class Writes(abc.ABC):
         """Queue the insertion of *rows* (tuples in the order of *columns*, a
         comma-separated list); *suffix* follows the values (``ON CONFLICT ...``)."""
 
+    def insert_flat(self, table: str, columns: str, values: list[Any], suffix: str = "") -> None:
+        """:meth:`insert` with the rows' values in one flat list, row after row (for
+        callers that make many short rows: no tuple a row)."""
+        width = _row_width(table, columns, values)
+        self.insert(table, columns, list(zip(*[iter(values)] * width)), suffix)
+
     @abc.abstractmethod
     def delete_rows(self, table: str, columns: str, keys: Rows) -> None:
         """Queue the deletion of the rows of *table* whose *columns* (comma-separated)
@@ -79,18 +85,22 @@ class SqliteWrites(Writes):
         self._queued.append((sql, [params]))
 
     def insert(self, table: str, columns: str, rows: Rows, suffix: str = "") -> None:
-        if not rows:
-            return
-        width = len(rows[0])
+        if rows:
+            self.insert_flat(table, columns, list(chain.from_iterable(rows)), suffix)
+
+    def insert_flat(self, table: str, columns: str, values: list[Any], suffix: str = "") -> None:
+        width = _row_width(table, columns, values)
+        count = len(values) // width
         start = 0
         for size in _SQLITE_ROWS_PER_INSERT:
             if size > 1 and size * width > _SQLITE_MAX_VALUES:
                 continue
-            end = start + (len(rows) - start) // size * size
+            end = start + (count - start) // size * size
             if end > start:
                 sql = _multi_row_insert(table, columns, suffix, width, size)
-                self._queued.append((sql, rows[start:end] if size == 1 else [
-                    list(chain.from_iterable(rows[i:i + size])) for i in range(start, end, size)]))
+                step = size * width
+                self._queued.append((sql, [values[i:i + step]
+                                           for i in range(start * width, end * width, step)]))
                 start = end
 
     def delete_rows(self, table: str, columns: str, keys: Rows) -> None:
@@ -160,6 +170,14 @@ def writes_for(txn: Transaction, utf8_bytea: bool = False) -> Writes:
     if txn.is_postgres:
         return PostgresWrites(txn, utf8_bytea)
     return SqliteWrites(txn)
+
+
+def _row_width(table: str, columns: str, values: Sequence[Any]) -> int:
+    """The values a row of *columns* takes; *values* must fill whole rows."""
+    width = columns.count(",") + 1
+    if len(values) % width:
+        raise ValueError(f"{len(values)} values do not make rows of {width} for {table}")
+    return width
 
 
 @lru_cache(maxsize=128)

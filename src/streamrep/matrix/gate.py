@@ -16,7 +16,8 @@ batch it decides, before anything is written:
   ``soft_failed`` flag (not an extremity, not sent to clients).
 
 After the batch's rows are written, :meth:`RoomRules.write_rows` adds its
-``event_auth``, ``rejections`` and ``rooms`` rows in the same transaction.
+``event_auth`` (of state events, as the reference system stores them),
+``rejections`` and ``rooms`` rows in the same transaction.
 :class:`MatrixStateResolver` is the store's :class:`StateResolver` that resolves
 with the algorithm of the room's version over that in-memory room.
 """
@@ -27,8 +28,7 @@ import heapq
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from itertools import repeat
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import orjson
 
@@ -55,7 +55,10 @@ from streamrep.matrix.stateres import InMemoryEventSource, resolve_state
 if TYPE_CHECKING:
     from streamrep.db.database import Database, Transaction
 
-__all__ = ["Rejection", "RoomModel", "RoomRules", "MatrixStateResolver"]
+__all__ = ["KnownState", "Rejection", "RoomModel", "RoomRules", "MatrixStateResolver"]
+
+#: A room's current state held in memory, or None when it is not held.
+KnownState = Callable[[str], "Mapping[StateKey, str] | None"]
 
 _CHUNK = 500
 #: Current-state keys looked up by one query: three values each, within the 999
@@ -91,10 +94,23 @@ class RoomModel:
         self.source.add(event, rejected=rejected)
 
 
-def _topological(records: list[Any], cites: dict[str, Sequence[str]]) -> list[Any]:
+def _by_room(records: list[Any]) -> dict[str, list[Any]]:
+    """The batch's records by room, in the order given."""
+    first = records[0].room_id if records else ""
+    if all(r.room_id == first for r in records):  # the usual case: a batch of one room
+        return {first: records} if records else {}
+    rooms: dict[str, list[Any]] = {}
+    for r in records:
+        rooms.setdefault(r.room_id, []).append(r)
+    return rooms
+
+
+def _topological(records: list[Any], cites: Mapping[str, Sequence[str]]) -> list[Any]:
     """Batch records with the batch events they cite as auth events first."""
     by_id = {r.event_id: r for r in records}
     in_batch = by_id.keys()
+    if in_batch.isdisjoint(set().union(*cites.values())):
+        return records  # the usual case: they cite stored events only
     waiting: dict[str, int] = {}
     children: dict[str, list[str]] = {}
     for r in records:
@@ -125,27 +141,45 @@ def _topological(records: list[Any], cites: dict[str, Sequence[str]]) -> list[An
     return out
 
 
-def _plain_listed_auth(record: Any) -> list[str] | None:
-    """The ``auth_events`` of a plain event (see ``_NOT_PLAIN``) whose fields have
-    the usual shape, every one :func:`parse_event` checks of exactly the JSON type
-    it reads (so that the caller's mapping reads as the stored JSON); else None, and
-    the event is decoded and parsed in full."""
-    if record.state_key is not None or record.type in _NOT_PLAIN:
-        return None
-    body = record.body
-    listed = body.get("auth_events")
-    prevs = body.get("prev_events")
-    ts = body.get("origin_server_ts")
-    sender = record.sender
-    if (type(listed) is list and _STR_ONLY.issuperset(map(type, listed)) and "" not in listed
-            and type(prevs) is list and _STR_ONLY.issuperset(map(type, prevs))
-            and (ts is None or type(ts) is int)
-            and type(record.type) is str and type(sender) is str
-            and sender.startswith("@") and ":" in sender
-            and type(record.room_id) is str and record.room_id.startswith("!")
-            and record.event_id.startswith("$")):
-        return listed
-    return None
+def _usual_plain_auth_ids(version: RoomVersion, room_id: str,
+                          records: list[Any]) -> dict[str, tuple[str, ...]]:
+    """The auth event IDs (see ``MatrixEvent.auth_ids``) of the plain events (see
+    ``_NOT_PLAIN``) of one room whose fields have the usual shape: every field
+    :func:`parse_event` checks has exactly the JSON type it reads, so the event
+    would parse. The others are decoded and parsed in full.
+
+    *records* are as the event store's validation made them: their type, sender
+    and room ID are non-empty strings and their content an object."""
+    out: dict[str, tuple[str, ...]] = {}
+    if not room_id.startswith("!"):
+        return out
+    create_id = (create_event_id_for_room(room_id) if version.room_id_from_create_event
+                 else None)
+    senders: set[str] = set()  # the batch's senders already seen to be user IDs
+    str_only, not_plain = _STR_ONLY, _NOT_PLAIN
+    for r in records:
+        if r.state_key is not None or r.type in not_plain:
+            continue
+        body = r.body
+        listed = body.get("auth_events")
+        prevs = body.get("prev_events")
+        ts = body.get("origin_server_ts")
+        if not (type(listed) is list and str_only.issuperset(map(type, listed))
+                and "" not in listed and type(prevs) is list
+                and (len(prevs) == 1 and type(prevs[0]) is str
+                     or str_only.issuperset(map(type, prevs)))
+                and (ts is None or type(ts) is int) and r.event_id.startswith("$")):
+            continue
+        sender = r.sender
+        if sender not in senders:
+            if not sender.startswith("@") or ":" not in sender:
+                continue
+            senders.add(sender)
+        ids = tuple(listed)
+        if create_id is not None and create_id not in ids:
+            ids = (create_id,) + ids
+        out[r.event_id] = ids
+    return out
 
 
 def _keys_likely_read(records: list[Any]) -> set[StateKey]:
@@ -153,11 +187,12 @@ def _keys_likely_read(records: list[Any]) -> set[StateKey]:
     create event, the power levels, each sender's membership and, for membership
     events, the target's and the join rules (see ``auth_types_for_event``)."""
     keys = {CREATE_KEY, POWER_LEVELS_KEY}
+    users = {r.sender for r in records}
     for r in records:
-        keys.add((MEMBER, r.sender))
         if r.type == MEMBER and type(r.state_key) is str:
-            keys.add((MEMBER, r.state_key))
+            users.add(r.state_key)
             keys.add(JOIN_RULES_KEY)
+    keys.update((MEMBER, user) for user in users)
     return keys
 
 
@@ -241,10 +276,14 @@ class RoomRules:
 
     # --- the batch -----------------------------------------------------------------
 
-    def check_batch(self, txn: Transaction, records: list[Any],
-                    backfilled: bool = False) -> dict[str, Rejection]:
+    def check_batch(self, txn: Transaction, records: list[Any], backfilled: bool = False,
+                    known_state: KnownState | None = None) -> dict[str, Rejection]:
         """Authorize a batch: set ``rejected``/``soft_failed`` on its records and
-        return the rejected ones' reasons."""
+        return the rejected ones' reasons.
+
+        *known_state*, when given, answers a room's current state from memory (None
+        when it does not hold the room): the store's cache of what its last batch
+        committed, which spares reading the keys the checks need."""
         if records is not self._batch:
             # The flags as the caller gave them: a retried transaction checks again
             # from these, not from the previous attempt's verdicts.
@@ -253,63 +292,76 @@ class RoomRules:
         else:
             for r, (rejected, soft_failed) in zip(records, self._given):
                 r.rejected, r.soft_failed = rejected, soft_failed
-        # Plain events of the usual shape are checked from the fields validation
-        # read (see _check_plain); the others are decoded here and parsed in full.
-        bodies: dict[str, dict[str, Any]] = {}
-        cites: dict[str, Sequence[str]] = {}
-        rooms: dict[str, list[Any]] = {}
-        any_outlier = False
-        for r in records:
-            listed = _plain_listed_auth(r)
-            if listed is None:
-                body = bodies[r.event_id] = orjson.loads(r.json)
-                listed = _listed_auth(body)
-            cites[r.event_id] = listed
-            rooms.setdefault(r.room_id, []).append(r)
-            any_outlier = any_outlier or r.outlier
         self._auth_ids = {}
         self._deoutliered = set()
         out: dict[str, Rejection] = {}
-        for room_id, room_records in rooms.items():
-            model = self.room(txn, room_id)
-            current = None if backfilled else _CurrentState(txn, room_id, model)
-            if current is not None:
-                current.prefetch(_keys_likely_read(room_records))
-            if any_outlier or model.outliers:
-                for record in room_records:
-                    if record.outlier:
-                        model.outliers.add(record.event_id)
-                    elif record.event_id in model.outliers:
-                        self._deoutliered.add(record.event_id)
-                        model.outliers.discard(record.event_id)
-            passed: dict[tuple[tuple[str, ...], str, str], bool] = {}
-            for record in _topological(room_records, cites):
-                body = bodies.get(record.event_id)
-                if body is None and model.version is not None:
-                    rejection = self._check_plain(model.version, model, record,
-                                                  cites[record.event_id], current, passed)
-                else:
-                    if body is None:
-                        body = bodies[record.event_id] = orjson.loads(record.json)
-                    rejection = self._check(model, record, body, current, passed)
-                if rejection is not None:
-                    out[record.event_id] = rejection
+        for room_id, room_records in _by_room(records).items():
+            current = None
+            if not backfilled:
+                known = known_state(room_id) if known_state is not None else None
+                current = _CurrentState(txn, room_id, self.room(txn, room_id), known)
+            self._check_room(txn, room_id, room_records, current, out)
         return out
 
-    def _check_plain(self, version: RoomVersion, model: RoomModel, record: Any,
-                     listed: Sequence[str], current: _CurrentState | None,
+    def end_batch(self) -> None:
+        """Let go of the last batch (its transaction has ended, committed or not):
+        held longer, its records would outlive the young generations of the garbage
+        collector and make its full collections come sooner."""
+        self._batch = None
+        self._given = []
+        self._auth_ids = {}
+        self._deoutliered = set()
+
+    def _check_room(self, txn: Transaction, room_id: str, records: list[Any],
+                    current: _CurrentState | None, out: dict[str, Rejection]) -> None:
+        model = self.room(txn, room_id)
+        if current is not None:
+            current.prefetch(_keys_likely_read(records))
+        if model.outliers or any(r.outlier for r in records):
+            for record in records:
+                if record.outlier:
+                    model.outliers.add(record.event_id)
+                elif record.event_id in model.outliers:
+                    self._deoutliered.add(record.event_id)
+                    model.outliers.discard(record.event_id)
+        # Plain events of the usual shape are checked from the fields validation
+        # read (see _check_plain); the others are decoded here and parsed in full.
+        plain = {} if model.version is None else _usual_plain_auth_ids(
+            model.version, room_id, records)
+        bodies: dict[str, dict[str, Any]] = {}
+        cites: dict[str, Sequence[str]] = dict(plain)
+        if len(plain) < len(records):
+            for r in records:
+                if r.event_id not in plain:
+                    body = bodies[r.event_id] = orjson.loads(r.json)
+                    cites[r.event_id] = _listed_auth(body)
+        passed: dict[tuple[tuple[str, ...], str, str], bool] = {}
+        # Soft-failure verdicts of plain events by (sender, type) (see _CurrentState).
+        plain_verdicts = current.plain_verdicts if current is not None else None
+        for record in _topological(records, cites):
+            event_id = record.event_id
+            ids = plain.get(event_id)
+            if ids is None:
+                rejection = self._check(model, record, bodies[event_id], current, passed)
+            elif ((ids, record.sender, record.type) in passed and not record.rejected
+                  and (plain_verdicts is None or record.outlier
+                       or plain_verdicts.get((record.sender, record.type)) is False)):
+                continue  # the verdicts of an earlier event of the batch: it passes
+            else:
+                rejection = self._check_plain(model, record, ids, current, passed)
+            if rejection is not None:
+                out[event_id] = rejection
+
+    def _check_plain(self, model: RoomModel, record: Any, auth_ids: tuple[str, ...],
+                     current: _CurrentState | None,
                      passed: dict[tuple[tuple[str, ...], str, str], bool]) -> Rejection | None:
-        """:meth:`_check` for a plain event that :func:`_plain_listed_auth` found of
-        the usual shape (it parses): the verdicts are memoized by what they read, so
-        the event is parsed only when one is worked out."""
-        auth_ids = tuple(listed)
-        if version.room_id_from_create_event:
-            create_id = create_event_id_for_room(record.room_id)
-            if create_id not in auth_ids:
-                auth_ids = (create_id,) + auth_ids
-        self._auth_ids[record.event_id] = auth_ids
+        """:meth:`_check` for a plain event of the usual shape (see
+        :func:`_usual_plain_auth_ids`): the verdicts are memoized by what they read,
+        so the event is parsed only when one is worked out."""
         if record.rejected:
             return Rejection("flagged", "persisted with the rejected flag")
+        version = model.version
+        assert version is not None
         event: MatrixEvent | None = None
         seen = (auth_ids, record.sender, record.type)
         if seen not in passed:
@@ -412,26 +464,29 @@ class RoomRules:
 
     def write_rows(self, txn: Transaction, persisted: Iterable[str], records: list[Any],
                    rejections: Mapping[str, Rejection]) -> None:
-        """``event_auth``, ``rejections`` and ``rooms`` rows of the batch's newly
-        stored events."""
+        """``event_auth`` (state events only), ``rejections`` and ``rooms`` rows of the
+        batch's newly stored events."""
         new = set(persisted)
         if not new:
             return
-        auth_rows: list[tuple[str, str, str]] = []
+        auth_rows: list[str] = []  # event_id, auth_id, room_id of each row, flat
+        add_rows = auth_rows.extend
         rooms: list[tuple[str, str]] = []
         checked = self._auth_ids
         for record in records:
             event_id = record.event_id
-            if event_id not in new:
-                continue
+            if record.state_key is None or event_id not in new:
+                continue  # only state events have auth edges stored (see schema)
             ids: Sequence[str] | None = checked.get(event_id)
             if ids is None:  # not checked: stored unchecked, or its room had no version
                 ids = _listed_auth(orjson.loads(record.json))
-            auth_rows.extend(zip(repeat(event_id), ids, repeat(record.room_id)))
+            room_id = record.room_id
+            for auth_id in ids:
+                add_rows((event_id, auth_id, room_id))
             if record.type == CREATE and record.state_key == "" and event_id not in rejections:
-                model = self._rooms.get(record.room_id)
+                model = self._rooms.get(room_id)
                 if model is not None and model.version is not None:
-                    rooms.append((record.room_id, model.version.identifier))
+                    rooms.append((room_id, model.version.identifier))
         now = int(time.time() * 1000)
         rejected_rows = [(e, r.reason, now) for e, r in rejections.items() if e in new]
         replaced = sorted(self._deoutliered & new)
@@ -446,7 +501,7 @@ class RoomRules:
             from streamrep.events.writes import writes_for
 
             writes = writes_for(txn)
-            writes.insert("event_auth", "event_id, auth_id, room_id", auth_rows)
+            writes.insert_flat("event_auth", "event_id, auth_id, room_id", auth_rows)
             writes.flush()
         if rejected_rows:
             txn.executemany(
@@ -468,17 +523,21 @@ class RoomRules:
 
 
 class _CurrentState:
-    """The room's current state, read for the keys the batch's events need."""
+    """The room's current state, read for the keys the batch's events need: from
+    *known* (the whole state, held in memory) when given, else from the database."""
 
-    def __init__(self, txn: Transaction, room_id: str, model: RoomModel) -> None:
+    def __init__(self, txn: Transaction, room_id: str, model: RoomModel,
+                 known: Mapping[StateKey, str] | None = None) -> None:
         self._txn = txn
         self._room_id = room_id
         self._model = model
+        self._known = known
+        # The keys read so far and those the batch's events changed.
         self._state: dict[StateKey, str | None] = {}
-        # Soft-failure verdicts of plain events by (sender, type): they read only the
-        # create event, the power levels and the sender's membership (the keys of
-        # auth_types_for_event), so they hold until an event for one of those is added.
-        self._plain: dict[tuple[str, str], bool] = {}
+        #: Soft-failure verdicts of plain events by (sender, type): they read only the
+        #: create event, the power levels and the sender's membership (the keys of
+        #: auth_types_for_event), so they hold until an event for one of those is added.
+        self.plain_verdicts: dict[tuple[str, str], bool] = {}
 
     def prefetch(self, keys: set[StateKey]) -> None:
         """Read *keys* now, in one query, rather than one query per event later (the
@@ -487,6 +546,11 @@ class _CurrentState:
 
     def _fetch(self, keys: set[StateKey]) -> None:
         wanted = [k for k in keys if k not in self._state]
+        known = self._known
+        if known is not None:
+            for key in wanted:
+                self._state[key] = known.get(key)
+            return
         for i in range(0, len(wanted), _KEYS_PER_QUERY):
             chunk = wanted[i:i + _KEYS_PER_QUERY]
             for key in chunk:
@@ -518,13 +582,13 @@ class _CurrentState:
 
     def plain_verdict(self, sender: str, etype: str) -> bool | None:
         """The memoized :meth:`fails_plain` verdict for *sender* and *etype*, or None."""
-        return self._plain.get((sender, etype))
+        return self.plain_verdicts.get((sender, etype))
 
     def fails_plain(self, event: MatrixEvent, version: RoomVersion) -> bool:
         """True when a plain event (see ``_NOT_PLAIN``) fails against the current
         state."""
         memo = (event.sender, event.type)
-        verdict = self._plain.get(memo)
+        verdict = self.plain_verdicts.get(memo)
         if verdict is None:
             now, now_ids = self.for_event(event, version)
             verdict = False
@@ -533,19 +597,19 @@ class _CurrentState:
                     auth.check_against_state(event, version, now)
                 except AuthRejection:
                     verdict = True
-            self._plain[memo] = verdict
+            self.plain_verdicts[memo] = verdict
         return verdict
 
     def forget_plain(self, key: StateKey) -> None:
         """A state event for *key* was added (to the current state or the events
         held): drop the verdicts that read *key*."""
-        if not self._plain:
+        if not self.plain_verdicts:
             return
         if key[0] == MEMBER:
-            for memo in [m for m in self._plain if m[0] == key[1]]:
-                del self._plain[memo]
+            for memo in [m for m in self.plain_verdicts if m[0] == key[1]]:
+                del self.plain_verdicts[memo]
         elif key == POWER_LEVELS_KEY or key == CREATE_KEY:
-            self._plain.clear()
+            self.plain_verdicts.clear()
 
     def apply(self, event: MatrixEvent) -> None:
         self._state[event.key] = event.event_id

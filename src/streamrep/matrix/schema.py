@@ -1,22 +1,30 @@
 """Tables of the Matrix room rules (schema component ``matrix``), reference names.
 
 * ``rooms(room_id, room_version)`` - each room's version, from its create event;
-* ``event_auth(event_id, auth_id, room_id)`` - each stored event's auth events
-  (in room version 12 including the create event the room ID names);
+* ``event_auth(event_id, auth_id, room_id)`` - each stored state event's auth
+  events (in room version 12 including the create event the room ID names). As in
+  the reference system's databases, only state events have rows: auth chains are
+  made of state events, and state resolution reads nothing else;
 * ``rejections(event_id, reason, last_check)`` - why an event was rejected and
   when (milliseconds since the epoch) that was decided.
 
 Migration 1 also fills ``rooms`` and ``event_auth`` from the events already stored,
-so a database written before these tables existed gets them complete.
+so a database written before these tables existed gets them complete. Migration 2
+brings ``event_auth`` as an earlier release left it (rows for every event, version
+12 state events without their create event) to the rows above.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import orjson
 
 from streamrep.db import Migration, register_schema
+from streamrep.db.inlists import chunks, in_list
+from streamrep.matrix.errors import MatrixError
+from streamrep.matrix.events import CREATE, create_event_id_for_room
+from streamrep.matrix.room_versions import room_version
 
 if TYPE_CHECKING:
     from streamrep.db.database import Transaction
@@ -45,32 +53,73 @@ def _auth_ids(body: Any) -> list[str]:
     return out
 
 
-def _backfill(txn: "Transaction") -> None:
-    """Rooms and auth edges of the events stored before these tables existed."""
-    rows = txn.fetchall("SELECT event_id, room_id, type, state_key, json FROM events")
-    auth_rows: list[tuple[str, str, str]] = []
-    rooms: list[tuple[str, str]] = []
-    for event_id, room_id, etype, state_key, raw in rows:
+def _names_create_event(version: str) -> bool:
+    """Whether the room ID of a room of *version* names its create event."""
+    try:
+        return room_version(version).room_id_from_create_event
+    except MatrixError:
+        return False
+
+
+def _fill(txn: "Transaction", room_ids: Sequence[str] | None = None) -> None:
+    """The ``rooms`` rows and the state events' ``event_auth`` rows of the events
+    stored (of *room_ids* only, when given)."""
+    sql = "SELECT event_id, room_id, type, state_key, json FROM events WHERE state_key IS NOT NULL"
+    params: list[Any] = []
+    if room_ids is not None:
+        sql += " AND " + in_list(txn, "room_id", room_ids, params)
+    events = []
+    versions: dict[str, str] = {}
+    for event_id, room_id, etype, state_key, raw in txn.fetchall(sql, params):
         try:
             body = orjson.loads(bytes(raw))
         except orjson.JSONDecodeError:
             continue
-        auth_rows.extend((event_id, a, room_id) for a in _auth_ids(body))
-        if etype == "m.room.create" and state_key == "":
+        if etype == CREATE and state_key == "":
             content = body.get("content") if isinstance(body, dict) else None
             version = content.get("room_version", "1") if isinstance(content, dict) else "1"
-            rooms.append((room_id, str(version)))
+            versions[room_id] = str(version)
+        events.append((event_id, room_id, etype == CREATE and state_key == "", body))
+    auth_rows: list[tuple[str, str, str]] = []
+    for event_id, room_id, is_create, body in events:
+        ids = _auth_ids(body)
+        if not is_create and _names_create_event(versions.get(room_id, "1")):
+            create_id = create_event_id_for_room(room_id)
+            if create_id not in ids:
+                ids.append(create_id)
+        auth_rows.extend((event_id, a, room_id) for a in ids)
     if auth_rows:
         txn.executemany("INSERT INTO event_auth (event_id, auth_id, room_id) VALUES (?, ?, ?)",
                         auth_rows)
-    if rooms:
+    if versions:
         txn.executemany("INSERT INTO rooms (room_id, room_version) VALUES (?, ?)"
-                        " ON CONFLICT (room_id) DO NOTHING", rooms)
+                        " ON CONFLICT (room_id) DO NOTHING", sorted(versions.items()))
+
+
+def _backfill(txn: "Transaction") -> None:
+    """Rooms and auth edges of the events stored before these tables existed."""
+    _fill(txn)
+
+
+def _state_events_only(txn: "Transaction") -> None:
+    """Drop the rows of events that are not state events; write the rows of the
+    rooms whose state events lack their create event again."""
+    txn.execute("DELETE FROM event_auth WHERE event_id IN"
+                " (SELECT event_id FROM events WHERE state_key IS NULL)")
+    rooms = sorted(room_id for room_id, version in txn.fetchall(
+        "SELECT room_id, room_version FROM rooms") if _names_create_event(version))
+    for chunk in chunks(rooms):
+        params: list[Any] = []
+        txn.execute("DELETE FROM event_auth WHERE " + in_list(txn, "room_id", chunk, params),
+                    params)
+        _fill(txn, chunk)
 
 
 MIGRATIONS = [
     Migration(version=1, sql=_TABLES, run=_backfill,
               description="room versions, auth events, rejections"),
+    Migration(version=2, run=_state_events_only,
+              description="auth events of state events only, version 12's create event included"),
 ]
 
 register_schema(COMPONENT, MIGRATIONS)
