@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import orjson
 
@@ -237,8 +237,11 @@ def _apply_redactions(txn: Transaction, todo: list[EventRecord], out: PersistOut
 
 def persist_batch(txn: Transaction, records: list[EventRecord], backfilled: bool, *,
                   states: StateGroupStore, resolver: StateResolver,
-                  allocator: StreamAllocator, caches: BatchCaches) -> PersistOutcome:
-    """Persist *records* (validated, distinct IDs) in *txn*."""
+                  allocator: StreamAllocator, caches: BatchCaches,
+                  more_rows: Callable[[Writes, PersistOutcome], None] | None = None,
+                  ) -> PersistOutcome:
+    """Persist *records* (validated, distinct IDs) in *txn*; *more_rows* queues rows
+    of its own to go out with the batch's (the room rules' tables)."""
     out = PersistOutcome()
     if not records:
         return out
@@ -277,6 +280,8 @@ def persist_batch(txn: Transaction, records: list[EventRecord], backfilled: bool
     for room_id in rooms:
         if room_id in out.forward:
             update_current_state(batch, room_id, batch_memberships)
+    if more_rows is not None:
+        more_rows(batch.writes, out)
     batch.writes.flush()
     _apply_redactions(txn, todo, out)
     out.redacted |= redacted_now

@@ -39,6 +39,7 @@ from streamrep.events.room_state import current_state_of
 from streamrep.events.state import GroupState, StateGroupStore, StateOverlay
 from streamrep.events.tokens import StreamToken, TopologicalToken, parse_token
 from streamrep.events.validation import EventRecord, parse_event
+from streamrep.events.writes import Writes
 from streamrep.matrix.gate import Rejection, RoomRules
 
 if TYPE_CHECKING:
@@ -254,13 +255,18 @@ class EventStore:
         if rules is not None:
             self._rejections = rules.check_batch(txn, records, backfilled,
                                                  known_state=self._current_state.get)
-        outcome = persist_batch(
+        more_rows = None
+        if rules is not None:
+            rejections = self._rejections
+
+            def more_rows(writes: Writes, outcome: PersistOutcome) -> None:
+                rules.queue_rows(writes, outcome.persisted, records, rejections)
+
+        return persist_batch(
             txn, records, backfilled, states=self.states, resolver=self.resolver,
             allocator=self._allocator,
-            caches=BatchCaches(self._forward, self._current_state, self._visibility_values))
-        if rules is not None:
-            rules.write_rows(txn, outcome.persisted, records, self._rejections)
-        return outcome
+            caches=BatchCaches(self._forward, self._current_state, self._visibility_values),
+            more_rows=more_rows)
 
     def _apply_outcome(self, outcome: PersistOutcome) -> list[CacheRow]:
         """Bring the caches up to date with a committed batch; return the ``caches``

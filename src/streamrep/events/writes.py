@@ -123,7 +123,7 @@ _PG_COLUMN_TYPES = {
     "stream_ordering": "bigint", "topological_ordering": "bigint", "received_ts": "bigint",
     "stream_id": "bigint", "id": "bigint", "state_group": "bigint",
     "prev_state_group": "bigint", "outlier": "boolean", "rejected": "boolean",
-    "soft_failed": "boolean", "redacted": "boolean", "json": "bytea",
+    "soft_failed": "boolean", "redacted": "boolean", "json": "bytea", "last_check": "bigint",
 }
 
 

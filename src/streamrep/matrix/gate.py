@@ -15,9 +15,9 @@ batch it decides, before anything is written:
   but fails against the room's current state. It is stored with the
   ``soft_failed`` flag (not an extremity, not sent to clients).
 
-After the batch's rows are written, :meth:`RoomRules.write_rows` adds its
-``event_auth`` (of state events, as the reference system stores them),
-``rejections`` and ``rooms`` rows in the same transaction.
+With the batch's rows, :meth:`RoomRules.queue_rows` queues its ``event_auth`` (of
+state events, as the reference system stores them), ``rejections`` and ``rooms``
+rows, written in the same transaction and round trip.
 :class:`MatrixStateResolver` is the store's :class:`StateResolver` that resolves
 with the algorithm of the room's version over that in-memory room.
 """
@@ -54,13 +54,13 @@ from streamrep.matrix.stateres import InMemoryEventSource, resolve_state
 
 if TYPE_CHECKING:
     from streamrep.db.database import Database, Transaction
+    from streamrep.events.writes import Writes
 
 __all__ = ["KnownState", "Rejection", "RoomModel", "RoomRules", "MatrixStateResolver"]
 
 #: A room's current state held in memory, or None when it is not held.
 KnownState = Callable[[str], "Mapping[StateKey, str] | None"]
 
-_CHUNK = 500
 #: Current-state keys looked up by one query: three values each, within the 999
 #: values any SQLite build binds.
 _KEYS_PER_QUERY = 333
@@ -462,9 +462,10 @@ class RoomRules:
                 current.apply(event)
         return rejection
 
-    def write_rows(self, txn: Transaction, persisted: Iterable[str], records: list[Any],
+    def queue_rows(self, writes: Writes, persisted: Iterable[str], records: list[Any],
                    rejections: Mapping[str, Rejection]) -> None:
-        """``event_auth`` (state events only), ``rejections`` and ``rooms`` rows of the
+        """Queue on *writes* (the batch's own, so they go out with its rows) the
+        ``event_auth`` (state events only), ``rejections`` and ``rooms`` rows of the
         batch's newly stored events."""
         new = set(persisted)
         if not new:
@@ -487,29 +488,15 @@ class RoomRules:
                 model = self._rooms.get(room_id)
                 if model is not None and model.version is not None:
                     rooms.append((room_id, model.version.identifier))
-        now = int(time.time() * 1000)
-        rejected_rows = [(e, r.reason, now) for e, r in rejections.items() if e in new]
         replaced = sorted(self._deoutliered & new)
-        for i in range(0, len(replaced), _CHUNK):
-            chunk = replaced[i:i + _CHUNK]
-            marks = ", ".join("?" * len(chunk))
-            txn.execute(f"DELETE FROM event_auth WHERE event_id IN ({marks})", tuple(chunk))
-            txn.execute(f"DELETE FROM rejections WHERE event_id IN ({marks})", tuple(chunk))
-        if auth_rows:
-            # Several rows an event: on PostgreSQL they travel as one JSON parameter.
-            # (Imported here: the event store package imports this module.)
-            from streamrep.events.writes import writes_for
-
-            writes = writes_for(txn)
-            writes.insert_flat("event_auth", "event_id, auth_id, room_id", auth_rows)
-            writes.flush()
-        if rejected_rows:
-            txn.executemany(
-                "INSERT INTO rejections (event_id, reason, last_check) VALUES (?, ?, ?)",
-                rejected_rows)
-        if rooms:
-            txn.executemany("INSERT INTO rooms (room_id, room_version) VALUES (?, ?)"
-                            " ON CONFLICT (room_id) DO NOTHING", rooms)
+        if replaced:
+            writes.delete_in("event_auth", "event_id", replaced)
+            writes.delete_in("rejections", "event_id", replaced)
+        writes.insert_flat("event_auth", "event_id, auth_id, room_id", auth_rows)
+        now = int(time.time() * 1000)
+        writes.insert("rejections", "event_id, reason, last_check",
+                      [(e, r.reason, now) for e, r in rejections.items() if e in new])
+        writes.insert("rooms", "room_id, room_version", rooms, " ON CONFLICT (room_id) DO NOTHING")
 
     def loaded(self, room_id: str) -> RoomModel:
         """The room's model, loaded in a transaction of its own when not held."""
