@@ -249,7 +249,11 @@ def test_event_auth_holds_the_state_events_auth_events(store: EventStore,
 
 
 @pytest.mark.parametrize("version_id", ["10", "12"])
-def test_existing_databases_get_the_tables_filled(db_url: str, version_id: str) -> None:
+def test_existing_databases_get_the_tables_filled(db_url: str, version_id: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamrep.matrix import schema
+
+    monkeypatch.setattr(schema, "_PAGE", 3)  # the state events span several pages
     r, events = build(version_id)
     events = _with_messages(r, events)
     plain = EventStore(db_url, room_rules=None)  # no matrix tables yet

@@ -296,11 +296,12 @@ class RoomRules:
         self._deoutliered = set()
         out: dict[str, Rejection] = {}
         for room_id, room_records in _by_room(records).items():
+            model = self.room(txn, room_id)
             current = None
             if not backfilled:
                 known = known_state(room_id) if known_state is not None else None
-                current = _CurrentState(txn, room_id, self.room(txn, room_id), known)
-            self._check_room(txn, room_id, room_records, current, out)
+                current = _CurrentState(txn, room_id, model, known)
+            self._check_room(model, room_id, room_records, current, out)
         return out
 
     def end_batch(self) -> None:
@@ -312,9 +313,8 @@ class RoomRules:
         self._auth_ids = {}
         self._deoutliered = set()
 
-    def _check_room(self, txn: Transaction, room_id: str, records: list[Any],
+    def _check_room(self, model: RoomModel, room_id: str, records: list[Any],
                     current: _CurrentState | None, out: dict[str, Rejection]) -> None:
-        model = self.room(txn, room_id)
         if current is not None:
             current.prefetch(_keys_likely_read(records))
         if model.outliers or any(r.outlier for r in records):

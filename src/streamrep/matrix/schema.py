@@ -61,39 +61,58 @@ def _names_create_event(version: str) -> bool:
         return False
 
 
+#: State events read at a time by the migrations (their JSON is held meanwhile).
+_PAGE = 5000
+
+
 def _fill(txn: "Transaction", room_ids: Sequence[str] | None = None) -> None:
     """The ``rooms`` rows and the state events' ``event_auth`` rows of the events
-    stored (of *room_ids* only, when given)."""
-    sql = "SELECT event_id, room_id, type, state_key, json FROM events WHERE state_key IS NOT NULL"
-    params: list[Any] = []
+    stored (of *room_ids* only, when given), reading the state events a page at a
+    time."""
+    where, params = "", []
     if room_ids is not None:
-        sql += " AND " + in_list(txn, "room_id", room_ids, params)
-    events = []
+        where = " AND " + in_list(txn, "room_id", room_ids, params)
     versions: dict[str, str] = {}
-    for event_id, room_id, etype, state_key, raw in txn.fetchall(sql, params):
+    for room_id, raw in txn.fetchall(
+            "SELECT room_id, json FROM events WHERE type = ? AND state_key = ''" + where,
+            [CREATE, *params]):
         try:
             body = orjson.loads(bytes(raw))
         except orjson.JSONDecodeError:
             continue
-        if etype == CREATE and state_key == "":
-            content = body.get("content") if isinstance(body, dict) else None
-            version = content.get("room_version", "1") if isinstance(content, dict) else "1"
-            versions[room_id] = str(version)
-        events.append((event_id, room_id, etype == CREATE and state_key == "", body))
-    auth_rows: list[tuple[str, str, str]] = []
-    for event_id, room_id, is_create, body in events:
-        ids = _auth_ids(body)
-        if not is_create and _names_create_event(versions.get(room_id, "1")):
-            create_id = create_event_id_for_room(room_id)
-            if create_id not in ids:
-                ids.append(create_id)
-        auth_rows.extend((event_id, a, room_id) for a in ids)
-    if auth_rows:
-        txn.executemany("INSERT INTO event_auth (event_id, auth_id, room_id) VALUES (?, ?, ?)",
-                        auth_rows)
+        content = body.get("content") if isinstance(body, dict) else None
+        version = content.get("room_version", "1") if isinstance(content, dict) else "1"
+        versions.setdefault(room_id, str(version))
     if versions:
         txn.executemany("INSERT INTO rooms (room_id, room_version) VALUES (?, ?)"
                         " ON CONFLICT (room_id) DO NOTHING", sorted(versions.items()))
+    after = None
+    while True:
+        page = txn.fetchall(
+            "SELECT event_id, room_id, type, state_key, json FROM events"
+            " WHERE state_key IS NOT NULL" + where
+            + ("" if after is None else " AND event_id > ?") + " ORDER BY event_id LIMIT ?",
+            [*params, *(() if after is None else (after,)), _PAGE])
+        auth_rows: list[tuple[str, str, str]] = []
+        for event_id, room_id, etype, state_key, raw in page:
+            try:
+                body = orjson.loads(bytes(raw))
+            except orjson.JSONDecodeError:
+                continue
+            ids = _auth_ids(body)
+            if not (etype == CREATE and state_key == "") and _names_create_event(
+                    versions.get(room_id, "1")):
+                create_id = create_event_id_for_room(room_id)
+                if create_id not in ids:
+                    ids.append(create_id)
+            auth_rows.extend((event_id, a, room_id) for a in ids)
+        if auth_rows:
+            txn.executemany(
+                "INSERT INTO event_auth (event_id, auth_id, room_id) VALUES (?, ?, ?)",
+                auth_rows)
+        if len(page) < _PAGE:
+            return
+        after = page[-1][0]
 
 
 def _backfill(txn: "Transaction") -> None:
