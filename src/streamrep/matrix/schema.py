@@ -69,7 +69,8 @@ def _fill(txn: "Transaction", room_ids: Sequence[str] | None = None) -> None:
     """The ``rooms`` rows and the state events' ``event_auth`` rows of the events
     stored (of *room_ids* only, when given), reading the state events a page at a
     time."""
-    where, params = "", []
+    where = ""
+    params: list[Any] = []
     if room_ids is not None:
         where = " AND " + in_list(txn, "room_id", room_ids, params)
     versions: dict[str, str] = {}
