@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import orjson
 
+from streamrep import _impl
 from streamrep.matrix import auth
 from streamrep.matrix import schema as _schema
 from streamrep.matrix.errors import AuthRejection, MatrixError, RejectionReason
@@ -67,6 +68,7 @@ _KEYS_PER_QUERY = 333
 #: Memberships a server may hold for a room it has not joined (out-of-band).
 _OUT_OF_BAND = frozenset({"invite", "leave", "knock"})
 _STR_ONLY = frozenset({str})
+_plaincheck = _impl.load("plaincheck")
 #: Event types whose authorization reads more than their type, sender and auth events.
 _NOT_PLAIN = frozenset({CREATE, MEMBER, ALIASES, THIRD_PARTY_INVITE, REDACTION})
 
@@ -138,47 +140,6 @@ def _topological(records: list[Any], cites: Mapping[str, Sequence[str]]) -> list
     if len(out) < len(records):  # a cycle: its events cite each other; keep given order
         seen = {r.event_id for r in out}
         out.extend(r for r in records if r.event_id not in seen)
-    return out
-
-
-def _usual_plain_auth_ids(version: RoomVersion, room_id: str,
-                          records: list[Any]) -> dict[str, tuple[str, ...]]:
-    """The auth event IDs (see ``MatrixEvent.auth_ids``) of the plain events (see
-    ``_NOT_PLAIN``) of one room whose fields have the usual shape: every field
-    :func:`parse_event` checks has exactly the JSON type it reads, so the event
-    would parse. The others are decoded and parsed in full.
-
-    *records* are as the event store's validation made them: their type, sender
-    and room ID are non-empty strings and their content an object."""
-    out: dict[str, tuple[str, ...]] = {}
-    if not room_id.startswith("!"):
-        return out
-    create_id = (create_event_id_for_room(room_id) if version.room_id_from_create_event
-                 else None)
-    senders: set[str] = set()  # the batch's senders already seen to be user IDs
-    str_only, not_plain = _STR_ONLY, _NOT_PLAIN
-    for r in records:
-        if r.state_key is not None or r.type in not_plain:
-            continue
-        body = r.body
-        listed = body.get("auth_events")
-        prevs = body.get("prev_events")
-        ts = body.get("origin_server_ts")
-        if not (type(listed) is list and str_only.issuperset(map(type, listed))
-                and "" not in listed and type(prevs) is list
-                and (len(prevs) == 1 and type(prevs[0]) is str
-                     or str_only.issuperset(map(type, prevs)))
-                and (ts is None or type(ts) is int) and r.event_id.startswith("$")):
-            continue
-        sender = r.sender
-        if sender not in senders:
-            if not sender.startswith("@") or ":" not in sender:
-                continue
-            senders.add(sender)
-        ids = tuple(listed)
-        if create_id is not None and create_id not in ids:
-            ids = (create_id,) + ids
-        out[r.event_id] = ids
     return out
 
 
@@ -326,8 +287,11 @@ class RoomRules:
                     model.outliers.discard(record.event_id)
         # Plain events of the usual shape are checked from the fields validation
         # read (see _check_plain); the others are decoded here and parsed in full.
-        plain = {} if model.version is None else _usual_plain_auth_ids(
-            model.version, room_id, records)
+        plain: dict[str, tuple[str, ...]] = {}
+        if model.version is not None:
+            plain = _plaincheck.usual_plain_auth_ids(
+                records, room_id, create_event_id_for_room(room_id)
+                if model.version.room_id_from_create_event else None, _NOT_PLAIN)
         bodies: dict[str, dict[str, Any]] = {}
         cites: dict[str, Sequence[str]] = dict(plain)
         if len(plain) < len(records):
@@ -338,25 +302,30 @@ class RoomRules:
         passed: dict[tuple[tuple[str, ...], str, str], bool] = {}
         # Soft-failure verdicts of plain events by (sender, type) (see _CurrentState).
         plain_verdicts = current.plain_verdicts if current is not None else None
-        for record in _topological(records, cites):
+        ordered = _topological(records, cites)
+        settled_until = _plaincheck.settled_until
+        i, count = 0, len(ordered)
+        while True:
+            # The records the verdicts of an earlier event of the batch settle pass.
+            i = settled_until(ordered, i, plain, passed, plain_verdicts)
+            if i == count:
+                return
+            record = ordered[i]
             event_id = record.event_id
             ids = plain.get(event_id)
             if ids is None:
                 rejection = self._check(model, record, bodies[event_id], current, passed)
-            elif ((ids, record.sender, record.type) in passed and not record.rejected
-                  and (plain_verdicts is None or record.outlier
-                       or plain_verdicts.get((record.sender, record.type)) is False)):
-                continue  # the verdicts of an earlier event of the batch: it passes
             else:
                 rejection = self._check_plain(model, record, ids, current, passed)
             if rejection is not None:
                 out[event_id] = rejection
+            i += 1
 
     def _check_plain(self, model: RoomModel, record: Any, auth_ids: tuple[str, ...],
                      current: _CurrentState | None,
                      passed: dict[tuple[tuple[str, ...], str, str], bool]) -> Rejection | None:
         """:meth:`_check` for a plain event of the usual shape (see
-        :func:`_usual_plain_auth_ids`): the verdicts are memoized by what they read,
+        ``plaincheck.usual_plain_auth_ids``): the verdicts are memoized by what they read,
         so the event is parsed only when one is worked out."""
         if record.rejected:
             return Rejection("flagged", "persisted with the rejected flag")

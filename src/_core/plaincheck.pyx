@@ -1,0 +1,112 @@
+# cython: language_level=3
+"""The plain events of a batch under the Matrix room rules, compiled (twin of
+``streamrep._pure.plaincheck``, whose docstrings say what each function answers).
+
+The type checks run as C tests on each item of the lists, and a record's verdicts
+are looked up without leaving C between records.
+"""
+
+cimport cython
+from cpython.dict cimport PyDict_GetItem
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.long cimport PyLong_CheckExact
+from cpython.object cimport PyObject
+from cpython.set cimport PySet_Add, PySet_Contains
+from cpython.unicode cimport PyUnicode_CheckExact, PyUnicode_GET_LENGTH, PyUnicode_READ_CHAR
+
+from streamrep._pure import plaincheck as _ref
+
+__all__ = list(_ref.__all__)
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef bint _strings(object value, bint allow_empty):
+    """Whether *value* is a list of strings (none empty unless *allow_empty*)."""
+    cdef Py_ssize_t i
+    cdef PyObject* item
+    if type(value) is not list:
+        return False
+    for i in range(PyList_GET_SIZE(value)):
+        item = PyList_GET_ITEM(value, i)
+        if not PyUnicode_CheckExact(<object>item):
+            return False
+        if not allow_empty and PyUnicode_GET_LENGTH(<object>item) == 0:
+            return False
+    return True
+
+
+cdef inline bint _starts_with(object text, Py_UCS4 first):
+    return (PyUnicode_CheckExact(text) and PyUnicode_GET_LENGTH(text) > 0
+            and PyUnicode_READ_CHAR(text, 0) == first)
+
+
+def usual_plain_auth_ids(list records, str room_id, object create_id,
+                         frozenset not_plain):
+    cdef dict out = {}
+    cdef dict shared = {}  # one tuple for equal auth event IDs (see settled_until)
+    cdef set senders = set()
+    cdef dict body
+    cdef object r, listed, prevs, ts, sender, event_id, ids
+    if not _starts_with(room_id, u"!"):
+        return out
+    for r in records:
+        if r.state_key is not None or PySet_Contains(not_plain, r.type):
+            continue
+        body = r.body
+        listed = body.get("auth_events")
+        if not _strings(listed, False):
+            continue
+        prevs = body.get("prev_events")
+        if not _strings(prevs, True):
+            continue
+        ts = body.get("origin_server_ts")
+        if ts is not None and not PyLong_CheckExact(ts):
+            continue
+        event_id = r.event_id
+        if not _starts_with(event_id, u"$"):
+            continue
+        sender = r.sender
+        if not PySet_Contains(senders, sender):
+            if not _starts_with(sender, u"@") or u":" not in sender:
+                continue
+            PySet_Add(senders, sender)
+        ids = tuple(listed)
+        if create_id is not None and create_id not in ids:
+            ids = (create_id,) + ids
+        out[event_id] = shared.setdefault(ids, ids)
+    return out
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def settled_until(list records, Py_ssize_t start, dict plain, dict passed, dict verdicts):
+    cdef Py_ssize_t i, n = len(records)
+    cdef PyObject* found
+    cdef object r, sender, etype, ids
+    # The last record found settled: the next one with the same auth events, sender
+    # and type is settled too (the memos do not change during the call).
+    cdef object last_ids = None, last_sender = None, last_type = None
+    cdef bint last_outlier = False
+    if start < 0:
+        raise ValueError(f"start must not be negative, not {start}")
+    for i in range(start, n):
+        r = records[i]
+        found = PyDict_GetItem(plain, r.event_id)
+        if found is NULL or r.rejected:
+            return i
+        ids = <object>found
+        sender = r.sender
+        etype = r.type
+        if (ids is last_ids and etype == last_type and sender == last_sender
+                and (not last_outlier or r.outlier)):
+            continue  # an outlier needs only what a non-outlier needs, and less
+        if PyDict_GetItem(passed, (ids, sender, etype)) is NULL:
+            return i
+        last_outlier = bool(r.outlier)
+        if verdicts is not None and not last_outlier:
+            found = PyDict_GetItem(verdicts, (sender, etype))
+            if found is NULL or <object>found is not False:
+                return i
+        last_ids, last_sender, last_type = ids, sender, etype
+    return n
