@@ -130,7 +130,6 @@ def test_compiled_and_pure_agree(records: list[SimpleNamespace], create_id: str 
                                  start: int, memo: bool) -> None:
     compiled, pure = core_module("plaincheck", "compiled"), core_module("plaincheck", "pure")
     plain = pure.usual_plain_auth_ids(records, ROOM, create_id, NOT_PLAIN)
-    # Each its own: the compiled core's shares one tuple between equal auth events.
     compiled_plain = compiled.usual_plain_auth_ids(records, ROOM, create_id, NOT_PLAIN)
     assert compiled_plain == plain
     passed = {(v, r.sender, r.type): True for r in records[:2]

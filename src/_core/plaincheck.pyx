@@ -44,7 +44,6 @@ cdef inline bint _starts_with(object text, Py_UCS4 first):
 def usual_plain_auth_ids(list records, str room_id, object create_id,
                          frozenset not_plain):
     cdef dict out = {}
-    cdef dict shared = {}  # one tuple for equal auth event IDs (see settled_until)
     cdef set senders = set()
     cdef dict body
     cdef object r, listed, prevs, ts, sender, event_id, ids
@@ -74,7 +73,7 @@ def usual_plain_auth_ids(list records, str room_id, object create_id,
         ids = tuple(listed)
         if create_id is not None and create_id not in ids:
             ids = (create_id,) + ids
-        out[event_id] = shared.setdefault(ids, ids)
+        out[event_id] = ids
     return out
 
 
@@ -98,8 +97,10 @@ def settled_until(list records, Py_ssize_t start, dict plain, dict passed, dict 
         ids = <object>found
         sender = r.sender
         etype = r.type
-        if (ids is last_ids and etype == last_type and sender == last_sender
-                and (not last_outlier or r.outlier)):
+        # Compared, not hashed: the strings of each record are new objects, and a
+        # tuple's hash is computed anew each time.
+        if (last_ids is not None and etype == last_type and sender == last_sender
+                and ids == last_ids and (not last_outlier or r.outlier)):
             continue  # an outlier needs only what a non-outlier needs, and less
         if PyDict_GetItem(passed, (ids, sender, etype)) is NULL:
             return i
