@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import IO, Any
 
 import orjson
@@ -149,12 +150,30 @@ def _env() -> dict[str, str]:
     return env
 
 
+_started: list[subprocess.Popen[bytes]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_process_outlives_its_test() -> Iterator[None]:
+    """A test that fails half-way leaves no ``streamrep`` process running into the next."""
+    yield
+    while _started:
+        proc = _started.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
 def _streamrep(log: pathlib.Path, *args: str, out: pathlib.Path | None = None) -> subprocess.Popen[bytes]:
     """``streamrep ARGS`` with stderr into *log* and stdout into *out* (None: a pipe)."""
     with log.open("wb") as err, (out.open("wb") if out is not None else open(os.devnull, "wb")) as sink:
-        return subprocess.Popen([sys.executable, "-m", "streamrep", *args],
+        proc = subprocess.Popen([sys.executable, "-m", "streamrep", *args],
                                 stdout=sink if out is not None else subprocess.PIPE,
                                 stderr=err, env=_env())
+    _started.append(proc)
+    return proc
 
 
 def _tail(url: str, server: str, db: str | None, limit: int, out: pathlib.Path, *extra: str
@@ -205,7 +224,7 @@ def test_write_and_tail_through_redis(tmp_path: pathlib.Path) -> None:
     server = unique_server_name("wt")
     db = f"sqlite:///{tmp_path}/s.db"
     tail = _tail(url, server, db, 200, tmp_path / "tail.out")
-    wait_subscribed(url, server, 1)
+    wait_subscribed(url, server, 1, logs=[tmp_path / "tail.err"])
     writer = _write(url, server, db, "w1", 200, tmp_path / "write.err", "--stream", "caches", "--rate", "400")
     assert _finish(writer, 60, "write") == 0, (tmp_path / "write.err").read_text()
     assert _finish(tail, 60, "tail") == 0, (tmp_path / "tail.err").read_text()
@@ -216,7 +235,7 @@ def _write_and_tail(tmp_path: pathlib.Path, url: str) -> None:
     server = unique_server_name("url")
     db = f"sqlite:///{tmp_path}/s.db"
     tail = _tail(url, server, db, 50, tmp_path / "tail.out")
-    wait_subscribed(url, server, 1)
+    wait_subscribed(url, server, 1, logs=[tmp_path / "tail.err"])
     writer = _write(url, server, db, "w1", 50, tmp_path / "write.err", "--stream", "caches", "--rate", "200")
     assert _finish(writer, 60, "write") == 0, (tmp_path / "write.err").read_text()
     assert _finish(tail, 60, "tail") == 0, (tmp_path / "tail.err").read_text()
@@ -261,7 +280,7 @@ def test_tail_without_a_database_says_once_that_it_cannot_fill_a_gap(tmp_path: p
     first = _write(url, server, db, "w1", 20, tmp_path / "write1.err", "--stream", "caches")
     assert _finish(first, 60, "write") == 0, (tmp_path / "write1.err").read_text()
     tail = _tail(url, server, None, 1000, tmp_path / "tail.out")
-    wait_subscribed(url, server, 1)
+    wait_subscribed(url, server, 1, logs=[tmp_path / "tail.err"])
     second = _write(url, server, db, "w1", 20, tmp_path / "write2.err", "--stream", "caches", "--rate", "10")
     assert _finish(second, 60, "write") == 0, (tmp_path / "write2.err").read_text()
     deadline = time.monotonic() + 30
@@ -286,7 +305,7 @@ def test_every_fact_exactly_once_through_a_redis_crash(tmp_path: pathlib.Path) -
         url, server, count = redis_server.url, unique_server_name("crash"), 600
         db = f"sqlite:///{tmp_path}/s.db"
         tails = [_tail(url, server, db, count, tmp_path / f"tail{i}.out") for i in (1, 2)]
-        wait_subscribed(url, server, 2)
+        wait_subscribed(url, server, 2, logs=[tmp_path / "tail1.err", tmp_path / "tail2.err"])
         writer = _write(url, server, db, "w1", count, tmp_path / "write.err",
                         "--stream", "caches", "--rate", "300")
         time.sleep(0.8)
@@ -313,7 +332,7 @@ def test_a_slow_subscriber_is_cut_off_by_redis_and_catches_up(tmp_path: pathlib.
         db = f"sqlite:///{tmp_path}/s.db"
         fast = _tail(url, server, db, count + more, tmp_path / "fast.out")
         slow = _tail(url, server, db, count + more, tmp_path / "slow.out")
-        wait_subscribed(url, server, 2)
+        wait_subscribed(url, server, 2, logs=[tmp_path / "fast.err", tmp_path / "slow.err"])
         # Stopped before anything flows, the slow reader's socket buffers stay
         # small, and what it does not read piles up in Redis (about 10 MB).
         slow.send_signal(signal.SIGSTOP)

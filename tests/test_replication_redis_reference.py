@@ -60,7 +60,7 @@ def test_tail_prints_every_event_a_reference_homeserver_persists(tmp_path: pathl
                 # then on tail counts the homeserver's events. Redis hands every
                 # subscriber the channel's messages in one order, so once this
                 # listener heard the answer, tail hears it before any later event.
-                wait_subscribed(redis_server.url, server_name, 3)
+                wait_subscribed(redis_server.url, server_name, 3, logs=[err])
                 deadline = time.monotonic() + 60
                 asked = answered = False
                 while not answered and time.monotonic() < deadline:

@@ -14,6 +14,7 @@ using a server name (the Redis channel) of their own.
 from __future__ import annotations
 
 import os
+import pathlib
 import shutil
 import signal
 import socket
@@ -21,6 +22,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 
 import pytest
 
@@ -179,17 +181,24 @@ def shared_redis_url() -> str:
     return _shared.url
 
 
-def wait_subscribed(url: str, channel: str, subscribers: int, timeout: float = 30.0) -> None:
-    """Wait until *channel* has at least *subscribers* subscribers."""
+def wait_subscribed(url: str, channel: str, subscribers: int, timeout: float = 60.0,
+                    logs: Sequence[pathlib.Path] = ()) -> None:
+    """Wait until *channel* has at least *subscribers* subscribers; on failure, say
+    how many there were and what the subscribing processes logged (*logs*)."""
     import redis
 
     client = redis.Redis.from_url(url)
+    seen = 0
     try:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if dict(client.pubsub_numsub(channel)).get(channel.encode(), 0) >= subscribers:
+            seen = dict(client.pubsub_numsub(channel)).get(channel.encode(), 0)
+            if seen >= subscribers:
                 return
             time.sleep(0.05)
     finally:
         client.close()
-    raise AssertionError(f"{subscribers} subscribers did not appear on {channel} in {timeout:g}s")
+    said = "".join(f"\n--- {path.name}:\n{path.read_text(errors='replace') if path.exists() else '(none)'}"
+                   for path in logs)
+    raise AssertionError(f"{subscribers} subscribers did not appear on {channel} in {timeout:g}s "
+                         f"({seen} did){said}")
