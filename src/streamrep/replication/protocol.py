@@ -675,7 +675,8 @@ class HubState:
     * *own_instances*: writer instances of the hub's own process; no peer may
       speak for them.
     * *stored_token*: ``(stream, instance) -> token``, the largest token of the
-      writer's rows in the database (writers commit before they announce). An
+      writer that the database holds (writers commit before they announce; see
+      :meth:`~streamrep.replication.source.StreamSource.stored_token`). An
       ``RDATA`` or ``POSITION`` past it is refused and the hub's position for the
       writer does not move, so no token can silence a writer and nothing is
       skipped if the database was only behind (the writer reconnects, announces

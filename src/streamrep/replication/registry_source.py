@@ -10,6 +10,9 @@ really persisted:
 * a single-writer stream: the largest ID that writer stored (its facts commit
   in order, so everything up to that is readable).
 
+A writer may announce a position up to what the database holds of it: its largest
+row, or on a sequence-fed stream its persisted position when that is further.
+
 In-memory streams (``typing``) are included only where this process writes them.
 """
 
@@ -86,7 +89,20 @@ class RegistrySource:
         definition = self.streams.definition(stream)
         if definition.in_memory:
             return int(self.streams.current_token(stream, instance))
-        return self._stored(stream, instance)
+        stored = self._stored(stream, instance)
+        if self._multi_writer(stream):
+            # A stream that keeps one row per key (receipts, account data) loses a
+            # writer's rows to later facts, another writer's too, so its largest
+            # row can fall behind facts it has completed: its persisted position
+            # counts as held.
+            stored = max(stored, self._persisted(stream, instance))
+        return stored
+
+    def _persisted(self, stream: str, instance: str) -> int:
+        value = self.db.read_value(
+            "SELECT stream_id FROM stream_positions WHERE stream_name = ? AND instance_name = ?",
+            (stream, instance), 0, name=f"{stream}:replication_persisted")
+        return abs(int(value))
 
     def _stored(self, stream: str, instance: str) -> int:
         # Read once per writer transaction by the hub's token check: one statement

@@ -36,8 +36,9 @@ class StreamSource(Protocol):
         ...
 
     def stored_token(self, stream: str, instance: str) -> int:
-        """The largest token of any row *instance* stored in *stream* (0 if none):
-        no fact of that writer can be past it."""
+        """The largest token of *instance* in *stream* that the database holds (0
+        if none): its largest row, or its persisted position on a stream several
+        writers share when that is further. No fact of that writer can be past it."""
         ...
 
     def updates(
