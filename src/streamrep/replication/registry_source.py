@@ -78,11 +78,7 @@ class RegistrySource:
         if definition.in_memory:
             return int(self.streams.current_token(stream, instance))
         if self._multi_writer(stream):
-            value = self.db.fetchval(
-                "SELECT stream_id FROM stream_positions WHERE stream_name = ? AND instance_name = ?",
-                (stream, instance),
-            )
-            return abs(int(value)) if value is not None else 0
+            return self._persisted(stream, instance)
         return self._stored(stream, instance)
 
     def stored_token(self, stream: str, instance: str) -> int:
@@ -99,6 +95,7 @@ class RegistrySource:
         return stored
 
     def _persisted(self, stream: str, instance: str) -> int:
+        """The writer's position in ``stream_positions`` (0 when it has none)."""
         value = self.db.read_value(
             "SELECT stream_id FROM stream_positions WHERE stream_name = ? AND instance_name = ?",
             (stream, instance), 0, name=f"{stream}:replication_persisted")
