@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 from functools import lru_cache
 from itertools import chain
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import orjson
 
@@ -72,6 +72,19 @@ _SQLITE_MAX_VALUES = 999
 _SQLITE_ROWS_PER_INSERT = (64, 8, 1)
 
 
+def _statement_spans(count: int, width: int) -> Iterator[tuple[int, int, int]]:
+    """``(rows per statement, first row, end row)`` of the statements that insert
+    *count* rows of *width* values: as many of the largest size as fit, then smaller."""
+    start = 0
+    for size in _SQLITE_ROWS_PER_INSERT:
+        if size > 1 and size * width > _SQLITE_MAX_VALUES:
+            continue
+        end = start + (count - start) // size * size
+        if end > start:
+            yield size, start, end
+            start = end
+
+
 class SqliteWrites(Writes):
     """Statements run one by one at :meth:`flush`; an insert's rows go 64, then 8,
     then 1 to a multi-row ``VALUES`` statement (SQLite spends less on one statement
@@ -85,23 +98,21 @@ class SqliteWrites(Writes):
         self._queued.append((sql, [params]))
 
     def insert(self, table: str, columns: str, rows: Rows, suffix: str = "") -> None:
-        if rows:
-            self.insert_flat(table, columns, list(chain.from_iterable(rows)), suffix)
+        if not rows:
+            return
+        width = len(rows[0])
+        for size, start, end in _statement_spans(len(rows), width):
+            sql = _multi_row_insert(table, columns, suffix, width, size)
+            self._queued.append((sql, rows[start:end] if size == 1 else [
+                list(chain.from_iterable(rows[i:i + size])) for i in range(start, end, size)]))
 
     def insert_flat(self, table: str, columns: str, values: list[Any], suffix: str = "") -> None:
         width = _row_width(table, columns, values)
-        count = len(values) // width
-        start = 0
-        for size in _SQLITE_ROWS_PER_INSERT:
-            if size > 1 and size * width > _SQLITE_MAX_VALUES:
-                continue
-            end = start + (count - start) // size * size
-            if end > start:
-                sql = _multi_row_insert(table, columns, suffix, width, size)
-                step = size * width
-                self._queued.append((sql, [values[i:i + step]
-                                           for i in range(start * width, end * width, step)]))
-                start = end
+        for size, start, end in _statement_spans(len(values) // width, width):
+            sql = _multi_row_insert(table, columns, suffix, width, size)
+            step = size * width
+            self._queued.append((sql, [values[i:i + step]
+                                       for i in range(start * width, end * width, step)]))
 
     def delete_rows(self, table: str, columns: str, keys: Rows) -> None:
         if keys:
