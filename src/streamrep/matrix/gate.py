@@ -342,7 +342,7 @@ class RoomRules:
                 return Rejection(exc.reason.value, exc.detail)
             passed[seen] = True
         if current is not None and not record.outlier:
-            fails = current.plain_verdict(record.sender, record.type)
+            fails = current.plain_verdicts.get((record.sender, record.type))
             if fails is None:
                 if event is None:
                     event = parse_event(record.event_id, orjson.loads(record.json), version)
@@ -535,10 +535,6 @@ class _CurrentState:
             if held is not None:
                 out[key] = held
         return out, frozenset(e.event_id for e in out.values())
-
-    def plain_verdict(self, sender: str, etype: str) -> bool | None:
-        """The memoized :meth:`fails_plain` verdict for *sender* and *etype*, or None."""
-        return self.plain_verdicts.get((sender, etype))
 
     def fails_plain(self, event: MatrixEvent, version: RoomVersion) -> bool:
         """True when a plain event (see ``_NOT_PLAIN``) fails against the current

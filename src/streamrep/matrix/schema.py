@@ -116,11 +116,6 @@ def _fill(txn: "Transaction", room_ids: Sequence[str] | None = None) -> None:
         after = page[-1][0]
 
 
-def _backfill(txn: "Transaction") -> None:
-    """Rooms and auth edges of the events stored before these tables existed."""
-    _fill(txn)
-
-
 def _state_events_only(txn: "Transaction") -> None:
     """Drop the rows of events that are not state events; write the rows of the
     rooms whose state events lack their create event again."""
@@ -136,7 +131,7 @@ def _state_events_only(txn: "Transaction") -> None:
 
 
 MIGRATIONS = [
-    Migration(version=1, sql=_TABLES, run=_backfill,
+    Migration(version=1, sql=_TABLES, run=_fill,
               description="room versions, auth events, rejections"),
     Migration(version=2, run=_state_events_only,
               description="auth events of state events only, version 12's create event included"),
