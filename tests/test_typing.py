@@ -40,3 +40,24 @@ def test_mypy_strict(tmp_path: Path, pytestconfig: pytest.Config) -> None:
         capture_output=True, text=True, env=env, cwd=tree, timeout=900,
     )
     assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_matrix_events_are_read_only_to_the_type_checker(tmp_path: Path,
+                                                        pytestconfig: pytest.Config) -> None:
+    """``MatrixEvent`` is not frozen at run time (building it is faster so): mypy is
+    what refuses an assignment to its fields."""
+    tree = _typed_copy(tmp_path / "tree")
+    (tree / "assigns.py").write_text(
+        "from streamrep.matrix.events import MatrixEvent\n\n\n"
+        "def retype(event: MatrixEvent) -> None:\n"
+        "    event.type = 'm.room.message'\n")
+    env = dict(os.environ, MYPY_CACHE_DIR=str(tmp_path / "mypy-cache"))
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--follow-imports=silent",
+         "--config-file", str(pytestconfig.rootpath / "pyproject.toml"), "assigns.py"],
+        capture_output=True, text=True, env=env, cwd=tree, timeout=900,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert 'assigns.py:5: error: Property "type" defined in "MatrixEvent" is read-only' in (
+        result.stdout), result.stdout
