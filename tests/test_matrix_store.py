@@ -473,3 +473,36 @@ def test_soft_failures_in_one_batch_follow_the_state_their_messages_read(
     assert store.persist_events(batch).rejected == {}
     assert [store.get_event(r.id(name)).soft_failed for name in ("m0", "m1", "m2")] == [
         False, False, True]
+
+
+@pytest.mark.parametrize("version_id", FAMILIES)
+def test_verdicts_of_earlier_batches_hold_only_while_the_state_they_read_does(
+        store: EventStore, version_id: str) -> None:
+    """Bob's messages all cite the same auth events, one batch each: the verdicts the
+    first worked out are kept for the next ones until the power levels or Bob's
+    membership change, and worked out again after."""
+    r, events = build(version_id)
+    store.persist_events(events)
+    tip = r.id("carol")
+    users = {BOB: 50} if r.version.creator_power else {ALICE: 100, BOB: 50}
+    prev = tip
+
+    def send(name: str, sender: str = BOB, etype: str = "m.room.message",
+             state_key: str | None = None, content: dict[str, Any] | None = None,
+             cites: str = tip) -> bool:
+        nonlocal prev
+        event = r.event(name, [prev], etype, state_key, sender, content or {"body": name},
+                        state=r.state_after[cites])
+        prev = event["event_id"]
+        assert store.persist_events([event]).rejected == {}
+        return bool(store.get_event(event["event_id"]).soft_failed)
+
+    assert [send("m0"), send("m1")] == [False, False]
+    send("power2", ALICE, "m.room.power_levels", "", {"users": users, "events_default": 60},
+         cites=r.id("carol"))
+    assert send("m2") is True
+    send("power3", ALICE, "m.room.power_levels", "", {"users": users, "events_default": 0},
+         cites=r.id("power2"))
+    assert send("m3") is False
+    send("kick", ALICE, "m.room.member", BOB, {"membership": "leave"}, cites=r.id("power3"))
+    assert send("m4") is True

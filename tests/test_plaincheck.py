@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from support.impls import core_module
 
 NOT_PLAIN = frozenset({"m.room.create", "m.room.member", "m.room.redaction"})
+MEMBER = "m.room.member"
 ROOM = "!r:x"
 
 
@@ -30,18 +31,25 @@ def record(event_id: str = "$e", sender: str = "@a:x", etype: str = "m.room.mess
                            rejected=rejected, outlier=outlier, body=body)
 
 
+def plain_of(plaincheck: ModuleType, records: list[SimpleNamespace], room_id: str = ROOM,
+             create_id: str | None = None) -> dict[str, tuple[str, ...]]:
+    plain: dict[str, tuple[str, ...]] = plaincheck.scan_batch(
+        records, room_id, create_id, NOT_PLAIN, MEMBER).plain
+    return plain
+
+
 def test_plain_events_of_the_usual_shape_give_their_auth_event_ids(
         plaincheck: ModuleType) -> None:
     records = [record("$1"), record("$2", auth_events=[]),
                record("$3", origin_server_ts=None, prev_events=["$a", "$b"])]
-    assert plaincheck.usual_plain_auth_ids(records, ROOM, None, NOT_PLAIN) == {
+    assert plain_of(plaincheck, records) == {
         "$1": ("$c", "$p"), "$2": (), "$3": ("$c", "$p")}
 
 
 def test_the_create_event_a_version_12_room_id_names_comes_first(
         plaincheck: ModuleType) -> None:
     records = [record("$1"), record("$2", auth_events=["$p", "$room"])]
-    assert plaincheck.usual_plain_auth_ids(records, ROOM, "$room", NOT_PLAIN) == {
+    assert plain_of(plaincheck, records, create_id="$room") == {
         "$1": ("$room", "$c", "$p"), "$2": ("$p", "$room")}
 
 
@@ -62,18 +70,46 @@ def test_the_create_event_a_version_12_room_id_names_comes_first(
 ])
 def test_anything_else_is_left_to_the_full_parse(plaincheck: ModuleType,
                                                  odd: SimpleNamespace) -> None:
-    assert plaincheck.usual_plain_auth_ids([odd], ROOM, None, NOT_PLAIN) == {}
+    scan = plaincheck.scan_batch([odd], ROOM, None, NOT_PLAIN, MEMBER)
+    assert scan.plain == {}
+    assert scan.others == [odd]
 
 
 def test_a_room_id_that_is_not_one_leaves_every_event_to_the_full_parse(
         plaincheck: ModuleType) -> None:
-    assert plaincheck.usual_plain_auth_ids([record()], "r:x", None, NOT_PLAIN) == {}
+    assert plain_of(plaincheck, [record()], room_id="r:x") == {}
+    # Nor any when the caller names no plain types (the room's version is unknown).
+    assert plaincheck.scan_batch([record()], ROOM, None, None, MEMBER).plain == {}
+
+
+def test_the_scan_gathers_what_the_checks_ask_of_the_batch(plaincheck: ModuleType) -> None:
+    join = record("$j", sender="@b:x", etype=MEMBER, state_key="@b:x")
+    topic = record("$t", etype="m.room.topic", state_key="", outlier=True)
+    invite = record("$i", etype=MEMBER, state_key="@c:x")
+    odd = record("$o", sender="@d", auth_events=None)
+    records = [record("$1"), join, record("$2"), topic, invite, odd]
+    scan = plaincheck.scan_batch(records, ROOM, None, NOT_PLAIN, MEMBER)
+    assert set(scan.plain) == {"$1", "$2"}
+    assert scan.others == [join, topic, invite, odd]
+    assert scan.state_ids == {"$j", "$t", "$i"}
+    assert scan.senders == {"@a:x", "@b:x", "@d"}
+    assert scan.member_targets == {"@b:x", "@c:x"}
+    assert scan.has_outlier
+    assert not plaincheck.scan_batch([record()], ROOM, None, NOT_PLAIN, MEMBER).has_outlier
+
+
+def test_records_listing_the_same_auth_events_share_one_tuple(plaincheck: ModuleType) -> None:
+    records = [record("$1"), record("$2"), record("$3", auth_events=["$c"]), record("$4")]
+    plain = plain_of(plaincheck, records)
+    assert plain["$1"] is plain["$2"]
+    assert plain["$3"] == ("$c",)
+    assert plain["$4"] == plain["$1"] and plain["$4"] is not plain["$1"]
 
 
 def test_settled_until_stops_at_the_first_record_the_memos_do_not_settle(
         plaincheck: ModuleType) -> None:
     records = [record("$1"), record("$2"), record("$3", sender="@b:x"), record("$4")]
-    plain = plaincheck.usual_plain_auth_ids(records, ROOM, None, NOT_PLAIN)
+    plain = plain_of(plaincheck, records)
     passed = {(("$c", "$p"), "@a:x", "m.room.message"): True}
     verdicts = {("@a:x", "m.room.message"): False}
     assert plaincheck.settled_until(records, 0, plain, passed, verdicts) == 2
@@ -100,11 +136,11 @@ def test_an_outlier_settled_does_not_settle_a_live_event_like_it(
     auth events, sender and type, needs the current state's verdict too."""
     key = (("$c", "$p"), "@a:x", "m.room.message")
     records = [record("$1", outlier=True), record("$2")]
-    plain = plaincheck.usual_plain_auth_ids(records, ROOM, None, NOT_PLAIN)
+    plain = plain_of(plaincheck, records)
     failing = {("@a:x", "m.room.message"): True}
     assert plaincheck.settled_until(records, 0, plain, {key: True}, failing) == 1
     live_first = [record("$3"), record("$4", outlier=True), record("$5")]
-    plain = plaincheck.usual_plain_auth_ids(live_first, ROOM, None, NOT_PLAIN)
+    plain = plain_of(plaincheck, live_first)
     passing = {("@a:x", "m.room.message"): False}
     assert plaincheck.settled_until(live_first, 0, plain, {key: True}, passing) == 3
 
@@ -117,7 +153,7 @@ records_strategy = st.lists(st.builds(
     event_id=st.sampled_from(["$1", "$2", "$3", "x"]),
     sender=st.sampled_from(["@a:x", "@b:x", "a:x", "@b"]),
     etype=st.sampled_from(["m.room.message", "m.room.member", "m.reaction"]),
-    state_key=st.sampled_from([None, None, ""]),
+    state_key=st.sampled_from([None, None, "", "@b:x"]),
     rejected=st.booleans(), outlier=st.booleans(),
     auth_events=values, prev_events=values, origin_server_ts=values), max_size=6)
 
@@ -129,11 +165,13 @@ records_strategy = st.lists(st.builds(
 def test_compiled_and_pure_agree(records: list[SimpleNamespace], create_id: str | None,
                                  start: int, memo: bool) -> None:
     compiled, pure = core_module("plaincheck", "compiled"), core_module("plaincheck", "pure")
-    plain = pure.usual_plain_auth_ids(records, ROOM, create_id, NOT_PLAIN)
-    compiled_plain = compiled.usual_plain_auth_ids(records, ROOM, create_id, NOT_PLAIN)
-    assert compiled_plain == plain
+    scan = pure.scan_batch(records, ROOM, create_id, NOT_PLAIN, MEMBER)
+    compiled_scan = compiled.scan_batch(records, ROOM, create_id, NOT_PLAIN, MEMBER)
+    for field in ("plain", "others", "state_ids", "senders", "member_targets", "has_outlier"):
+        assert getattr(compiled_scan, field) == getattr(scan, field), field
+    plain = scan.plain
     passed = {(v, r.sender, r.type): True for r in records[:2]
               for v in [plain.get(r.event_id)] if v is not None}
     verdicts = {(r.sender, r.type): memo for r in records} if start % 2 else None
-    assert (compiled.settled_until(records, start, compiled_plain, passed, verdicts)
+    assert (compiled.settled_until(records, start, compiled_scan.plain, passed, verdicts)
             == pure.settled_until(records, start, plain, passed, verdicts))

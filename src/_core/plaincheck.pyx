@@ -41,40 +41,74 @@ cdef inline bint _starts_with(object text, Py_UCS4 first):
             and PyUnicode_READ_CHAR(text, 0) == first)
 
 
-def usual_plain_auth_ids(list records, str room_id, object create_id,
-                         frozenset not_plain):
-    cdef dict out = {}
-    cdef set senders = set()
+cdef class BatchScan:
+    """What one pass over a batch's records found (see ``scan_batch``)."""
+
+    cdef readonly dict plain
+    cdef readonly list others
+    cdef readonly set state_ids
+    cdef readonly set senders
+    cdef readonly set member_targets
+    cdef readonly bint has_outlier
+
+    def __cinit__(self):
+        self.plain = {}
+        self.others = []
+        self.state_ids = set()
+        self.senders = set()
+        self.member_targets = set()
+
+
+def scan_batch(list records, str room_id, object create_id, object not_plain,
+               str member_type):
+    cdef BatchScan scan = BatchScan()
+    cdef dict plain = scan.plain
+    cdef list others = scan.others
+    cdef set senders = scan.senders
+    cdef set user_ids = set()
     cdef dict body
-    cdef object r, listed, prevs, ts, sender, event_id, ids
-    if not _starts_with(room_id, u"!"):
-        return out
+    cdef object r, listed, prevs, ts, sender, state_key, event_id
+    cdef object last_listed = None, last_ids = ()
+    cdef bint find_plain = not_plain is not None and _starts_with(room_id, u"!")
+    if not_plain is not None and type(not_plain) is not frozenset:
+        raise TypeError("not_plain must be a frozenset or None")
     for r in records:
-        if r.state_key is not None or PySet_Contains(not_plain, r.type):
+        if r.outlier:
+            scan.has_outlier = True
+        sender = r.sender
+        PySet_Add(senders, sender)
+        state_key = r.state_key
+        if state_key is not None:
+            PySet_Add(scan.state_ids, r.event_id)
+            if r.type == member_type:
+                PySet_Add(scan.member_targets, state_key)
+            others.append(r)
+            continue
+        if not find_plain or PySet_Contains(not_plain, r.type):
+            others.append(r)
             continue
         body = r.body
         listed = body.get("auth_events")
-        if not _strings(listed, False):
-            continue
         prevs = body.get("prev_events")
-        if not _strings(prevs, True):
-            continue
         ts = body.get("origin_server_ts")
-        if ts is not None and not PyLong_CheckExact(ts):
-            continue
         event_id = r.event_id
-        if not _starts_with(event_id, u"$"):
+        if not (_strings(listed, False) and _strings(prevs, True)
+                and (ts is None or PyLong_CheckExact(ts)) and _starts_with(event_id, u"$")):
+            others.append(r)
             continue
-        sender = r.sender
-        if not PySet_Contains(senders, sender):
+        if not PySet_Contains(user_ids, sender):
             if not _starts_with(sender, u"@") or u":" not in sender:
+                others.append(r)
                 continue
-            PySet_Add(senders, sender)
-        ids = tuple(listed)
-        if create_id is not None and create_id not in ids:
-            ids = (create_id,) + ids
-        out[event_id] = ids
-    return out
+            PySet_Add(user_ids, sender)
+        # Consecutive records mostly list the same auth events: one tuple for them.
+        if last_listed is None or listed != last_listed:
+            last_listed = listed
+            last_ids = tuple(listed)
+            if create_id is not None and create_id not in last_ids:
+                last_ids = (create_id,) + last_ids
+        plain[event_id] = last_ids
+    return scan
 
 
 @cython.boundscheck(False)

@@ -4,35 +4,75 @@
 A *plain* event is one whose authorization reads only its type, its sender and its
 auth events: not a state event, nor one of the types the caller names. Of a batch's
 records (as the event store's validation made them: type, sender and room ID are
-non-empty strings), :func:`usual_plain_auth_ids` finds the plain ones whose fields
-have exactly the JSON types a Matrix event parser reads, so they need no parsing to
-be checked; :func:`settled_until` walks the batch while the verdicts an earlier
-event worked out settle each record.
+non-empty strings), :func:`scan_batch` finds the plain ones whose fields have
+exactly the JSON types a Matrix event parser reads, so they need no parsing to be
+checked, and in the same pass what else the checks ask of the batch;
+:func:`settled_until` walks the batch while the verdicts an earlier event worked
+out settle each record.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["usual_plain_auth_ids", "settled_until"]
+__all__ = ["BatchScan", "scan_batch", "settled_until"]
 
 _STR_ONLY = frozenset({str})
 
 
-def usual_plain_auth_ids(records: list[Any], room_id: str, create_id: str | None,
-                         not_plain: frozenset[str]) -> dict[str, tuple[str, ...]]:
-    """Event ID -> auth event IDs of the records of room *room_id* that are plain
-    (no state key, type not in *not_plain*) and of the usual shape: ``auth_events``
-    and ``prev_events`` lists of event IDs, ``origin_server_ts`` an integer or
-    absent, the event ID starting with ``$`` and the sender a user ID. *create_id*
-    (room version 12: the create event the room ID names) is put first among the
-    auth event IDs when the event does not list it."""
-    out: dict[str, tuple[str, ...]] = {}
-    if not room_id.startswith("!"):
-        return out
-    senders: set[str] = set()  # the senders already seen to be user IDs
+class BatchScan:
+    """What one pass over a batch's records found (see :func:`scan_batch`)."""
+
+    __slots__ = ("plain", "others", "state_ids", "senders", "member_targets", "has_outlier")
+
+    def __init__(self) -> None:
+        #: Event ID -> auth event IDs of the plain records of the usual shape.
+        self.plain: dict[str, tuple[str, ...]] = {}
+        #: The other records, in the order given.
+        self.others: list[Any] = []
+        #: Event IDs of the state records.
+        self.state_ids: set[str] = set()
+        #: The records' senders.
+        self.senders: set[str] = set()
+        #: State keys of the membership records.
+        self.member_targets: set[str] = set()
+        #: Whether any record is an outlier.
+        self.has_outlier = False
+
+
+def scan_batch(records: list[Any], room_id: str, create_id: str | None,
+               not_plain: frozenset[str] | None, member_type: str) -> BatchScan:
+    """One pass over the batch's *records* (as the event store's validation made
+    them: type, sender and room ID are non-empty strings).
+
+    ``plain`` holds the records of room *room_id* that are plain (no state key, type
+    not in *not_plain*; none when *not_plain* is None) and of the usual shape:
+    ``auth_events`` and ``prev_events`` lists of event IDs, ``origin_server_ts`` an
+    integer or absent, the event ID starting with ``$`` and the sender a user ID.
+    *create_id* (room version 12: the create event the room ID names) is put first
+    among their auth event IDs when an event does not list it. Records listing the
+    same auth events as the record before them share its tuple."""
+    scan = BatchScan()
+    plain, others, senders = scan.plain, scan.others, scan.senders
+    excluded = not_plain if not_plain is not None else frozenset()
+    find_plain = not_plain is not None and room_id.startswith("!")
+    user_ids: set[str] = set()  # the senders already seen to be user IDs
+    last_listed: list[str] | None = None
+    last_ids: tuple[str, ...] = ()
     for r in records:
-        if r.state_key is not None or r.type in not_plain:
+        if r.outlier:
+            scan.has_outlier = True
+        sender = r.sender
+        senders.add(sender)
+        state_key = r.state_key
+        if state_key is not None:
+            scan.state_ids.add(r.event_id)
+            if r.type == member_type:
+                scan.member_targets.add(state_key)
+            others.append(r)
+            continue
+        if not find_plain or r.type in excluded:
+            others.append(r)
             continue
         body = r.body
         listed = body.get("auth_events")
@@ -42,17 +82,20 @@ def usual_plain_auth_ids(records: list[Any], room_id: str, create_id: str | None
                 and "" not in listed and type(prevs) is list
                 and _STR_ONLY.issuperset(map(type, prevs))
                 and (ts is None or type(ts) is int) and r.event_id.startswith("$")):
+            others.append(r)
             continue
-        sender = r.sender
-        if sender not in senders:
+        if sender not in user_ids:
             if not sender.startswith("@") or ":" not in sender:
+                others.append(r)
                 continue
-            senders.add(sender)
-        ids = tuple(listed)
-        if create_id is not None and create_id not in ids:
-            ids = (create_id,) + ids
-        out[r.event_id] = ids
-    return out
+            user_ids.add(sender)
+        if listed != last_listed:
+            last_listed = listed
+            last_ids = tuple(listed)
+            if create_id is not None and create_id not in last_ids:
+                last_ids = (create_id,) + last_ids
+        plain[r.event_id] = last_ids
+    return scan
 
 
 def settled_until(records: list[Any], start: int, plain: dict[str, tuple[str, ...]],

@@ -71,6 +71,13 @@ _STR_ONLY = frozenset({str})
 _plaincheck = _impl.load("plaincheck")
 #: Event types whose authorization reads more than their type, sender and auth events.
 _NOT_PLAIN = frozenset({CREATE, MEMBER, ALIASES, THIRD_PARTY_INVITE, REDACTION})
+#: Entries a room model's verdict memos hold before they are emptied: one per
+#: (auth events, sender, type) and per (sender, type) seen, so a room of many senders
+#: cannot grow them without bound.
+_MAX_MEMO = 4096
+
+#: A soft-failure verdict and the current state it read: ``(key, event ID)`` pairs.
+PlainVerdict = tuple[bool, tuple[tuple[StateKey, "str | None"], ...]]
 
 
 @dataclass(frozen=True)
@@ -90,10 +97,27 @@ class RoomModel:
         self.source = InMemoryEventSource()
         #: Events of the room stored as outliers (a non-outlier copy de-outliers them).
         self.outliers: set[str] = set()
+        #: ``(auth event IDs, sender, type)`` of plain events (see ``_NOT_PLAIN``)
+        #: that passed against their auth events. Held events never change, so such a
+        #: verdict holds from batch to batch until a held event is replaced or one is
+        #: added rejected (see :meth:`RoomRules._check`).
+        self.passed: dict[tuple[tuple[str, ...], str, str], bool] = {}
+        #: Soft-failure verdicts of plain events, sender -> type -> verdict and the
+        #: current state it read; a batch uses those whose state is still current.
+        self.plain_memo: dict[str, dict[str, PlainVerdict]] = {}
 
     def add(self, event: MatrixEvent, rejected: bool) -> None:
         """Hold *event* (a state event) for later authorization and resolution."""
+        if self.passed and (rejected or event.event_id in self.source.events):
+            self.passed.clear()  # a held event replaced or rejected: verdicts may change
         self.source.add(event, rejected=rejected)
+
+    def bound_memos(self) -> None:
+        """Empty the verdict memos that have grown past their bound."""
+        if len(self.passed) > _MAX_MEMO:
+            self.passed.clear()
+        if len(self.plain_memo) > _MAX_MEMO:
+            self.plain_memo.clear()
 
 
 def _by_room(records: list[Any]) -> dict[str, list[Any]]:
@@ -107,20 +131,34 @@ def _by_room(records: list[Any]) -> dict[str, list[Any]]:
     return rooms
 
 
-def _topological(records: list[Any], cites: Mapping[str, Sequence[str]]) -> list[Any]:
-    """Batch records with the batch events they cite as auth events first."""
-    by_id = {r.event_id: r for r in records}
-    in_batch = by_id.keys()
-    if in_batch.isdisjoint(set().union(*cites.values())):
+def _topological(records: list[Any], cites: Mapping[str, Sequence[str]],
+                 held_here: set[str]) -> list[Any]:
+    """Batch records with the batch's state events (*held_here*) they cite as auth
+    events first.
+
+    Only state events are held as auth events, so an event citing another kind of
+    event of the batch fails alike whichever of the two is checked first."""
+    if not held_here:
+        return records
+    last = None
+    for listed in cites.values():
+        # Records listing the same auth events as the one before mostly share its
+        # sequence (see plaincheck.scan_batch): each is looked at once.
+        if listed is not last:
+            last = listed
+            if not held_here.isdisjoint(listed):
+                break
+    else:
         return records  # the usual case: they cite stored events only
+    by_id = {r.event_id: r for r in records}
     waiting: dict[str, int] = {}
     children: dict[str, list[str]] = {}
     for r in records:
         listed = cites[r.event_id]
-        if in_batch.isdisjoint(listed):  # the usual case: it cites stored events only
+        if held_here.isdisjoint(listed):  # the usual case: it cites stored events only
             waiting[r.event_id] = 0
             continue
-        cited = {a for a in listed if a in by_id and a != r.event_id}
+        cited = {a for a in listed if a in held_here and a != r.event_id}
         waiting[r.event_id] = len(cited)
         for a in cited:
             children.setdefault(a, []).append(r.event_id)
@@ -143,16 +181,16 @@ def _topological(records: list[Any], cites: Mapping[str, Sequence[str]]) -> list
     return out
 
 
-def _keys_likely_read(records: list[Any]) -> set[StateKey]:
-    """The current state's keys that checking *records* will most likely read: the
-    create event, the power levels, each sender's membership and, for membership
-    events, the target's and the join rules (see ``auth_types_for_event``)."""
+def _keys_likely_read(scan: Any) -> set[StateKey]:
+    """The current state's keys that checking the batch *scan* (a
+    ``plaincheck.BatchScan``) describes will most likely read: the create event, the
+    power levels, each sender's membership and, for membership events, the target's
+    and the join rules (see ``auth_types_for_event``)."""
     keys = {CREATE_KEY, POWER_LEVELS_KEY}
-    users = {r.sender for r in records}
-    for r in records:
-        if r.type == MEMBER and type(r.state_key) is str:
-            users.add(r.state_key)
-            keys.add(JOIN_RULES_KEY)
+    users = scan.senders
+    if scan.member_targets:
+        keys.add(JOIN_RULES_KEY)
+        users = users | scan.member_targets
     keys.update((MEMBER, user) for user in users)
     return keys
 
@@ -182,7 +220,11 @@ class RoomRules:
         self._batch: list[Any] | None = None
         # Events of the last batch stored before as outliers: their rows are replaced.
         self._deoutliered: set[str] = set()
-        self._given: list[tuple[bool, bool]] = []
+        # The last batch's state events: only they have event_auth rows.
+        self._state_records: list[Any] = []
+        # The flags the checks of the last batch set: (record, "rejected" or
+        # "soft_failed").
+        self._flagged: list[tuple[Any, str]] = []
         self.resolver = MatrixStateResolver(self)
 
     def attach(self, db: Database) -> None:
@@ -245,16 +287,16 @@ class RoomRules:
         *known_state*, when given, answers a room's current state from memory (None
         when it does not hold the room): the store's cache of what its last batch
         committed, which spares reading the keys the checks need."""
-        if records is not self._batch:
-            # The flags as the caller gave them: a retried transaction checks again
-            # from these, not from the previous attempt's verdicts.
-            self._batch = records
-            self._given = [(r.rejected, r.soft_failed) for r in records]
-        else:
-            for r, (rejected, soft_failed) in zip(records, self._given):
-                r.rejected, r.soft_failed = rejected, soft_failed
+        if records is self._batch:
+            # A retried transaction checks again from the flags as the caller gave
+            # them, not from the previous attempt's verdicts.
+            for record, flag in self._flagged:
+                setattr(record, flag, False)
+        self._batch = records
+        self._flagged = []
         self._auth_ids = {}
         self._deoutliered = set()
+        self._state_records = []
         out: dict[str, Rejection] = {}
         for room_id, room_records in _by_room(records).items():
             model = self.room(txn, room_id)
@@ -270,62 +312,69 @@ class RoomRules:
         held longer, its records would outlive the young generations of the garbage
         collector and make its full collections come sooner."""
         self._batch = None
-        self._given = []
+        self._flagged = []
         self._auth_ids = {}
         self._deoutliered = set()
+        self._state_records = []
+
+    def _flag(self, record: Any, flag: str) -> None:
+        """Set *record*'s ``rejected`` or ``soft_failed`` flag (*flag*)."""
+        if not getattr(record, flag):
+            self._flagged.append((record, flag))
+            setattr(record, flag, True)
 
     def _check_room(self, model: RoomModel, room_id: str, records: list[Any],
                     current: _CurrentState | None, out: dict[str, Rejection]) -> None:
+        version = model.version
+        # Plain events of the usual shape are checked from the fields validation
+        # read (see _check_plain); the others are decoded here and parsed in full.
+        scan = _plaincheck.scan_batch(
+            records, room_id,
+            create_event_id_for_room(room_id)
+            if version is not None and version.room_id_from_create_event else None,
+            _NOT_PLAIN if version is not None else None, MEMBER)
         if current is not None:
-            current.prefetch(_keys_likely_read(records))
-        if model.outliers or any(r.outlier for r in records):
+            current.prefetch(_keys_likely_read(scan), scan.senders)
+        self._state_records.extend(r for r in scan.others if r.state_key is not None)
+        if model.outliers or scan.has_outlier:
             for record in records:
                 if record.outlier:
                     model.outliers.add(record.event_id)
                 elif record.event_id in model.outliers:
                     self._deoutliered.add(record.event_id)
                     model.outliers.discard(record.event_id)
-        # Plain events of the usual shape are checked from the fields validation
-        # read (see _check_plain); the others are decoded here and parsed in full.
-        plain: dict[str, tuple[str, ...]] = {}
-        if model.version is not None:
-            plain = _plaincheck.usual_plain_auth_ids(
-                records, room_id, create_event_id_for_room(room_id)
-                if model.version.room_id_from_create_event else None, _NOT_PLAIN)
+        plain = scan.plain
         bodies: dict[str, dict[str, Any]] = {}
         cites: dict[str, Sequence[str]] = dict(plain)
-        if len(plain) < len(records):
-            for r in records:
-                if r.event_id not in plain:
-                    body = bodies[r.event_id] = orjson.loads(r.json)
-                    cites[r.event_id] = _listed_auth(body)
-        passed: dict[tuple[tuple[str, ...], str, str], bool] = {}
+        for r in scan.others:
+            body = bodies[r.event_id] = orjson.loads(r.json)
+            cites[r.event_id] = _listed_auth(body)
+        model.bound_memos()
         # Soft-failure verdicts of plain events by (sender, type) (see _CurrentState).
         plain_verdicts = current.plain_verdicts if current is not None else None
-        ordered = _topological(records, cites)
+        ordered = _topological(records, cites, scan.state_ids)
         settled_until = _plaincheck.settled_until
         i, count = 0, len(ordered)
         while True:
-            # The records the verdicts of an earlier event of the batch settle pass.
-            i = settled_until(ordered, i, plain, passed, plain_verdicts)
+            # The records the verdicts of an earlier event settle pass.
+            i = settled_until(ordered, i, plain, model.passed, plain_verdicts)
             if i == count:
                 return
             record = ordered[i]
             event_id = record.event_id
             ids = plain.get(event_id)
             if ids is None:
-                rejection = self._check(model, record, bodies[event_id], current, passed)
+                rejection = self._check(model, record, bodies[event_id], current)
             else:
-                rejection = self._check_plain(model, record, ids, current, passed)
+                rejection = self._check_plain(model, record, ids, current)
             if rejection is not None:
                 out[event_id] = rejection
             i += 1
 
     def _check_plain(self, model: RoomModel, record: Any, auth_ids: tuple[str, ...],
-                     current: _CurrentState | None,
-                     passed: dict[tuple[tuple[str, ...], str, str], bool]) -> Rejection | None:
+                     current: _CurrentState | None) -> Rejection | None:
         """:meth:`_check` for a plain event of the usual shape (see
-        ``plaincheck.usual_plain_auth_ids``): the verdicts are memoized by what they read,
+        ``plaincheck.scan_batch``): the verdicts are memoized by what they read,
         so the event is parsed only when one is worked out."""
         if record.rejected:
             return Rejection("flagged", "persisted with the rejected flag")
@@ -333,12 +382,13 @@ class RoomRules:
         assert version is not None
         event: MatrixEvent | None = None
         seen = (auth_ids, record.sender, record.type)
+        passed = model.passed
         if seen not in passed:
             event = parse_event(record.event_id, orjson.loads(record.json), version)
             try:
                 auth.authorize(event, version, model.source.events, model.source.rejected)
             except AuthRejection as exc:
-                record.rejected = True
+                self._flag(record, "rejected")
                 return Rejection(exc.reason.value, exc.detail)
             passed[seen] = True
         if current is not None and not record.outlier:
@@ -348,12 +398,11 @@ class RoomRules:
                     event = parse_event(record.event_id, orjson.loads(record.json), version)
                 fails = current.fails_plain(event, version)
             if fails:
-                record.soft_failed = True
+                self._flag(record, "soft_failed")
         return None
 
     def _check(self, model: RoomModel, record: Any, body: dict[str, Any],
-               current: _CurrentState | None,
-               passed: dict[tuple[tuple[str, ...], str, str], bool]) -> Rejection | None:
+               current: _CurrentState | None) -> Rejection | None:
         if model.version is None:
             if record.type == CREATE and record.state_key == "":
                 model.version = room_version(_version_of(body)) if _known_version(
@@ -364,7 +413,7 @@ class RoomRules:
                 # unchecked, as Matrix servers store them.
                 return None
             if model.version is None:
-                record.rejected = True
+                self._flag(record, "rejected")
                 if record.type == CREATE:
                     return Rejection(RejectionReason.BAD_CREATE_EVENT.value,
                                      "the create event names no known room version")
@@ -379,12 +428,12 @@ class RoomRules:
         try:
             event = _parse(record.event_id, body, version)
         except MatrixError as exc:
-            record.rejected = True
+            self._flag(record, "rejected")
             return Rejection(RejectionReason.MALFORMED.value, str(exc))
         self._auth_ids[event.event_id] = event.auth_ids
         if event.room_id != record.room_id:
             # Version 12: the room ID must be the one the create event defines.
-            record.rejected = True
+            self._flag(record, "rejected")
             return Rejection(RejectionReason.BAD_CREATE_EVENT.value,
                              f"room {record.room_id} is not the room {event.room_id} "
                              "this create event defines")
@@ -394,15 +443,16 @@ class RoomRules:
             rejection = Rejection("flagged", "persisted with the rejected flag")
         else:
             # A plain non-state event's verdict depends only on its type, its sender
-            # and its auth events: the batch's messages citing the same auth events
-            # as one that passed pass too.
+            # and its auth events: messages citing the same auth events as one that
+            # passed pass too.
+            passed = model.passed
             seen = (event.auth_ids, event.sender, event.type) if plain else None
             if seen is None or seen not in passed:
                 try:
                     auth.authorize(event, version, model.source.events,
                                    model.source.rejected)
                 except AuthRejection as exc:
-                    record.rejected = True
+                    self._flag(record, "rejected")
                     rejection = Rejection(exc.reason.value, exc.detail)
                 else:
                     if seen is not None:
@@ -410,21 +460,12 @@ class RoomRules:
         if rejection is None and current is not None and not record.outlier:
             if plain:
                 if current.fails_plain(event, version):
-                    record.soft_failed = True
-            else:
-                now, now_ids = current.for_event(event, version)
-                # Citing exactly the current state's events, it has just passed
-                # against them.
-                if now_ids != frozenset(event.auth_ids):
-                    try:
-                        auth.check_against_state(event, version, now)
-                    except AuthRejection:
-                        record.soft_failed = True
+                    self._flag(record, "soft_failed")
+            elif current.fails(event, version, auth.auth_types_for_event(event, version)):
+                self._flag(record, "soft_failed")
         if event.state_key is not None:
             if current is not None:
                 current.forget_plain(event.key)
-            if passed and (rejection is not None or event.event_id in model.source.events):
-                passed.clear()  # a held event replaced or rejected: verdicts may change
             model.add(event, rejected=rejection is not None)
             if current is not None and rejection is None and not record.soft_failed and (
                     not record.outlier):
@@ -436,17 +477,20 @@ class RoomRules:
         """Queue on *writes* (the batch's own, so they go out with its rows) the
         ``event_auth`` (state events only), ``rejections`` and ``rooms`` rows of the
         batch's newly stored events."""
+        # Only state events have auth edges stored (see schema).
+        state_records = (self._state_records if records is self._batch
+                         else [r for r in records if r.state_key is not None])
+        if not (state_records or rejections or self._deoutliered):
+            return  # the usual batch of messages: nothing to write
         new = set(persisted)
-        if not new:
-            return
         auth_rows: list[str] = []  # event_id, auth_id, room_id of each row, flat
         add_rows = auth_rows.extend
         rooms: list[tuple[str, str]] = []
         checked = self._auth_ids
-        for record in records:
+        for record in state_records:
             event_id = record.event_id
-            if record.state_key is None or event_id not in new:
-                continue  # only state events have auth edges stored (see schema)
+            if event_id not in new:
+                continue
             ids: Sequence[str] | None = checked.get(event_id)
             if ids is None:  # not checked: stored unchecked, or its room had no version
                 ids = _listed_auth(orjson.loads(record.json))
@@ -495,10 +539,25 @@ class _CurrentState:
         #: auth_types_for_event), so they hold until an event for one of those is added.
         self.plain_verdicts: dict[tuple[str, str], bool] = {}
 
-    def prefetch(self, keys: set[StateKey]) -> None:
+    def prefetch(self, keys: set[StateKey], senders: Iterable[str] = ()) -> None:
         """Read *keys* now, in one query, rather than one query per event later (the
-        current state does not change until the batch's rows are written)."""
+        current state does not change until the batch's rows are written), and take
+        up the room's soft-failure verdicts of *senders*' plain events whose state is
+        still current."""
         self._fetch(keys)
+        memo = self._model.plain_memo
+        if not memo:
+            return
+        state = self._state
+        for sender in senders:
+            for etype, (verdict, read) in memo.get(sender, {}).items():
+                for key, event_id in read:
+                    if key not in state:
+                        self._fetch({key})
+                    if state[key] != event_id:
+                        break
+                else:
+                    self.plain_verdicts[(sender, etype)] = verdict
 
     def _fetch(self, keys: set[StateKey]) -> None:
         wanted = [k for k in keys if k not in self._state]
@@ -523,18 +582,26 @@ class _CurrentState:
             for etype, skey, event_id in rows:
                 self._state[(etype, skey)] = event_id
 
-    def for_event(self, event: MatrixEvent, version: RoomVersion
-                  ) -> tuple[dict[StateKey, MatrixEvent], frozenset[str]]:
-        """The current state's events that may authorize *event*, and their IDs."""
-        keys = auth.auth_types_for_event(event, version)
+    def fails(self, event: MatrixEvent, version: RoomVersion, keys: set[StateKey]) -> bool:
+        """True when *event*, which passed against its auth events, fails against
+        the current state's events for *keys* (its ``auth_types_for_event``)."""
         self._fetch(keys)
-        out: dict[StateKey, MatrixEvent] = {}
+        state = self._state
+        held = self._model.source.events
+        now_ids = {event_id for event_id in map(state.__getitem__, keys)
+                   if event_id is not None and event_id in held}
+        if now_ids == frozenset(event.auth_ids):
+            return False  # citing exactly those events, it has just passed against them
+        now: dict[StateKey, MatrixEvent] = {}
         for key in keys:
-            event_id = self._state.get(key)
-            held = self._model.source.get_event(event_id) if event_id else None
-            if held is not None:
-                out[key] = held
-        return out, frozenset(e.event_id for e in out.values())
+            event_id = state[key]
+            if event_id is not None and event_id in now_ids:
+                now[key] = held[event_id]
+        try:
+            auth.check_against_state(event, version, now)
+        except AuthRejection:
+            return True
+        return False
 
     def fails_plain(self, event: MatrixEvent, version: RoomVersion) -> bool:
         """True when a plain event (see ``_NOT_PLAIN``) fails against the current
@@ -542,14 +609,11 @@ class _CurrentState:
         memo = (event.sender, event.type)
         verdict = self.plain_verdicts.get(memo)
         if verdict is None:
-            now, now_ids = self.for_event(event, version)
-            verdict = False
-            if now_ids != frozenset(event.auth_ids):
-                try:
-                    auth.check_against_state(event, version, now)
-                except AuthRejection:
-                    verdict = True
+            keys = auth.auth_types_for_event(event, version)
+            verdict = self.fails(event, version, keys)
             self.plain_verdicts[memo] = verdict
+            read = tuple((key, self._state.get(key)) for key in keys)
+            self._model.plain_memo.setdefault(event.sender, {})[event.type] = (verdict, read)
         return verdict
 
     def forget_plain(self, key: StateKey) -> None:
