@@ -1,0 +1,111 @@
+# cython: language_level=3
+"""Checked event records from ``persist_events`` items, compiled (twin of
+``streamrep._pure.eventrecord``, whose ``parse_event`` defines what is valid).
+
+The usual item, a dict of the event's fields with ``event_id``, no flags, one
+prev event, no redaction and string or absent relation, is checked here with C type
+tests; every other item (flags, bytes, several prev events, a version 12 create
+event, anything malformed) goes to the pure ``parse_event``, so an error reads the
+same whichever implementation runs.
+"""
+
+from cpython.dict cimport PyDict_Copy, PyDict_DelItem, PyDict_GetItem
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
+from cpython.object cimport PyObject
+from cpython.unicode cimport PyUnicode_CheckExact, PyUnicode_GET_LENGTH
+
+import orjson
+
+from streamrep._pure import eventrecord as _ref
+from streamrep._pure.eventrecord import EventRecord, FLAG_KEYS
+
+__all__ = list(_ref.__all__)
+
+cdef object _dumps = orjson.dumps
+cdef object _explain = _ref.parse_event
+cdef object _Record = EventRecord
+cdef dict _EMPTY = _ref._EMPTY
+cdef tuple _FLAGS = tuple(FLAG_KEYS)
+cdef long long _MAX_DEPTH = 1LL << 62
+
+
+cdef inline object _text(dict body, str name):
+    """``body[name]`` when it is a non-empty str, else NULL-like None."""
+    cdef PyObject* value = PyDict_GetItem(body, name)
+    if value is NULL or not PyUnicode_CheckExact(<object>value) or (
+            PyUnicode_GET_LENGTH(<object>value) == 0):
+        return None
+    return <object>value
+
+
+def parse_event(item):
+    cdef dict body, content
+    cdef PyObject* found
+    cdef object event_id, room_id, etype, sender, depth, prevs, prev, state_key
+    cdef object membership = None, relates_to = None, relation, raw
+    cdef long long depth_value
+    cdef int overflow = 0
+    if type(item) is not dict:
+        return _explain(item)
+    found = PyDict_GetItem(item, "event_id")
+    if found is NULL or not PyUnicode_CheckExact(<object>found) or (
+            PyUnicode_GET_LENGTH(<object>found) == 0):
+        return _explain(item)
+    event_id = <object>found
+    for flag in _FLAGS:
+        if PyDict_GetItem(item, flag) is not NULL:
+            return _explain(item)
+    body = PyDict_Copy(item)
+    PyDict_DelItem(body, "event_id")
+    room_id = _text(body, "room_id")
+    etype = _text(body, "type")
+    sender = _text(body, "sender")
+    if room_id is None or etype is None or sender is None or etype == "m.room.redaction":
+        return _explain(item)
+    found = PyDict_GetItem(body, "depth")
+    if found is NULL or not PyLong_CheckExact(<object>found):
+        return _explain(item)
+    depth = <object>found
+    depth_value = PyLong_AsLongLongAndOverflow(depth, &overflow)
+    if overflow or depth_value < 0 or depth_value >= _MAX_DEPTH:
+        return _explain(item)
+    found = PyDict_GetItem(body, "prev_events")
+    if found is NULL or type(<object>found) is not list or PyList_GET_SIZE(<object>found) != 1:
+        return _explain(item)
+    prev = <object>PyList_GET_ITEM(<object>found, 0)
+    if not PyUnicode_CheckExact(prev) or PyUnicode_GET_LENGTH(prev) == 0 or prev == event_id:
+        return _explain(item)
+    found = PyDict_GetItem(body, "state_key")
+    state_key = None if found is NULL else <object>found
+    if state_key is not None and not PyUnicode_CheckExact(state_key):
+        return _explain(item)
+    found = PyDict_GetItem(body, "content")
+    if found is NULL:
+        content = _EMPTY
+    elif type(<object>found) is dict:
+        content = <dict>found
+    else:
+        return _explain(item)
+    if etype == "m.room.member":
+        found = PyDict_GetItem(content, "membership")
+        if found is NULL or not PyUnicode_CheckExact(<object>found) or state_key is None:
+            return _explain(item)
+        membership = <object>found
+    found = PyDict_GetItem(content, "m.relates_to")
+    if found is not NULL:
+        relation = <object>found
+        if type(relation) is not dict:
+            return _explain(item)
+        found = PyDict_GetItem(relation, "event_id")
+        if found is not NULL:
+            if not PyUnicode_CheckExact(<object>found):
+                return _explain(item)
+            relates_to = <object>found
+    try:
+        raw = _dumps(body)
+    except TypeError:
+        return _explain(item)
+    # Positional, in EventRecord's field order.
+    return _Record(event_id, room_id, etype, sender, depth, [prev], state_key, raw, body,
+                   content, False, False, False, membership, None, relates_to)
