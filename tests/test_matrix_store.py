@@ -506,3 +506,23 @@ def test_verdicts_of_earlier_batches_hold_only_while_the_state_they_read_does(
     assert send("m3") is False
     send("kick", ALICE, "m.room.member", BOB, {"membership": "leave"}, cites=r.id("power3"))
     assert send("m4") is True
+
+
+@pytest.mark.parametrize("together", [True, False], ids=["one-batch", "two-batches"])
+def test_a_version_12_message_listing_the_create_event_is_rejected_after_one_that_passed(
+        store: EventStore, together: bool) -> None:
+    """Listing the create event among auth events is forbidden from version 12; the
+    message that does, with otherwise the same auth events, sender and type as one
+    that passed, gets its own verdict."""
+    r, events = build("12")
+    store.persist_events(events)
+    tip = r.id("carol")
+    fine = r.event("fine", [tip], "m.room.message", None, BOB, {"body": "fine"})
+    listing = r.event("listing", [r.id("fine")], "m.room.message", None, BOB, {"body": "x"},
+                      state=r.state_after[tip])
+    listing["auth_events"] = [r.id("create"), *listing["auth_events"]]
+    rejected = {}
+    for batch in ([fine, listing],) if together else ([fine], [listing]):
+        rejected.update(store.persist_events(batch).rejected)
+    assert list(rejected) == [listing["event_id"]]
+    assert rejected[listing["event_id"]].startswith("bad_auth_events")

@@ -101,11 +101,14 @@ def scan_batch(list records, str room_id, object create_id, object not_plain,
                 others.append(r)
                 continue
             PySet_Add(user_ids, sender)
+        if create_id is not None and create_id in listed:
+            others.append(r)  # listing it is forbidden: the full check says why
+            continue
         # Consecutive records mostly list the same auth events: one tuple for them.
         if last_listed is None or listed != last_listed:
             last_listed = listed
             last_ids = tuple(listed)
-            if create_id is not None and create_id not in last_ids:
+            if create_id is not None:
                 last_ids = (create_id,) + last_ids
         plain[event_id] = last_ids
     return scan

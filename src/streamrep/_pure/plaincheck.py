@@ -50,8 +50,8 @@ def scan_batch(records: list[Any], room_id: str, create_id: str | None,
     ``auth_events`` and ``prev_events`` lists of event IDs, ``origin_server_ts`` an
     integer or absent, the event ID starting with ``$`` and the sender a user ID.
     *create_id* (room version 12: the create event the room ID names) is put first
-    among their auth event IDs when an event does not list it. Records listing the
-    same auth events as the record before them share its tuple."""
+    among their auth event IDs; a record that lists it is not one of them. Records
+    listing the same auth events as the record before them share its tuple."""
     scan = BatchScan()
     plain, others, senders = scan.plain, scan.others, scan.senders
     excluded = not_plain if not_plain is not None else frozenset()
@@ -89,10 +89,13 @@ def scan_batch(records: list[Any], room_id: str, create_id: str | None,
                 others.append(r)
                 continue
             user_ids.add(sender)
+        if create_id is not None and create_id in listed:
+            others.append(r)  # listing it is forbidden: the full check says why
+            continue
         if listed != last_listed:
             last_listed = listed
             last_ids = tuple(listed)
-            if create_id is not None and create_id not in last_ids:
+            if create_id is not None:
                 last_ids = (create_id,) + last_ids
         plain[r.event_id] = last_ids
     return scan

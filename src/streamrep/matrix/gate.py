@@ -444,9 +444,13 @@ class RoomRules:
         else:
             # A plain non-state event's verdict depends only on its type, its sender
             # and its auth events: messages citing the same auth events as one that
-            # passed pass too.
+            # passed pass too. Not one listing the create event its room ID names
+            # (version 12): its auth event IDs are those of one that does not, but
+            # listing it is what the rules forbid.
             passed = model.passed
-            seen = (event.auth_ids, event.sender, event.type) if plain else None
+            seen = (event.auth_ids, event.sender, event.type) if plain and not (
+                version.room_id_from_create_event
+                and create_event_id_for_room(event.room_id) in event.auth_events) else None
             if seen is None or seen not in passed:
                 try:
                     auth.authorize(event, version, model.source.events,
