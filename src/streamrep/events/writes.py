@@ -223,12 +223,17 @@ def _json_column(column: str, index: int, utf8_bytea: bool) -> str:
 
 
 def _hex(value: Any) -> str:
+    if type(value) is bytes:  # the usual value: an event's JSON, once a row
+        return value.hex()
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value).hex()
     raise TypeError(f"cannot store {type(value).__name__} in a JSON row")
 
 
 def _utf8_text(value: Any) -> str:
+    # Strict decoding: anything but UTF-8 is a bug, not data to mangle.
+    if type(value) is bytes:  # the usual value: an event's JSON, once a row
+        return value.decode()
     if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value).decode()  # strict: anything else is a bug, not data to mangle
+        return bytes(value).decode()
     raise TypeError(f"cannot store {type(value).__name__} in a JSON row")
