@@ -105,11 +105,14 @@ def check_auth_events(
     version: RoomVersion,
     auth_events: Mapping[str, MatrixEvent],
     rejected: Container[str] = (),
+    *,
+    allowed: set[StateKey] | None = None,
 ) -> dict[StateKey, MatrixEvent]:
     """Check the event's ``auth_events`` and return the state they define.
 
     *auth_events* maps event IDs to the events streamrep holds (it may hold more);
-    *rejected* holds the IDs of events stored as rejected.
+    *rejected* holds the IDs of events stored as rejected; *allowed*, when the
+    caller has it, is ``auth_types_for_event(event, version)``.
     """
     if event.type == CREATE and event.state_key == "":
         return {}
@@ -122,7 +125,8 @@ def check_auth_events(
         if implied in event.auth_events:
             raise AuthRejection(R.BAD_AUTH_EVENTS,
                                 "the create event must not be listed in auth_events")
-    allowed = auth_types_for_event(event, version)
+    if allowed is None:
+        allowed = auth_types_for_event(event, version)
     state: dict[StateKey, MatrixEvent] = {}
     for aid in event.auth_ids:
         auth = auth_events[aid]
@@ -149,9 +153,12 @@ def authorize(
     version: RoomVersion,
     auth_events: Mapping[str, MatrixEvent],
     rejected: Container[str] = (),
+    *,
+    allowed: set[StateKey] | None = None,
 ) -> None:
-    """Check *event* against its own auth events: every rule, or raise."""
-    state = check_auth_events(event, version, auth_events, rejected)
+    """Check *event* against its own auth events: every rule, or raise (*allowed*:
+    see :func:`check_auth_events`)."""
+    state = check_auth_events(event, version, auth_events, rejected, allowed=allowed)
     check_against_state(event, version, state)
 
 

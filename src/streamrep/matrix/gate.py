@@ -439,6 +439,7 @@ class RoomRules:
                              "this create event defines")
         rejection: Rejection | None = None
         plain = event.state_key is None and event.type not in _NOT_PLAIN
+        keys: set[StateKey] | None = None  # its auth_types_for_event, once worked out
         if record.rejected:
             rejection = Rejection("flagged", "persisted with the rejected flag")
         else:
@@ -452,9 +453,10 @@ class RoomRules:
                 version.room_id_from_create_event
                 and create_event_id_for_room(event.room_id) in event.auth_events) else None
             if seen is None or seen not in passed:
+                keys = auth.auth_types_for_event(event, version)
                 try:
                     auth.authorize(event, version, model.source.events,
-                                   model.source.rejected)
+                                   model.source.rejected, allowed=keys)
                 except AuthRejection as exc:
                     self._flag(record, "rejected")
                     rejection = Rejection(exc.reason.value, exc.detail)
@@ -465,7 +467,8 @@ class RoomRules:
             if plain:
                 if current.fails_plain(event, version):
                     self._flag(record, "soft_failed")
-            elif current.fails(event, version, auth.auth_types_for_event(event, version)):
+            elif current.fails(event, version, keys if keys is not None
+                               else auth.auth_types_for_event(event, version)):
                 self._flag(record, "soft_failed")
         if event.state_key is not None:
             if current is not None:
