@@ -471,8 +471,6 @@ class RoomRules:
                                else auth.auth_types_for_event(event, version)):
                 self._flag(record, "soft_failed")
         if event.state_key is not None:
-            if current is not None:
-                current.forget_plain(event.key)
             model.add(event, rejected=rejection is not None)
             if current is not None and rejection is None and not record.soft_failed and (
                     not record.outlier):
@@ -543,7 +541,8 @@ class _CurrentState:
         self._state: dict[StateKey, str | None] = {}
         #: Soft-failure verdicts of plain events by (sender, type): they read only the
         #: create event, the power levels and the sender's membership (the keys of
-        #: auth_types_for_event), so they hold until an event for one of those is added.
+        #: auth_types_for_event), so they hold until an event for one of those keys
+        #: enters the current state.
         self.plain_verdicts: dict[tuple[str, str], bool] = {}
 
     def prefetch(self, keys: set[StateKey], senders: Iterable[str] = ()) -> None:
@@ -624,8 +623,8 @@ class _CurrentState:
         return verdict
 
     def forget_plain(self, key: StateKey) -> None:
-        """A state event for *key* was added (to the current state or the events
-        held): drop the verdicts that read *key*."""
+        """A state event for *key* entered the current state: drop the verdicts that
+        read *key*. (Events held but not current are read by no verdict.)"""
         if not self.plain_verdicts:
             return
         if key[0] == MEMBER:
