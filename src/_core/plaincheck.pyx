@@ -46,7 +46,6 @@ cdef class BatchScan:
 
     cdef readonly dict plain
     cdef readonly list others
-    cdef readonly set state_ids
     cdef readonly set senders
     cdef readonly set member_targets
     cdef readonly bint has_outlier
@@ -54,7 +53,6 @@ cdef class BatchScan:
     def __cinit__(self):
         self.plain = {}
         self.others = []
-        self.state_ids = set()
         self.senders = set()
         self.member_targets = set()
 
@@ -79,7 +77,6 @@ def scan_batch(list records, str room_id, object create_id, object not_plain,
         PySet_Add(senders, sender)
         state_key = r.state_key
         if state_key is not None:
-            PySet_Add(scan.state_ids, r.event_id)
             if r.type == member_type:
                 PySet_Add(scan.member_targets, state_key)
             others.append(r)

@@ -23,15 +23,13 @@ _STR_ONLY = frozenset({str})
 class BatchScan:
     """What one pass over a batch's records found (see :func:`scan_batch`)."""
 
-    __slots__ = ("plain", "others", "state_ids", "senders", "member_targets", "has_outlier")
+    __slots__ = ("plain", "others", "senders", "member_targets", "has_outlier")
 
     def __init__(self) -> None:
         #: Event ID -> auth event IDs of the plain records of the usual shape.
         self.plain: dict[str, tuple[str, ...]] = {}
-        #: The other records, in the order given.
+        #: The other records (the state records among them), in the order given.
         self.others: list[Any] = []
-        #: Event IDs of the state records.
-        self.state_ids: set[str] = set()
         #: The records' senders.
         self.senders: set[str] = set()
         #: State keys of the membership records.
@@ -66,7 +64,6 @@ def scan_batch(records: list[Any], room_id: str, create_id: str | None,
         senders.add(sender)
         state_key = r.state_key
         if state_key is not None:
-            scan.state_ids.add(r.event_id)
             if r.type == member_type:
                 scan.member_targets.add(state_key)
             others.append(r)

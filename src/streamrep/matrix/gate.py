@@ -335,7 +335,8 @@ class RoomRules:
             _NOT_PLAIN if version is not None else None, MEMBER)
         if current is not None:
             current.prefetch(_keys_likely_read(scan), scan.senders)
-        self._state_records.extend(r for r in scan.others if r.state_key is not None)
+        state_records = [r for r in scan.others if r.state_key is not None]
+        self._state_records.extend(state_records)
         if model.outliers or scan.has_outlier:
             for record in records:
                 if record.outlier:
@@ -352,7 +353,7 @@ class RoomRules:
         model.bound_memos()
         # Soft-failure verdicts of plain events by (sender, type) (see _CurrentState).
         plain_verdicts = current.plain_verdicts if current is not None else None
-        ordered = _topological(records, cites, scan.state_ids)
+        ordered = _topological(records, cites, {r.event_id for r in state_records})
         settled_until = _plaincheck.settled_until
         i, count = 0, len(ordered)
         while True:
