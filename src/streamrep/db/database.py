@@ -27,6 +27,7 @@ from streamrep.db.checkpoint import WalCheckpointer
 from streamrep.db import markers
 from streamrep.db.green import make_psycopg_green, suspended_wait_callback
 from streamrep.db.migrations import SchemaComponent, get_component, registered_components
+from streamrep.db.pgliteral import inline, literals_allowed
 from streamrep.db.retry import Backoff, first_line, is_busy, is_connection_loss
 from streamrep.db.sql import to_pyformat
 from streamrep.db.url import POSTGRES, SQLITE, DatabaseURL, parse_database_url
@@ -117,10 +118,18 @@ class Transaction:
         """Run one statement with ``?`` placeholders."""
         if not self.wrote and not sql.lstrip().startswith(_READ_PREFIXES):
             self.wrote = True
-        sql = self._sql(sql)
+        if self.engine != POSTGRES:
+            self._cursor.execute(sql, tuple(params))
+            return
+        sql = to_pyformat(sql)
         if self._begin is not None:
             sql, self._begin = self._begin + ";\n" + sql, None
-        self._cursor.execute(sql, tuple(params))
+        text = inline(sql, params) if params and literals_allowed(self._cursor.connection) \
+            else None
+        if text is not None:
+            self._cursor.execute(text)
+        else:
+            self._cursor.execute(sql, tuple(params))
 
     def executemany(self, sql: str, rows: Iterable[Params]) -> None:
         """Run one statement once per parameter tuple of *rows* (batched on PostgreSQL)."""
