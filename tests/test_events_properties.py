@@ -127,6 +127,10 @@ def run_property(store: EventStore) -> None:
         for ev in events:
             assert dict(store.get_state_after_event(ev.event_id)) == model.state_after(ev.event_id)
         assert dict(store.get_current_state(room)) == model.current_state(room)
+        # The table too, not only the cache: its rows follow the batches' deltas.
+        assert {(t, k): e for t, k, e in store.db.run(lambda txn: txn.fetchall(
+            "SELECT type, state_key, event_id FROM current_state_events WHERE room_id = ?",
+            (room,)))} == model.current_state(room)
         store.states.clear()  # read every group back from the database too
         for ev in events:
             assert dict(store.get_state_after_event(ev.event_id)) == model.state_after(ev.event_id)

@@ -570,3 +570,28 @@ def test_event_json_goes_as_hex_where_text_is_not_utf8(store):
           '"prev_events":["$ann_join"],"content":{"body":"\u00e9\\u0000"}}'.encode()
     store.persist_events([("$hex", raw)])
     assert store.get_event_json("$hex") == raw
+
+
+def test_current_state_rows_follow_each_batch_across_snapshots(store):
+    """One state change a batch, past max_delta_hops (4) so that some groups are
+    stored whole: the current state table and its delta rows name each change."""
+    create_room(store)
+    prev = "$ann_join"
+    for n in range(12):
+        store.persist_events([ev(f"$topic{n}", [prev], 3 + n, type="m.room.topic",
+                                 state_key="", content={"topic": str(n)})])
+        prev = f"$topic{n}"
+        rows = store.db.run(lambda txn: txn.fetchall(
+            "SELECT type, state_key, event_id FROM current_state_events WHERE room_id = ?",
+            (ROOM,)))
+        assert sorted(rows) == [("m.room.create", "", "$create"),
+                                ("m.room.member", ANN, "$ann_join"),
+                                ("m.room.topic", "", prev)]
+    deltas = store.db.run(lambda txn: txn.fetchall(
+        "SELECT event_id, prev_event_id FROM current_state_delta_stream"
+        " WHERE type = 'm.room.topic' ORDER BY stream_id"))
+    assert deltas == [(f"$topic{n}", f"$topic{n - 1}" if n else None) for n in range(12)]
+    snapshots = store.db.run(lambda txn: txn.fetchval(
+        "SELECT COUNT(*) FROM state_groups g WHERE NOT EXISTS"
+        " (SELECT 1 FROM state_group_edges e WHERE e.state_group = g.id)"))
+    assert snapshots >= 3  # the create event's, and two made past the hops

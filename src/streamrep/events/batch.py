@@ -27,7 +27,9 @@ class PersistOutcome:
     event_groups: dict[str, int] = field(default_factory=dict)
     # new group -> (its state, hops from the snapshot it is stored over)
     new_groups: dict[int, tuple[GroupState, int]] = field(default_factory=dict)
-    # new group -> (the group its delta is over, or None for a snapshot; the delta's keys)
+    # new group -> (the group whose state it changes, or None when it is not one
+    # group's state changed; the keys it changes): a delta's parent and keys, or
+    # for a snapshot the prev group it was made from
     group_parents: dict[int, tuple[int | None, tuple[StateKey, ...]]] = \
         field(default_factory=dict)
     forward: dict[str, frozenset[str]] = field(default_factory=dict)

@@ -193,7 +193,10 @@ class RoomStateAssigner:
             if type(after) is StateOverlay:
                 after = after.materialize()
             written, hops = after, 0
-            self.out.group_parents[group] = (None, ())
+            # Stored whole, but still its prev group's state and one key: saying so
+            # spares the current state update comparing two whole room states.
+            self.out.group_parents[group] = (
+                (prev_groups[0], (one_new_key[0],)) if one_new_key is not None else (None, ()))
         else:
             parent, hops, written = best
             self.rows.edges.append((group, parent))
