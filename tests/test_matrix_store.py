@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from streamrep import EventStore
-from streamrep.matrix import auth
+from streamrep.matrix import auth, schema
 from streamrep.matrix.events import parse_event, room_id_for_create_event
 from streamrep.matrix.gate import RoomRules
 from streamrep.matrix.room_versions import room_version
@@ -288,7 +288,46 @@ def test_event_auth_rows_of_an_earlier_release_are_brought_to_the_state_events(
     try:
         assert _auth_rows(again) == _expected_auth_rows(r, events)
         assert again.db.fetchval(
-            "SELECT version FROM schema_versions WHERE component = 'matrix'") == 2
+            "SELECT version FROM schema_versions WHERE component = 'matrix'"
+        ) == schema.MIGRATIONS[-1].version
+    finally:
+        again.close()
+
+
+def test_sqlite_event_auth_of_an_earlier_release_is_clustered_by_event(sqlite_url: str) -> None:
+    r, events = build("10")
+    store = EventStore(sqlite_url, room_rules=RoomRules())
+    try:
+        store.persist_events(events)
+        expected = _auth_rows(store)
+        # As release 2 of the matrix tables left it: a table and an index on event_id,
+        # here with one row twice.
+        store.db.run(lambda txn: [txn.execute(sql) for sql in (
+            "ALTER TABLE event_auth RENAME TO event_auth_v3",
+            "CREATE TABLE event_auth (event_id TEXT NOT NULL, auth_id TEXT NOT NULL,"
+            " room_id TEXT NOT NULL)",
+            "CREATE INDEX event_auth_id ON event_auth (event_id)",
+            "INSERT INTO event_auth SELECT * FROM event_auth_v3",
+            "INSERT INTO event_auth SELECT * FROM event_auth_v3 LIMIT 1",
+            "DROP TABLE event_auth_v3",
+            "UPDATE schema_versions SET version = 2 WHERE component = 'matrix'")])
+    finally:
+        store.close()
+    again = EventStore(sqlite_url, room_rules=RoomRules())
+    try:
+        assert _auth_rows(again) == expected
+        assert again.db.fetchval("SELECT COUNT(*) FROM event_auth") == sum(
+            len(ids) for ids in expected.values())
+        table_sql = again.db.fetchval(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'event_auth'")
+        assert "WITHOUT ROWID" in table_sql
+        assert again.db.fetchval("SELECT COUNT(*) FROM sqlite_master WHERE type = 'index'"
+                                 " AND tbl_name = 'event_auth' AND sql IS NOT NULL") == 0
+        # A new state event's rows go in beside them.
+        more = r.event("topic1", [events[-1]["event_id"]], "m.room.topic", "", ALICE,
+                       {"topic": "after"})
+        assert again.persist_events([more]).rejected == {}
+        assert _auth_rows(again)[more["event_id"]] == set(more["auth_events"])
     finally:
         again.close()
 
@@ -526,3 +565,19 @@ def test_a_version_12_message_listing_the_create_event_is_rejected_after_one_tha
         rejected.update(store.persist_events(batch).rejected)
     assert list(rejected) == [listing["event_id"]]
     assert rejected[listing["event_id"]].startswith("bad_auth_events")
+
+
+def test_a_state_event_listing_an_auth_event_twice_is_rejected_and_stored(
+        store: EventStore) -> None:
+    r, events = build("10")
+    assert store.persist_events(events).rejected == {}
+    topic = r.event("topic1", [events[-1]["event_id"]], "m.room.topic", "", ALICE,
+                    {"topic": "twice"})
+    topic["auth_events"] = [*topic["auth_events"], topic["auth_events"][0]]
+    result = store.persist_events([topic])
+    assert result.rejected[topic["event_id"]].startswith("bad_auth_events")
+    assert store.get_event(topic["event_id"]).rejected
+    # One row per auth event, on both engines (SQLite's table is keyed by the pair).
+    assert sorted(store.db.fetchall("SELECT auth_id FROM event_auth WHERE event_id = ?",
+                                    (topic["event_id"],))) == sorted(
+        (a,) for a in set(topic["auth_events"]))

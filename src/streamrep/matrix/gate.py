@@ -501,6 +501,8 @@ class RoomRules:
             if ids is None:  # not checked: stored unchecked, or its room had no version
                 ids = _listed_auth(orjson.loads(record.json))
             room_id = record.room_id
+            if len(set(ids)) != len(ids):  # listed twice (it was rejected): one row each
+                ids = list(dict.fromkeys(ids))
             for auth_id in ids:
                 add_rows((event_id, auth_id, room_id))
             if record.type == CREATE and record.state_key == "" and event_id not in rejections:
