@@ -63,11 +63,15 @@ def _report(benchmark: Any, name: str, count: int, impl_kind: str) -> None:
 def use_impl(impl_kind: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """Point the event store's core modules at *impl_kind* for this benchmark."""
     import streamrep.events.dag as dag
+    import streamrep.events.persist as persist
+    import streamrep.events.room_state as room_state
     import streamrep.events.state as state
     import streamrep.events.store as store
     import streamrep.matrix.gate as gate
 
     monkeypatch.setattr(dag, "_core_ext", core_module("extremities", impl_kind))
+    for module in (dag, persist, room_state):
+        monkeypatch.setattr(module, "_batchrows", core_module("batchrows", impl_kind))
     monkeypatch.setattr(state, "_core_state", core_module("state", impl_kind))
     monkeypatch.setattr(store, "_core_changecache", core_module("changecache", impl_kind))
     monkeypatch.setattr(store, "parse_event", core_module("eventrecord", impl_kind).parse_event)

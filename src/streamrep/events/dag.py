@@ -21,8 +21,10 @@ from streamrep.events.batch import Batch
 from streamrep.events.validation import EventRecord
 
 if TYPE_CHECKING:
+    from streamrep._pure import batchrows as _batchrows
     from streamrep._pure import extremities as _core_ext
 else:
+    _batchrows = _impl.load("batchrows")
     _core_ext = _impl.load("extremities")
 
 __all__ = ["group_by_room", "topological_sort", "update_extremities"]
@@ -44,9 +46,9 @@ def group_by_room(records: list[EventRecord]) -> dict[str, list[EventRecord]]:
 def topological_sort(records: Sequence[EventRecord]) -> list[EventRecord]:
     """Order *records* so that each comes after the batch events it lists as
     prev_events (stable otherwise; cycles keep their input order)."""
-    by_id = {r.event_id: i for i, r in enumerate(records)}
-    if all(by_id.get(p, -1) < i for i, r in enumerate(records) for p in r.prev_events):
+    if _batchrows.in_prev_order(records):
         return list(records)  # already in order (the usual case)
+    by_id = {r.event_id: i for i, r in enumerate(records)}
     indegree = [0] * len(records)
     children: list[list[int]] = [[] for _ in records]
     for i, record in enumerate(records):
@@ -91,44 +93,7 @@ class _Interned:
 
 def _intern(non_outliers: list[EventRecord], forward: frozenset[str],
             stored: dict[str, bool]) -> _Interned:
-    ids: dict[str, int] = {r.event_id: k for k, r in enumerate(non_outliers)}
-    names: list[str] = [r.event_id for r in non_outliers]
-    if len(ids) != len(names):  # the same event twice: keep the first ID of each
-        ids = {}
-        names = []
-        for record in non_outliers:
-            if record.event_id not in ids:
-                ids[record.event_id] = len(names)
-                names.append(record.event_id)
-    n_batch = len(names)
-    setdefault = ids.setdefault
-    non_outlier_flag = _core_ext.BATCH_NON_OUTLIER
-    counted_flag = _core_ext.BATCH_NON_OUTLIER | _core_ext.BATCH_COUNTED
-    batch_ids = array("q", [ids[r.event_id] for r in non_outliers])
-    batch_flags = bytes([counted_flag if not (r.rejected or r.soft_failed) else non_outlier_flag
-                         for r in non_outliers])
-    offsets = array("q", [0])
-    prev_list: list[int] = []
-    for record in non_outliers:
-        for p in record.prev_events:
-            i = setdefault(p, len(names))
-            if i == len(names):
-                names.append(p)
-            prev_list.append(i)
-        offsets.append(len(prev_list))
-    n_batch_known = len(names)
-    for event_id in forward:
-        if setdefault(event_id, len(names)) == len(names):
-            names.append(event_id)
-    id_flags = bytearray(len(names))
-    for event_id in forward:
-        id_flags[ids[event_id]] |= _core_ext.ID_FORWARD
-    # prev_events (not batch events) stored as non-outliers.
-    stored_flag = _core_ext.ID_STORED_NON_OUTLIER
-    for i in range(n_batch, n_batch_known):
-        if stored.get(names[i]) is False:
-            id_flags[i] |= stored_flag
-    return _Interned(names, ids, batch_ids, batch_flags, offsets, array("q", prev_list), id_flags)
+    return _Interned(*_batchrows.intern_batch(non_outliers, forward, stored))
 
 
 def _mark_counted_children(txn: Transaction, room_id: str, interned: _Interned,

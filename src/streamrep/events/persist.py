@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import orjson
 
+from streamrep import _impl
 from streamrep.db import Transaction
 from streamrep.db.inlists import chunks, in_list
 from streamrep.events.batch import Batch, BatchCaches, PersistOutcome
@@ -35,6 +36,11 @@ from streamrep.events.visibility import normalise_visibility
 from streamrep.events.writes import Writes, writes_for
 
 __all__ = ["BatchLookup", "EventRows", "PersistOutcome", "persist_batch"]
+
+if TYPE_CHECKING:
+    from streamrep._pure import batchrows as _batchrows
+else:
+    _batchrows = _impl.load("batchrows")
 
 
 @dataclass
@@ -134,13 +140,11 @@ class EventRows:
         self.out = out
         self.backfilled = backfilled
         self.redacted_now = redacted_now
-        # On SQLite the JSON is bound as a bytearray, a type the sqlite3 module binds
-        # without an adapter lookup.
+        # SQLite binds some types faster than others (see batchrows.event_rows).
         self.sqlite = not txn.is_postgres
         self.events: list[tuple[Any, ...]] = []
-        # Events with no state key, redaction, relation or membership, without those four
-        # NULL columns: on SQLite, binding None (or a bool, or bytes) costs the sqlite3
-        # module a failed adapter lookup per value, several times an int's or a str's cost.
+        # On SQLite, events with no state key, redaction, relation or membership,
+        # without those four NULL columns.
         self.plain_events: list[tuple[Any, ...]] = []
         self.edges: list[tuple[str, str, str]] = []
         self.members: list[tuple[Any, ...]] = []
@@ -159,40 +163,13 @@ class EventRows:
     def add_room(self, room_id: str, records: list[EventRecord],
                  visibility: dict[str, str]) -> None:
         """The rows of one room's events (*visibility*: each one's setting)."""
-        out, redacted_now = self.out, self.redacted_now
-        sqlite, now_ms = self.sqlite, self.received_ts
-        blob = bytearray if sqlite else bytes
-        event_orderings = out.event_orderings
-        add_plain, add_event = self.plain_events.append, self.events.append
-        add_edge, edges = self.edges.append, self.edges
-        room_max = 0
-        for record in records:
-            event_id = record.event_id
-            stream = event_orderings[event_id]
-            if stream > room_max:
-                room_max = stream
-            if (sqlite and record.state_key is None and record.redacts is None
-                    and record.relates_to is None and record.membership is None):
-                add_plain((
-                    stream, record.depth, event_id, room_id, record.type, record.sender,
-                    int(record.outlier), int(record.rejected), int(record.soft_failed),
-                    int(event_id in redacted_now), visibility.get(event_id), now_ms,
-                    blob(record.json)))
-            else:
-                add_event((
-                    stream, record.depth, event_id, room_id, record.type, record.state_key,
-                    record.sender, int(record.outlier), int(record.rejected),
-                    int(record.soft_failed), int(event_id in redacted_now), record.redacts,
-                    record.relates_to, record.membership, visibility.get(event_id), now_ms,
-                    blob(record.json)))
-            if not record.outlier:
-                prev_events = record.prev_events
-                if len(prev_events) == 1:
-                    add_edge((event_id, prev_events[0], room_id))
-                else:
-                    edges.extend((event_id, p, room_id) for p in prev_events)
-            if record.membership is not None and record.state_key is not None:
-                self._add_membership(record, record.state_key, stream)
+        out = self.out
+        orderings = out.event_orderings
+        room_max, members = _batchrows.event_rows(
+            records, room_id, orderings, self.redacted_now, visibility, self.received_ts,
+            self.sqlite, self.events, self.plain_events, self.edges)
+        for record in members:
+            self._add_membership(record, record.state_key, orderings[record.event_id])
         out.persisted.extend([r.event_id for r in records])
         if not self.backfilled:
             out.room_positions[room_id] = max(out.room_positions.get(room_id, room_max),

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
+from streamrep import _impl
 from streamrep.db import Transaction
 from streamrep.db.inlists import chunks, in_list
 from streamrep.events.batch import Batch
@@ -26,6 +27,11 @@ from streamrep.events.writes import Writes
 
 __all__ = ["GroupRows", "HISTORY_VISIBILITY_KEY", "RoomStateAssigner", "current_state_of",
            "resolve_states"]
+
+if TYPE_CHECKING:
+    from streamrep._pure import batchrows as _batchrows
+else:
+    _batchrows = _impl.load("batchrows")
 
 HISTORY_VISIBILITY_KEY: StateKey = ("m.room.history_visibility", "")
 
@@ -85,27 +91,19 @@ class RoomStateAssigner:
         outside = sorted({p for r in non_outliers for p in r.prev_events if p not in batch_ids})
         if outside:
             self._outside_groups = self.states.groups_for_events(self.txn, outside)
-        groups = self._outside_groups
+        # The usual event shares its prev event's group (batchrows.share_groups); the
+        # others take the general case, which also learns the visibility at the groups
+        # they read, so the run of messages after a state event is usual again.
+        share_groups = _batchrows.share_groups
         event_groups = self.out.event_groups
-        visibility = self.visibility
-        visibility_at_group = self._visibility_at_group
-        event_group_rows = self.rows.event_groups
-        for record in non_outliers:
-            prev_events = record.prev_events
-            if len(prev_events) == 1 and (record.state_key is None or record.rejected):
-                g = event_groups.get(prev_events[0])
-                if g is None:
-                    g = groups.get(prev_events[0])
-                if g is not None:
-                    known = visibility_at_group.get(g)
-                    if known is not None:
-                        # Changes no state: the event shares its prev event's group.
-                        visibility[record.event_id] = known
-                        event_groups[record.event_id] = g
-                        event_group_rows.append((record.event_id, g))
-                        continue
-            self._assign_one(record)
-        return visibility
+        i, count = 0, len(non_outliers)
+        while True:
+            i = share_groups(non_outliers, i, event_groups, self._outside_groups,
+                             self._visibility_at_group, self.visibility, self.rows.event_groups)
+            if i == count:
+                return self.visibility
+            self._assign_one(non_outliers[i])
+            i += 1
 
     def _assign_one(self, record: EventRecord) -> None:
         """The general case: find the state before *record*, and share its group or

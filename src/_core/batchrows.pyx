@@ -1,0 +1,237 @@
+# cython: language_level=3
+"""The per-event passes of persisting a batch, compiled (twin of
+``streamrep._pure.batchrows``, whose docstrings say what each function answers).
+
+Each pass reads a record's attributes once and builds its rows and dict entries
+with C calls, without the interpreter's work between one record and the next.
+"""
+
+cimport cython
+from cpython.array cimport array, clone
+from cpython.dict cimport PyDict_GetItem, PyDict_SetItem
+from cpython.list cimport PyList_Append
+from cpython.object cimport PyObject
+from cpython.set cimport PySet_Contains
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
+
+from streamrep._pure import batchrows as _ref
+from streamrep._pure.extremities import (BATCH_COUNTED, BATCH_NON_OUTLIER, ID_FORWARD,
+                                         ID_STORED_NON_OUTLIER)
+
+__all__ = list(_ref.__all__)
+
+cdef array _Q_TEMPLATE = array("q")
+cdef unsigned char _NON_OUTLIER = BATCH_NON_OUTLIER
+cdef unsigned char _COUNTED = BATCH_NON_OUTLIER | BATCH_COUNTED
+cdef unsigned char _FORWARD = ID_FORWARD
+cdef unsigned char _STORED = ID_STORED_NON_OUTLIER
+
+
+cdef inline object _flag(object value):
+    """``int(value)``, without a call for the usual bool."""
+    if value is True:
+        return 1
+    if value is False:
+        return 0
+    return int(value)
+
+
+cdef inline object _one_prev(object prev_events):
+    """The only item of *prev_events* when it is a list or tuple of one, else NULL-like None
+    (and the caller takes the general path)."""
+    if type(prev_events) is list:
+        if len(<list>prev_events) == 1:
+            return (<list>prev_events)[0]
+        return None
+    if type(prev_events) is tuple and PyTuple_GET_SIZE(prev_events) == 1:
+        return <object>PyTuple_GET_ITEM(prev_events, 0)
+    return None
+
+
+def in_prev_order(records):
+    cdef dict position = {}
+    cdef Py_ssize_t i, n
+    cdef PyObject* found
+    cdef object r, prev, last_id = None
+    cdef list ordered = list(records)
+    n = len(ordered)
+    for i in range(n):
+        PyDict_SetItem(position, (<object>ordered[i]).event_id, i)
+    for i in range(n):
+        r = ordered[i]
+        for prev in r.prev_events:
+            found = PyDict_GetItem(position, prev)
+            if found is not NULL and <Py_ssize_t><object>found >= i:
+                return False
+    return True
+
+
+def share_groups(records, Py_ssize_t start, dict event_groups, outside_groups,
+                 visibility_at_group, dict visibility, list group_rows):
+    cdef Py_ssize_t i, n = len(records)
+    cdef PyObject* found
+    cdef object record, prev, group, known, event_id, state_key
+    cdef bint dict_outside = type(outside_groups) is dict
+    cdef bint dict_visibility = type(visibility_at_group) is dict
+    if start < 0:
+        raise ValueError(f"start must not be negative, not {start}")
+    for i in range(start, n):
+        record = records[i]
+        prev = _one_prev(record.prev_events)
+        if prev is None:
+            if len(record.prev_events) != 1:
+                return i
+            prev = record.prev_events[0]
+        state_key = record.state_key
+        if state_key is not None and not record.rejected:
+            return i
+        found = PyDict_GetItem(event_groups, prev)
+        if found is NULL:
+            if dict_outside:
+                found = PyDict_GetItem(<dict>outside_groups, prev)
+                if found is NULL:
+                    return i
+                group = <object>found
+            else:
+                group = outside_groups.get(prev)
+                if group is None:
+                    return i
+        else:
+            group = <object>found
+        if group is None:
+            return i
+        if dict_visibility:
+            found = PyDict_GetItem(<dict>visibility_at_group, group)
+            if found is NULL:
+                return i
+            known = <object>found
+        else:
+            known = visibility_at_group.get(group)
+        if known is None:
+            return i
+        event_id = record.event_id
+        PyDict_SetItem(visibility, event_id, known)
+        PyDict_SetItem(event_groups, event_id, group)
+        PyList_Append(group_rows, (event_id, group))
+    return n
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def intern_batch(non_outliers, forward, stored):
+    cdef list records = non_outliers if type(non_outliers) is list else list(non_outliers)
+    cdef Py_ssize_t n = len(records), k, number, n_batch, n_known
+    cdef dict ids = {}
+    cdef list names = []
+    cdef list prev_list = []
+    cdef object record, event_id, prev, value
+    cdef PyObject* found
+    cdef array batch_ids = clone(_Q_TEMPLATE, n, False)
+    cdef array offsets = clone(_Q_TEMPLATE, n + 1, False)
+    cdef bytearray batch_flags = bytearray(n)
+    cdef unsigned char* flags = batch_flags
+    cdef bytearray id_flags
+    cdef unsigned char* id_bits
+    cdef bint stored_is_dict = type(stored) is dict
+    for k in range(n):
+        event_id = (<object>records[k]).event_id
+        if PyDict_GetItem(ids, event_id) is NULL:  # the same event twice: the first number
+            PyDict_SetItem(ids, event_id, len(names))
+            names.append(event_id)
+    n_batch = len(names)
+    offsets.data.as_longlongs[0] = 0
+    for k in range(n):
+        record = records[k]
+        batch_ids.data.as_longlongs[k] = <object>PyDict_GetItem(ids, record.event_id)
+        flags[k] = _NON_OUTLIER if (record.rejected or record.soft_failed) else _COUNTED
+        for prev in record.prev_events:
+            found = PyDict_GetItem(ids, prev)
+            if found is NULL:
+                number = len(names)
+                PyDict_SetItem(ids, prev, number)
+                names.append(prev)
+                prev_list.append(number)
+            else:
+                prev_list.append(<object>found)
+        offsets.data.as_longlongs[k + 1] = len(prev_list)
+    n_known = len(names)
+    for event_id in forward:
+        if PyDict_GetItem(ids, event_id) is NULL:
+            PyDict_SetItem(ids, event_id, len(names))
+            names.append(event_id)
+    id_flags = bytearray(len(names))
+    id_bits = id_flags
+    for event_id in forward:
+        id_bits[<Py_ssize_t><object>PyDict_GetItem(ids, event_id)] |= _FORWARD
+    for number in range(n_batch, n_known):
+        if stored_is_dict:
+            found = PyDict_GetItem(<dict>stored, names[number])
+            if found is NULL:
+                continue
+            value = <object>found
+        else:
+            value = stored.get(names[number])
+        if value is False:
+            id_bits[number] |= _STORED
+    return (names, ids, batch_ids, bytes(batch_flags), offsets, array("q", prev_list),
+            id_flags)
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def event_rows(records, room_id, orderings, redacted_now, visibility, received_ts,
+               bint sqlite, list events, list plain_events, list edges):
+    cdef list members = []
+    cdef object record, event_id, stream, room_max = 0, state_key, json, membership
+    cdef object prev_events, prev, seen, vis
+    cdef bint dict_orderings = type(orderings) is dict
+    cdef bint dict_visibility = type(visibility) is dict
+    cdef bint set_redacted = type(redacted_now) is set or type(redacted_now) is frozenset
+    cdef PyObject* found
+    for record in records:
+        event_id = record.event_id
+        if dict_orderings:
+            found = PyDict_GetItem(<dict>orderings, event_id)
+            if found is NULL:
+                raise KeyError(event_id)
+            stream = <object>found
+        else:
+            stream = orderings[event_id]
+        if stream > room_max:
+            room_max = stream
+        if set_redacted:
+            seen = 1 if PySet_Contains(redacted_now, event_id) else 0
+        else:
+            seen = 1 if event_id in redacted_now else 0
+        if dict_visibility:
+            found = PyDict_GetItem(<dict>visibility, event_id)
+            vis = None if found is NULL else <object>found
+        else:
+            vis = visibility.get(event_id)
+        json = record.json
+        json = bytearray(json) if sqlite else bytes(json)
+        state_key = record.state_key
+        membership = record.membership
+        if sqlite and state_key is None and record.redacts is None and (
+                record.relates_to is None and membership is None):
+            PyList_Append(plain_events, (
+                stream, record.depth, event_id, room_id, record.type, record.sender,
+                _flag(record.outlier), _flag(record.rejected), _flag(record.soft_failed),
+                seen, vis, received_ts, json))
+        else:
+            PyList_Append(events, (
+                stream, record.depth, event_id, room_id, record.type, state_key,
+                record.sender, _flag(record.outlier), _flag(record.rejected),
+                _flag(record.soft_failed), seen, record.redacts, record.relates_to,
+                membership, vis, received_ts, json))
+        if not record.outlier:
+            prev_events = record.prev_events
+            prev = _one_prev(prev_events)
+            if prev is not None:
+                PyList_Append(edges, (event_id, prev, room_id))
+            else:
+                for prev in prev_events:
+                    PyList_Append(edges, (event_id, prev, room_id))
+        if membership is not None and state_key is not None:
+            members.append(record)
+    return room_max, members
