@@ -45,6 +45,20 @@ def chain(n: int, first_prev: str = "$old") -> list[SimpleNamespace]:
     return out
 
 
+# --- by_room ---------------------------------------------------------------------
+
+
+def test_records_by_room(batchrows: ModuleType) -> None:
+    records = chain(3)
+    assert batchrows.by_room(records) == {ROOM: records}
+    assert batchrows.by_room(records)[ROOM] is records  # one room: no copy
+    other = record("$x", ["$old"])
+    other.room_id = "!other:x"
+    assert batchrows.by_room([records[0], other, records[1]]) == {
+        ROOM: [records[0], records[1]], "!other:x": [other]}
+    assert batchrows.by_room([]) == {}
+
+
 # --- in_prev_order ---------------------------------------------------------------
 
 
@@ -203,6 +217,9 @@ def batches(draw: Any) -> list[SimpleNamespace]:
 def test_compiled_and_pure_agree(records: list[SimpleNamespace], start: int, sqlite: bool,
                                  forward: frozenset[str], stored: dict[str, bool]) -> None:
     compiled, pure = core_module("batchrows", "compiled"), core_module("batchrows", "pure")
+    for k, r in enumerate(records):
+        r.room_id = ROOM if k % 3 or not sqlite else "!other:x"
+    assert compiled.by_room(records) == pure.by_room(records)
     assert compiled.in_prev_order(records) == pure.in_prev_order(records)
     assert compiled.intern_batch(records, forward, stored) == pure.intern_batch(
         records, forward, stored)

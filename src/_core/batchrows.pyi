@@ -3,8 +3,9 @@
 from array import array
 from typing import Any, Mapping, Sequence
 
-__all__ = ["event_rows", "in_prev_order", "intern_batch", "share_groups"]
+__all__ = ["by_room", "event_rows", "in_prev_order", "intern_batch", "share_groups"]
 
+def by_room(records: list[Any]) -> dict[str, list[Any]]: ...
 def in_prev_order(records: Sequence[Any]) -> bool: ...
 def share_groups(records: Sequence[Any], start: int, event_groups: dict[str, int],
                  outside_groups: Mapping[str, int], visibility_at_group: Mapping[int, str],

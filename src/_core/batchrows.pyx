@@ -48,6 +48,31 @@ cdef inline object _one_prev(object prev_events):
     return None
 
 
+def by_room(list records):
+    cdef Py_ssize_t i, n = len(records)
+    cdef object first, room_id
+    cdef dict rooms
+    cdef PyObject* found
+    if n == 0:
+        return {}
+    first = (<object>records[0]).room_id
+    for i in range(1, n):
+        room_id = (<object>records[i]).room_id
+        if room_id is not first and room_id != first:
+            break
+    else:
+        return {first: records}
+    rooms = {}
+    for record in records:
+        room_id = record.room_id
+        found = PyDict_GetItem(rooms, room_id)
+        if found is NULL:
+            rooms[room_id] = [record]
+        else:
+            PyList_Append(<object>found, record)
+    return rooms
+
+
 def in_prev_order(records):
     cdef dict position = {}
     cdef Py_ssize_t i, n

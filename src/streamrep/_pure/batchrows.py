@@ -3,6 +3,7 @@
 The event store persists a batch of validated records (``eventrecord``) in a few
 passes over them; the ones made of per-event work with no query in them live here:
 
+* :func:`by_room` - the records of each room (a batch is mostly of one room);
 * :func:`in_prev_order` - whether the batch already lists each event after the
   batch events it cites as prev events (the usual case: nothing to sort);
 * :func:`share_groups` - the usual state group assignment: an event that changes
@@ -22,12 +23,26 @@ from typing import Any, Mapping, Sequence
 from streamrep._pure.extremities import (BATCH_COUNTED, BATCH_NON_OUTLIER, ID_FORWARD,
                                          ID_STORED_NON_OUTLIER)
 
-__all__ = ["event_rows", "in_prev_order", "intern_batch", "share_groups"]
+__all__ = ["by_room", "event_rows", "in_prev_order", "intern_batch", "share_groups"]
 
 #: What :func:`intern_batch` returns: names, ids, batch_ids, batch_flags, prev_offsets,
 #: prev_ids, id_flags.
 Interned = tuple[list[str], dict[str, int], "array[int]", bytes, "array[int]", "array[int]",
                  bytearray]
+
+
+def by_room(records: list[Any]) -> dict[str, list[Any]]:
+    """*records* by ``room_id``, in the order given; a batch of one room gives
+    *records* itself."""
+    if not records:
+        return {}
+    first = records[0].room_id
+    if all(r.room_id == first for r in records):
+        return {first: records}
+    rooms: dict[str, list[Any]] = {}
+    for record in records:
+        rooms.setdefault(record.room_id, []).append(record)
+    return rooms
 
 
 def in_prev_order(records: Sequence[Any]) -> bool:

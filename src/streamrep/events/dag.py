@@ -31,16 +31,8 @@ __all__ = ["group_by_room", "topological_sort", "update_extremities"]
 
 
 def group_by_room(records: list[EventRecord]) -> dict[str, list[EventRecord]]:
-    """*records* by room, in order (a batch is mostly one room: no loop then)."""
-    if not records:
-        return {}
-    first = records[0].room_id
-    if all(r.room_id == first for r in records):
-        return {first: records}
-    rooms: dict[str, list[EventRecord]] = {}
-    for record in records:
-        rooms.setdefault(record.room_id, []).append(record)
-    return rooms
+    """*records* by room, in order (a batch is mostly one room: *records* itself)."""
+    return _batchrows.by_room(records)
 
 
 def topological_sort(records: Sequence[EventRecord]) -> list[EventRecord]:

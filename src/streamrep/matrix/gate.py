@@ -69,6 +69,7 @@ _KEYS_PER_QUERY = 333
 _OUT_OF_BAND = frozenset({"invite", "leave", "knock"})
 _STR_ONLY = frozenset({str})
 _plaincheck = _impl.load("plaincheck")
+_batchrows = _impl.load("batchrows")
 #: Event types whose authorization reads more than their type, sender and auth events.
 _NOT_PLAIN = frozenset({CREATE, MEMBER, ALIASES, THIRD_PARTY_INVITE, REDACTION})
 #: Entries a room model's verdict memos hold before they are emptied: one per
@@ -120,36 +121,18 @@ class RoomModel:
             self.plain_memo.clear()
 
 
-def _by_room(records: list[Any]) -> dict[str, list[Any]]:
-    """The batch's records by room, in the order given."""
-    first = records[0].room_id if records else ""
-    if all(r.room_id == first for r in records):  # the usual case: a batch of one room
-        return {first: records} if records else {}
-    rooms: dict[str, list[Any]] = {}
-    for r in records:
-        rooms.setdefault(r.room_id, []).append(r)
-    return rooms
-
-
-def _topological(records: list[Any], cites: Mapping[str, Sequence[str]],
-                 held_here: set[str]) -> list[Any]:
+def _topological(records: list[Any], plain: Mapping[str, Sequence[str]],
+                 other_cites: Mapping[str, Sequence[str]], held_here: set[str]) -> list[Any]:
     """Batch records with the batch's state events (*held_here*) they cite as auth
-    events first.
+    events first (*plain* and *other_cites* give each record's auth events: the
+    plain records' and the others').
 
     Only state events are held as auth events, so an event citing another kind of
     event of the batch fails alike whichever of the two is checked first."""
-    if not held_here:
-        return records
-    last = None
-    for listed in cites.values():
-        # Records listing the same auth events as the one before mostly share its
-        # sequence (see plaincheck.scan_batch): each is looked at once.
-        if listed is not last:
-            last = listed
-            if not held_here.isdisjoint(listed):
-                break
-    else:
+    if not held_here or not (_cites_any(plain.values(), held_here)
+                             or _cites_any(other_cites.values(), held_here)):
         return records  # the usual case: they cite stored events only
+    cites = {**plain, **other_cites}
     by_id = {r.event_id: r for r in records}
     waiting: dict[str, int] = {}
     children: dict[str, list[str]] = {}
@@ -179,6 +162,19 @@ def _topological(records: list[Any], cites: Mapping[str, Sequence[str]],
         seen = {r.event_id for r in out}
         out.extend(r for r in records if r.event_id not in seen)
     return out
+
+
+def _cites_any(listings: Iterable[Sequence[str]], held_here: set[str]) -> bool:
+    """Whether any of *listings* (auth event IDs) names one of *held_here*."""
+    last = None
+    for listed in listings:
+        # Records listing the same auth events as the one before mostly share its
+        # sequence (see plaincheck.scan_batch): each is looked at once.
+        if listed is not last:
+            last = listed
+            if not held_here.isdisjoint(listed):
+                return True
+    return False
 
 
 def _keys_likely_read(scan: Any) -> set[StateKey]:
@@ -298,7 +294,7 @@ class RoomRules:
         self._deoutliered = set()
         self._state_records = []
         out: dict[str, Rejection] = {}
-        for room_id, room_records in _by_room(records).items():
+        for room_id, room_records in _batchrows.by_room(records).items():
             model = self.room(txn, room_id)
             current = None
             if not backfilled:
@@ -346,14 +342,15 @@ class RoomRules:
                     model.outliers.discard(record.event_id)
         plain = scan.plain
         bodies: dict[str, dict[str, Any]] = {}
-        cites: dict[str, Sequence[str]] = dict(plain)
+        other_cites: dict[str, Sequence[str]] = {}
         for r in scan.others:
             body = bodies[r.event_id] = orjson.loads(r.json)
-            cites[r.event_id] = _listed_auth(body)
+            other_cites[r.event_id] = _listed_auth(body)
         model.bound_memos()
         # Soft-failure verdicts of plain events by (sender, type) (see _CurrentState).
         plain_verdicts = current.plain_verdicts if current is not None else None
-        ordered = _topological(records, cites, {r.event_id for r in state_records})
+        ordered = _topological(records, plain, other_cites,
+                               {r.event_id for r in state_records})
         settled_until = _plaincheck.settled_until
         i, count = 0, len(ordered)
         while True:
@@ -488,14 +485,16 @@ class RoomRules:
                          else [r for r in records if r.state_key is not None])
         if not (state_records or rejections or self._deoutliered):
             return  # the usual batch of messages: nothing to write
-        new = set(persisted)
+        persisted = persisted if isinstance(persisted, list) else list(persisted)
+        # The persisted IDs are some of the records': as many means all of them.
+        new = None if len(persisted) == len(records) else set(persisted)
         auth_rows: list[str] = []  # event_id, auth_id, room_id of each row, flat
         add_rows = auth_rows.extend
         rooms: list[tuple[str, str]] = []
         checked = self._auth_ids
         for record in state_records:
             event_id = record.event_id
-            if event_id not in new:
+            if new is not None and event_id not in new:
                 continue
             ids: Sequence[str] | None = checked.get(event_id)
             if ids is None:  # not checked: stored unchecked, or its room had no version
@@ -509,14 +508,15 @@ class RoomRules:
                 model = self._rooms.get(room_id)
                 if model is not None and model.version is not None:
                     rooms.append((room_id, model.version.identifier))
-        replaced = sorted(self._deoutliered & new)
+        replaced = sorted(self._deoutliered if new is None else self._deoutliered & new)
         if replaced:
             writes.delete_in("event_auth", "event_id", replaced)
             writes.delete_in("rejections", "event_id", replaced)
         writes.insert_flat("event_auth", "event_id, auth_id, room_id", auth_rows)
         now = int(time.time() * 1000)
         writes.insert("rejections", "event_id, reason, last_check",
-                      [(e, r.reason, now) for e, r in rejections.items() if e in new])
+                      [(e, r.reason, now) for e, r in rejections.items()
+                       if new is None or e in new])
         writes.insert("rooms", "room_id, room_version", rooms, " ON CONFLICT (room_id) DO NOTHING")
 
     def loaded(self, room_id: str) -> RoomModel:
