@@ -59,6 +59,19 @@ def test_records_by_room(batchrows: ModuleType) -> None:
     assert batchrows.by_room([]) == {}
 
 
+# --- orderings_of -----------------------------------------------------------------
+
+
+def test_orderings_of_new_events(batchrows: ModuleType) -> None:
+    records = chain(3)
+    orderings: dict[str, tuple[int, int]] = {"$old": (1, 5)}
+    assert batchrows.orderings_of(records, [7, 8, 9], orderings) == {
+        "$e0": 7, "$e1": 8, "$e2": 9}
+    assert orderings == {"$old": (1, 5), "$e0": (2, 7), "$e1": (2, 8), "$e2": (2, 9)}
+    with pytest.raises(ValueError):
+        batchrows.orderings_of(records, [1, 2], {})
+
+
 # --- in_prev_order ---------------------------------------------------------------
 
 
@@ -220,6 +233,11 @@ def test_compiled_and_pure_agree(records: list[SimpleNamespace], start: int, sql
     for k, r in enumerate(records):
         r.room_id = ROOM if k % 3 or not sqlite else "!other:x"
     assert compiled.by_room(records) == pure.by_room(records)
+    streams = list(range(-3, len(records) - 3))
+    orderings: list[dict[str, tuple[int, int]]] = [{"$old": (0, 0)}, {"$old": (0, 0)}]
+    assert compiled.orderings_of(records, streams, orderings[0]) == pure.orderings_of(
+        records, streams, orderings[1])
+    assert orderings[0] == orderings[1]
     assert compiled.in_prev_order(records) == pure.in_prev_order(records)
     assert compiled.intern_batch(records, forward, stored) == pure.intern_batch(
         records, forward, stored)

@@ -3,9 +3,12 @@
 from array import array
 from typing import Any, Mapping, Sequence
 
-__all__ = ["by_room", "event_rows", "in_prev_order", "intern_batch", "share_groups"]
+__all__ = ["by_room", "event_rows", "in_prev_order", "intern_batch", "orderings_of",
+           "share_groups"]
 
 def by_room(records: list[Any]) -> dict[str, list[Any]]: ...
+def orderings_of(records: Sequence[Any], streams: Sequence[int],
+                 orderings: dict[str, tuple[int, int]]) -> dict[str, int]: ...
 def in_prev_order(records: Sequence[Any]) -> bool: ...
 def share_groups(records: Sequence[Any], start: int, event_groups: dict[str, int],
                  outside_groups: Mapping[str, int], visibility_at_group: Mapping[int, str],

@@ -73,6 +73,23 @@ def by_room(list records):
     return rooms
 
 
+def orderings_of(records, streams, dict orderings):
+    cdef Py_ssize_t i, n = len(records)
+    cdef dict event_orderings = {}
+    cdef object record, stream, event_id
+    cdef list records_list = records if type(records) is list else list(records)
+    cdef list streams_list = streams if type(streams) is list else list(streams)
+    if len(streams_list) != n:
+        raise ValueError(f"{len(streams_list)} stream orderings for {n} records")
+    for i in range(n):
+        record = records_list[i]
+        stream = streams_list[i]
+        event_id = record.event_id
+        PyDict_SetItem(event_orderings, event_id, stream)
+        PyDict_SetItem(orderings, event_id, (record.depth, stream))
+    return event_orderings
+
+
 def in_prev_order(records):
     cdef dict position = {}
     cdef Py_ssize_t i, n

@@ -4,6 +4,7 @@ The event store persists a batch of validated records (``eventrecord``) in a few
 passes over them; the ones made of per-event work with no query in them live here:
 
 * :func:`by_room` - the records of each room (a batch is mostly of one room);
+* :func:`orderings_of` - each new event's stream ordering, and its depth with it;
 * :func:`in_prev_order` - whether the batch already lists each event after the
   batch events it cites as prev events (the usual case: nothing to sort);
 * :func:`share_groups` - the usual state group assignment: an event that changes
@@ -23,7 +24,8 @@ from typing import Any, Mapping, Sequence
 from streamrep._pure.extremities import (BATCH_COUNTED, BATCH_NON_OUTLIER, ID_FORWARD,
                                          ID_STORED_NON_OUTLIER)
 
-__all__ = ["by_room", "event_rows", "in_prev_order", "intern_batch", "share_groups"]
+__all__ = ["by_room", "event_rows", "in_prev_order", "intern_batch", "orderings_of",
+           "share_groups"]
 
 #: What :func:`intern_batch` returns: names, ids, batch_ids, batch_flags, prev_offsets,
 #: prev_ids, id_flags.
@@ -43,6 +45,19 @@ def by_room(records: list[Any]) -> dict[str, list[Any]]:
     for record in records:
         rooms.setdefault(record.room_id, []).append(record)
     return rooms
+
+
+def orderings_of(records: Sequence[Any], streams: Sequence[int],
+                 orderings: dict[str, tuple[int, int]]) -> dict[str, int]:
+    """Each record's stream ordering (``streams`` in the records' order), by event
+    ID; *orderings* gets each one's ``(depth, stream ordering)`` too."""
+    if len(streams) != len(records):
+        raise ValueError(f"{len(streams)} stream orderings for {len(records)} records")
+    event_orderings = {}
+    for record, stream in zip(records, streams):
+        event_orderings[record.event_id] = stream
+        orderings[record.event_id] = (record.depth, stream)
+    return event_orderings
 
 
 def in_prev_order(records: Sequence[Any]) -> bool:

@@ -124,8 +124,7 @@ def _allocate_orderings(batch: Batch, todo: list[EventRecord], backfilled: bool)
     allocator, txn, out = batch.allocator, batch.txn, batch.out
     streams = (allocator.next_backfill_mult(txn, len(todo)) if backfilled
                else allocator.next_live_mult(txn, len(todo)))
-    out.event_orderings = dict(zip([r.event_id for r in todo], streams))
-    batch.orderings.update({r.event_id: (r.depth, stream) for r, stream in zip(todo, streams)})
+    out.event_orderings = _batchrows.orderings_of(todo, streams, batch.orderings)
     out.max_stream = max(streams)
     out.max_live = max(out.max_stream, 0)
 
@@ -236,8 +235,9 @@ def persist_batch(txn: Transaction, records: list[EventRecord], backfilled: bool
         batch.writes.delete_in("room_memberships", "event_id", deoutliered)
 
     # Redactions already stored for events of this batch (same room only).
-    redacted_now = {r.event_id for r in todo
-                    if (r.event_id, r.room_id) in lookup.redaction_targets}
+    targets = lookup.redaction_targets
+    redacted_now = {r.event_id for r in todo if (r.event_id, r.room_id) in targets} \
+        if targets else set()
     event_rows = EventRows(txn, out, backfilled, redacted_now)
     event_rows.add_history_visibility(todo)
     group_rows = GroupRows()

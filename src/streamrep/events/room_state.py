@@ -251,9 +251,9 @@ def current_state_of(txn: Transaction, states: StateGroupStore, resolver: StateR
     """The room state at *extremities*, resolved where they disagree."""
     ext = sorted(extremities)
     missing = [e for e in ext if e not in known_groups]
-    groups = dict(known_groups)
+    groups = known_groups
     if missing:
-        groups.update(states.groups_for_events(txn, missing))
+        groups = {**known_groups, **states.groups_for_events(txn, missing)}
     group_ids = sorted({groups[e] for e in ext if e in groups})
     if not group_ids:
         return EMPTY_STATE
