@@ -62,3 +62,26 @@ def test_flat_values_that_do_not_fill_whole_rows_are_refused(db_url: str) -> Non
             db.run(write)
     finally:
         db.close()
+
+
+def test_a_failed_insert_leaves_nothing_once_its_transaction_rolls_back(db_url: str) -> None:
+    """A row at fault deep in a 64-row statement: the error reaches the caller, and
+    the rollback takes every row of the transaction with it."""
+    db = Database.open(db_url)
+    try:
+        db.run(lambda txn: txn.execute(
+            "CREATE TABLE pairs (a TEXT NOT NULL PRIMARY KEY, b TEXT NOT NULL, c TEXT)"))
+        db.run(lambda txn: txn.execute("INSERT INTO pairs VALUES ('a0040', 'kept', NULL)"))
+        rows = [(f"a{i:04}", f"b{i}", None) for i in range(100)]
+
+        def write(txn: Transaction) -> None:
+            writes = writes_for(txn)
+            writes.insert("pairs", "a, b, c", [("first", "x", None)])
+            writes.insert("pairs", "a, b, c", rows)
+            writes.flush()
+
+        with pytest.raises(Exception, match="(?i)unique|duplicate"):
+            db.run(write)
+        assert db.fetchall("SELECT a, b FROM pairs") == [("a0040", "kept")]
+    finally:
+        db.close()

@@ -87,7 +87,9 @@ def _statement_spans(count: int, width: int) -> Iterator[tuple[int, int, int]]:
 class SqliteWrites(Writes):
     """Statements run one by one at :meth:`flush`; an insert's rows go 64, then 8,
     then 1 to a multi-row ``VALUES`` statement (SQLite spends less on one statement
-    of many rows than on the same statement run once a row)."""
+    of many rows than on the same statement run once a row). A failed statement
+    leaves its earlier rows in the transaction: roll it back (see
+    ``_multi_row_insert``)."""
 
     def __init__(self, txn: Transaction) -> None:
         super().__init__(txn)
@@ -203,9 +205,16 @@ def _row_width(table: str, columns: str, values: Sequence[Any]) -> int:
 
 @lru_cache(maxsize=128)
 def _multi_row_insert(table: str, columns: str, suffix: str, width: int, count: int) -> str:
-    """An INSERT of *count* rows of *width* values each."""
+    """An INSERT of *count* rows of *width* values each.
+
+    ``OR FAIL``: a statement of several rows that may abort on a constraint has
+    SQLite journal every page it changes so it can undo its own rows, and past
+    64 KiB that journal goes to a temporary file (a 64-row ``events`` insert
+    passes it: some 90 writes a batch). Failing instead keeps the rows before the
+    one at fault, which is harmless here: an error fails the whole transaction,
+    and the store rolls it back."""
     row = "(" + ",".join("?" * width) + ")"
-    return f"INSERT INTO {table} ({columns}) VALUES {','.join([row] * count)}{suffix}"
+    return f"INSERT OR FAIL INTO {table} ({columns}) VALUES {','.join([row] * count)}{suffix}"
 
 
 @lru_cache(maxsize=64)
