@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import sqlite3
 import uuid
+from typing import Any
 
 import gevent
 import pytest
@@ -294,3 +295,93 @@ def test_forked_child_closes_without_the_checkpoint_thread(tmp_path: Any) -> Non
     assert os.waitstatus_to_exitcode(status) == 0
     assert db.fetchall("SELECT n FROM t") == [(1,)]
     db.close()
+
+
+class _CountingCursor:
+    """A psycopg2 cursor that counts the texts it sends (one round trip each)."""
+
+    sent: list[str] = []
+
+    def __init__(self, cursor: Any) -> None:
+        self._cursor = cursor
+
+    def execute(self, sql: Any, *args: Any) -> None:
+        _CountingCursor.sent.append(sql if isinstance(sql, str) else sql.decode())
+        self._cursor.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cursor, name)
+
+
+@pytest.fixture
+def counted_pg(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    from streamrep.db import markers
+
+    plain_cursor = markers.MarkedConnection.cursor
+    monkeypatch.setattr(markers.MarkedConnection, "cursor",
+                        lambda self, *a, **k: _CountingCursor(plain_cursor(self, *a, **k)))
+    db = Database.open(pg_url)
+    db.execute("CREATE TABLE d (k BIGINT PRIMARY KEY, v TEXT)")
+    _CountingCursor.sent = []
+    yield db
+    db.close()
+
+
+def test_a_deferred_write_goes_with_the_commit(counted_pg: Any) -> None:
+    """A read, then a write nothing reads: two round trips, the second the write
+    with the COMMIT and the transaction's commit marker."""
+    db = counted_pg
+
+    def body(txn: Any) -> list[Any]:
+        rows = txn.fetchall("SELECT k FROM d WHERE v = ?", ("it's",))
+        txn.defer("INSERT INTO d (k, v) VALUES (?, ?), (?, ?)", (1, "it's", -2, "100%"))
+        return rows
+
+    assert db.run(body) == []
+    assert len(_CountingCursor.sent) == 2
+    assert _CountingCursor.sent[0].startswith("BEGIN")
+    assert "INSERT INTO d" in _CountingCursor.sent[1]
+    assert _CountingCursor.sent[1].rstrip().endswith("COMMIT")
+    assert db.fetchall("SELECT k, v FROM d ORDER BY k") == [(-2, "100%"), (1, "it's")]
+
+
+def test_a_deferred_write_goes_before_the_next_statement(counted_pg: Any) -> None:
+    db = counted_pg
+
+    def body(txn: Any) -> Any:
+        txn.defer("INSERT INTO d (k, v) VALUES (?, ?)", (1, "a"))
+        txn.defer("UPDATE d SET v = ? WHERE k = ?", ("b", 1))
+        return txn.fetchval("SELECT v FROM d WHERE k = ?", (1,))
+
+    assert db.run(body) == "b"
+    assert len(_CountingCursor.sent) == 2  # BEGIN + both writes + the read; COMMIT
+
+
+def test_a_failing_deferred_write_fails_the_transaction_at_commit(counted_pg: Any) -> None:
+    db = counted_pg
+    db.execute("INSERT INTO d (k, v) VALUES (1, 'kept')")
+    after: list[bool] = []
+
+    def body(txn: Any) -> None:
+        txn.call_on_exception(after.append, True)
+        txn.defer("INSERT INTO d (k, v) VALUES (?, ?)", (2, "new"))
+        txn.defer("INSERT INTO d (k, v) VALUES (?, ?)", (1, "duplicate"))
+
+    with pytest.raises(Exception, match="(?i)duplicate|unique"):
+        db.run(body)
+    assert after == [True]
+    assert db.fetchall("SELECT k, v FROM d ORDER BY k") == [(1, "kept")]
+
+
+def test_a_deferred_write_on_sqlite_runs_at_once(sqlite_url: str) -> None:
+    db = Database.open(sqlite_url)
+    try:
+        db.execute("CREATE TABLE d (k BIGINT PRIMARY KEY, v TEXT)")
+
+        def body(txn: Any) -> Any:
+            txn.defer("INSERT INTO d (k, v) VALUES (?, ?)", (1, "a"))
+            return txn.fetchval("SELECT v FROM d WHERE k = 1")
+
+        assert db.run(body) == "a"
+    finally:
+        db.close()

@@ -58,7 +58,7 @@ class Transaction:
     """One open database transaction. Obtain it from :meth:`Database.transaction`."""
 
     __slots__ = ("_db", "_cursor", "engine", "name", "_after", "_on_exception", "_begin",
-                 "wrote", "outcome", "marker")
+                 "_deferred", "wrote", "outcome", "marker")
 
     def __init__(self, db: "Database", cursor: Any, name: str, begin: str | None = None) -> None:
         self._db = db
@@ -70,6 +70,8 @@ class Transaction:
         # PostgreSQL: the BEGIN not sent yet. It travels with the first statement,
         # which saves the transaction a round trip of its own.
         self._begin = begin
+        # PostgreSQL: statements given to defer() and not sent yet, as one text.
+        self._deferred: str | None = None
         #: Whether a statement other than a plain SELECT ran (such a transaction gets
         #: a commit marker under :meth:`Database.run`).
         self.wrote = False
@@ -96,9 +98,37 @@ class Transaction:
         return self._cursor
 
     def _send_begin(self) -> None:
-        if self._begin is not None:
-            begin, self._begin = self._begin, None
-            self._cursor.execute(begin)
+        """Send what waits to go with the next statement (BEGIN, deferred writes)."""
+        pending = self._pending("")
+        if pending:
+            self._cursor.execute(pending)
+
+    def _pending(self, text: str) -> str:
+        """*text* (SQL without parameters) after the BEGIN and the deferred
+        statements that have not been sent, which it now carries."""
+        parts = [part for part in (self._begin, self._deferred, text) if part]
+        self._begin = self._deferred = None
+        return ";\n".join(parts)
+
+    def defer(self, sql: str, params: Params = ()) -> None:
+        """Run a write statement with ``?`` placeholders whose result nothing reads.
+
+        On PostgreSQL it goes out with the transaction's next statement or with its
+        ``COMMIT``, a round trip fewer; its errors are raised there, and roll the
+        transaction back as any error does. On SQLite, or when its parameters cannot
+        travel as literals (see :mod:`streamrep.db.pgliteral`), it runs now."""
+        if self.engine != POSTGRES:
+            self.execute(sql, params)
+            return
+        text = inline(to_pyformat(sql), params) if literals_allowed(
+            self._cursor.connection) else None
+        if text is None:
+            self.execute(sql, params)
+            return
+        self.wrote = True
+        # BEGIN goes first in the text, which the COMMIT carries if nothing else does.
+        self._deferred = self._pending(text) if self._deferred is None else (
+            self._deferred + ";\n" + text)
 
     @property
     def begun(self) -> bool:
@@ -122,13 +152,11 @@ class Transaction:
             self._cursor.execute(sql, tuple(params))
             return
         sql = to_pyformat(sql)
-        if self._begin is not None:
-            sql, self._begin = self._begin + ";\n" + sql, None
-        text = inline(sql, params) if params and literals_allowed(self._cursor.connection) \
-            else None
+        text = inline(sql, params) if literals_allowed(self._cursor.connection) else None
         if text is not None:
-            self._cursor.execute(text)
+            self._cursor.execute(self._pending(text))
         else:
+            self._send_begin()
             self._cursor.execute(sql, tuple(params))
 
     def executemany(self, sql: str, rows: Iterable[Params]) -> None:
@@ -477,7 +505,8 @@ class Database:
                                 txn.marker = conn.next_marker()
                                 commit = markers.commit_with_marker(txn.marker)
                             txn.outcome = COMMITTING
-                            cursor.execute(commit)
+                            # Deferred writes travel with it (see Transaction.defer).
+                            cursor.execute(txn._pending(commit))
                         txn.outcome = COMMITTED
                     except BaseException as exc:
                         # Only a connection lost while COMMIT was on its way leaves
