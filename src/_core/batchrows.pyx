@@ -37,8 +37,8 @@ cdef inline object _flag(object value):
 
 
 cdef inline object _one_prev(object prev_events):
-    """The only item of *prev_events* when it is a list or tuple of one, else NULL-like None
-    (and the caller takes the general path)."""
+    """The only item of *prev_events* when it is a list or tuple of one, else None
+    (the caller then takes the general path)."""
     if type(prev_events) is list:
         if len(<list>prev_events) == 1:
             return (<list>prev_events)[0]
@@ -90,11 +90,20 @@ def orderings_of(records, streams, dict orderings):
     return event_orderings
 
 
+cdef inline object _lookup(object mapping, bint is_dict, object key):
+    """``mapping.get(key)``, through the C API when *mapping* is a dict."""
+    cdef PyObject* found
+    if is_dict:
+        found = PyDict_GetItem(<dict>mapping, key)
+        return None if found is NULL else <object>found
+    return mapping.get(key)
+
+
 def in_prev_order(records):
     cdef dict position = {}
     cdef Py_ssize_t i, n
     cdef PyObject* found
-    cdef object r, prev, last_id = None
+    cdef object r, prev
     cdef list ordered = list(records)
     n = len(ordered)
     for i in range(n):
@@ -111,7 +120,6 @@ def in_prev_order(records):
 def share_groups(records, Py_ssize_t start, dict event_groups, outside_groups,
                  visibility_at_group, dict visibility, list group_rows):
     cdef Py_ssize_t i, n = len(records)
-    cdef PyObject* found
     cdef object record, prev, group, known, event_id, state_key
     cdef bint dict_outside = type(outside_groups) is dict
     cdef bint dict_visibility = type(visibility_at_group) is dict
@@ -127,28 +135,12 @@ def share_groups(records, Py_ssize_t start, dict event_groups, outside_groups,
         state_key = record.state_key
         if state_key is not None and not record.rejected:
             return i
-        found = PyDict_GetItem(event_groups, prev)
-        if found is NULL:
-            if dict_outside:
-                found = PyDict_GetItem(<dict>outside_groups, prev)
-                if found is NULL:
-                    return i
-                group = <object>found
-            else:
-                group = outside_groups.get(prev)
-                if group is None:
-                    return i
-        else:
-            group = <object>found
+        group = _lookup(event_groups, True, prev)
         if group is None:
-            return i
-        if dict_visibility:
-            found = PyDict_GetItem(<dict>visibility_at_group, group)
-            if found is NULL:
+            group = _lookup(outside_groups, dict_outside, prev)
+            if group is None:
                 return i
-            known = <object>found
-        else:
-            known = visibility_at_group.get(group)
+        known = _lookup(visibility_at_group, dict_visibility, group)
         if known is None:
             return i
         event_id = record.event_id
@@ -245,11 +237,7 @@ def event_rows(records, room_id, orderings, redacted_now, visibility, received_t
             seen = 1 if PySet_Contains(redacted_now, event_id) else 0
         else:
             seen = 1 if event_id in redacted_now else 0
-        if dict_visibility:
-            found = PyDict_GetItem(<dict>visibility, event_id)
-            vis = None if found is NULL else <object>found
-        else:
-            vis = visibility.get(event_id)
+        vis = _lookup(visibility, dict_visibility, event_id)
         json = record.json
         json = bytearray(json) if sqlite else bytes(json)
         state_key = record.state_key
