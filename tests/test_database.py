@@ -385,3 +385,48 @@ def test_a_deferred_write_on_sqlite_runs_at_once(sqlite_url: str) -> None:
         assert db.run(body) == "a"
     finally:
         db.close()
+
+
+class _RefusingConnection:
+    """A sqlite3 connection whose switch to WAL is refused *refusals* times, as SQLite
+    refuses it (at once) while another process is switching the same new file."""
+
+    def __init__(self, conn: sqlite3.Connection, refusals: int) -> None:
+        self._conn = conn
+        self.refusals = refusals
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        if sql.startswith("PRAGMA journal_mode") and self.refusals:
+            self.refusals -= 1
+            raise sqlite3.OperationalError("database is locked")
+        return self._conn.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+@pytest.mark.parametrize("refusals", [1, 3])
+def test_opening_a_new_sqlite_file_waits_while_another_process_switches_it_to_wal(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch, refusals: int) -> None:
+    connect = sqlite3.connect
+    monkeypatch.setattr(sqlite3, "connect",
+                        lambda *a, **k: _RefusingConnection(connect(*a, **k), refusals))
+    db = Database.open(f"sqlite:///{tmp_path}/new.db")
+    try:
+        db.execute("CREATE TABLE t (k INTEGER)")
+        assert db.fetchval("PRAGMA journal_mode") == "wal"
+    finally:
+        db.close()
+
+
+def test_a_new_sqlite_file_locked_past_the_busy_timeout_is_one_clear_error(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamrep.errors import DatabaseUnavailableError
+
+    connect = sqlite3.connect
+    monkeypatch.setattr(sqlite3, "connect",
+                        lambda *a, **k: _RefusingConnection(connect(*a, **k), 10**6))
+    with pytest.raises(DatabaseUnavailableError, match="locked by another process.*"
+                       "busy_timeout_ms") as caught:
+        Database.open(f"sqlite:///{tmp_path}/new.db?busy_timeout_ms=100")
+    assert "\n" not in str(caught.value)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sqlite3
+import time
 from collections import deque
 from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
@@ -314,7 +315,7 @@ class Database:
             raise DatabaseConfigError(
                 f"cannot open SQLite database {self.config.target!r}: {exc}"
             ) from exc
-        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+        mode = self._enable_wal(conn)
         if self.config.target != ":memory:" and (mode is None or str(mode[0]).lower() != "wal"):
             raise DatabaseConfigError(
                 f"SQLite database {self.config.target!r} refused WAL mode (got {mode!r})"
@@ -323,6 +324,29 @@ class Database:
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute(f"PRAGMA busy_timeout={int(self.config.busy_timeout_ms)}")
         return conn
+
+    def _enable_wal(self, conn: sqlite3.Connection) -> Any:
+        """Put *conn*'s database in WAL mode; return the mode SQLite reports.
+
+        Switching a new database to WAL takes it whole for a moment, and a process
+        opening it at that moment is refused at once: SQLite does not wait on the
+        busy timeout there. Such a refusal is tried again until the busy timeout."""
+        deadline = time.monotonic() + self.config.busy_timeout_ms / 1000.0
+        delay = 0.005
+        while True:
+            try:
+                return conn.execute("PRAGMA journal_mode=WAL").fetchone()
+            except sqlite3.OperationalError as exc:
+                if not is_busy(exc):
+                    raise
+                if time.monotonic() >= deadline:
+                    conn.close()
+                    raise DatabaseUnavailableError(
+                        f"SQLite database {self.config.target!r} stayed locked by another "
+                        f"process for {self.config.busy_timeout_ms} ms while opening it; "
+                        "retry, or raise busy_timeout_ms in the URL") from exc
+                gevent.sleep(delay)
+                delay = min(delay * 2, 0.1)
 
     def _new_pg_connection(self) -> Any:
         try:
