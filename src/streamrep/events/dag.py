@@ -27,12 +27,7 @@ else:
     _batchrows = _impl.load("batchrows")
     _core_ext = _impl.load("extremities")
 
-__all__ = ["group_by_room", "topological_sort", "update_extremities"]
-
-
-def group_by_room(records: list[EventRecord]) -> dict[str, list[EventRecord]]:
-    """*records* by room, in order (a batch is mostly one room: *records* itself)."""
-    return _batchrows.by_room(records)
+__all__ = ["topological_sort", "update_extremities"]
 
 
 def topological_sort(records: Sequence[EventRecord]) -> list[EventRecord]:

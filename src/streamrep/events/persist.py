@@ -26,7 +26,7 @@ from streamrep.db import Transaction
 from streamrep.db.inlists import chunks, in_list
 from streamrep.events.batch import Batch, BatchCaches, PersistOutcome
 from streamrep.events.current_state import update_current_state
-from streamrep.events.dag import group_by_room, topological_sort, update_extremities
+from streamrep.events.dag import topological_sort, update_extremities
 from streamrep.events.orderings import StreamAllocator
 from streamrep.events.resolver import StateResolver
 from streamrep.events.room_state import GroupRows, RoomStateAssigner
@@ -89,7 +89,8 @@ def _lookup_sql(txn: Transaction, record_ids: dict[str, EventRecord], chunk: Seq
         sql.append("SELECT 1, redacts, NULL, room_id, NULL FROM events WHERE redacts"
                    " IS NOT NULL AND NOT rejected AND "
                    + in_list(txn, "redacts", batch_chunk, params))
-    by_room = group_by_room([record_ids[e] for e in batch_chunk if not record_ids[e].outlier])
+    by_room = _batchrows.by_room([record_ids[e] for e in batch_chunk
+                                  if not record_ids[e].outlier])
     for room_id, room_records in by_room.items():
         params.append(room_id)
         sql.append("SELECT 2, event_id, NULL, room_id, NULL FROM event_backward_extremities"
@@ -241,7 +242,7 @@ def persist_batch(txn: Transaction, records: list[EventRecord], backfilled: bool
     event_rows = EventRows(txn, out, backfilled, redacted_now)
     event_rows.add_history_visibility(todo)
     group_rows = GroupRows()
-    rooms = group_by_room(todo)
+    rooms = _batchrows.by_room(todo)
     for room_id, room_records in rooms.items():
         forward = update_extremities(batch, room_id, room_records, lookup.stored,
                                      lookup.backward)
