@@ -94,11 +94,11 @@ class Transaction:
     @property
     def cursor(self) -> Any:
         """The DB-API cursor underneath (SQL given to it directly is not translated)."""
-        self._send_begin()
+        self._send_pending()
         self.wrote = True  # unknown SQL: assume it writes
         return self._cursor
 
-    def _send_begin(self) -> None:
+    def _send_pending(self) -> None:
         """Send what waits to go with the next statement (BEGIN, deferred writes)."""
         pending = self._pending("")
         if pending:
@@ -157,14 +157,14 @@ class Transaction:
         if text is not None:
             self._cursor.execute(self._pending(text))
         else:
-            self._send_begin()
+            self._send_pending()
             self._cursor.execute(sql, tuple(params))
 
     def executemany(self, sql: str, rows: Iterable[Params]) -> None:
         """Run one statement once per parameter tuple of *rows* (batched on PostgreSQL)."""
         self.wrote = True
         if self.engine == POSTGRES:
-            self._send_begin()
+            self._send_pending()
             psycopg2.extras.execute_batch(self._cursor, self._sql(sql), list(rows), page_size=200)
         else:
             self._cursor.executemany(sql, rows)
