@@ -59,7 +59,8 @@ SELECT max(hops) FROM walk
 def default_compressor_python() -> str | None:
     """The interpreter of a virtualenv holding ``synapse_auto_compressor``, if any."""
     configured = os.environ.get("STREAMREP_COMPRESSOR_PYTHON")
-    candidates = [configured] if configured else ["/work/compvenv/bin/python"]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    candidates = [configured] if configured else [f"{cache}/streamrep/compressor-venv/bin/python"]
     for python in candidates:
         if python and os.path.exists(python):
             probe = subprocess.run([python, "-c", "import synapse_auto_compressor"], capture_output=True)

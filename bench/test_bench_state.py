@@ -1,4 +1,5 @@
-"""State core micro-benchmarks: expand_groups and digest_states, compiled vs pure.
+"""State core micro-benchmarks: expand_groups, and the tree walker's digests and
+states, compiled vs pure.
 
     python -m pytest bench/test_bench_state.py --benchmark-only
 
@@ -62,27 +63,47 @@ def test_expand_groups_wanted_tenth(benchmark: object, impl_kind: str, batch: Ba
     assert len(set(out[0])) == len(batch[0]) // 10
 
 
-def test_digest_states(benchmark: object, impl_kind: str, batch: Batch) -> None:
+def test_digest_groups(benchmark: object, impl_kind: str, batch: Batch) -> None:
     import pyarrow as pa
 
-    state: ModuleType = core_module("state", impl_kind)
-    small = tuple(a[: len(a) // 10] if i < 2 else a for i, a in enumerate(batch))
-    n = len(small[0])
-    offsets = batch[2][: n + 1]
-    og, ok, oe = core_module("state", "compiled").expand_groups(
-        small[0], small[1], offsets, batch[3][: offsets[-1]], batch[4][: offsets[-1]], None)
+    walk: ModuleType = core_module("treewalk", impl_kind)
+    groups, prevs, offsets, keys, events = batch
+    n = len(groups) // 10
+    parents = array("q", [-1 if p < 1 else p - 1 for p in prevs[:n]])
+    offsets = offsets[: n + 1]
+    keys, events = keys[: offsets[-1]], array("q", range(offsets[-1]))
     stride = 1000
-    types = pa.array([f"m.type.{i}" for i in range(max(ok) // stride + 1)], pa.large_string())
-    keys = pa.array([f"@user{i}:example.org" for i in range(stride)], pa.large_string())
-    event_index = array("q", range(len(oe)))
-    event_ids = pa.array([f"$event{i}" for i in range(len(oe))], pa.large_string())
+    types = pa.array([f"m.type.{i}" for i in range(max(keys) // stride + 1)], pa.large_string())
+    state_keys = pa.array([f"@user{i}:example.org" for i in range(stride)], pa.large_string())
+    event_ids = pa.array([f"$event{i}" for i in range(len(events))], pa.large_string())
 
     def table(arr: pa.Array) -> tuple[object, object]:
         return arr.buffers()[1], arr.buffers()[2]
 
-    groups, hexes = benchmark.pedantic(  # type: ignore[attr-defined]
-        state.digest_states,
-        args=(og, ok, event_index, stride, table(types), table(keys), table(event_ids)),
+    entries, hexes = benchmark.pedantic(  # type: ignore[attr-defined]
+        walk.digest_groups,
+        args=(parents, offsets, keys, events, None, stride, table(types), table(state_keys),
+              table(event_ids)),
         rounds=3, iterations=1, warmup_rounds=1,
     )
-    assert len(hexes) == 64 * len(groups)
+    assert len(hexes) == 64 * n and min(entries) > 0
+
+
+def test_state_walk(benchmark: object, impl_kind: str, batch: Batch) -> None:
+    walk: ModuleType = core_module("treewalk", impl_kind)
+    groups, prevs, offsets, keys, events = batch
+    n = len(groups) // 10
+    parents = array("q", [-1 if p < 1 else p - 1 for p in prevs[:n]])
+    offsets = offsets[: n + 1]
+
+    def all_states() -> int:
+        walker = walk.StateWalk(parents, offsets, keys[: offsets[-1]], events[: offsets[-1]])
+        rows = 0
+        while True:
+            out = walker.next_states(262_144)
+            if not len(out[0]):
+                return rows
+            rows += len(out[0])
+
+    rows = benchmark.pedantic(all_states, rounds=3, iterations=1, warmup_rounds=1)  # type: ignore[attr-defined]
+    assert rows > n * 60

@@ -29,7 +29,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:unclosed <socket.socket:ResourceWarning"),
 ]
 
-digest_state = _impl.load("state").digest_state
+digest_state = _impl.load("treewalk").digest_state
 
 
 @pytest.fixture(scope="session")

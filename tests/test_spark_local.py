@@ -26,7 +26,7 @@ from streamrep.spark.tables import SCHEMAS, read_table
 from streamrep.spark.verify import read_output_states, walk_states_db
 from support.state_forest import Forest, corrupt_forest, load_database, make_forest
 
-digest_state = _impl.load("state").digest_state
+digest_state = _impl.load("treewalk").digest_state
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ and Hypothesis feeds the same batches to the compiled core and its pure twin.
 
 from __future__ import annotations
 
-import hashlib
 import random
 from array import array
 from types import ModuleType
@@ -212,46 +211,6 @@ def test_many_missing_prevs_are_summarised(state: ModuleType) -> None:
     exc = corruption(state, (list(range(1, n + 1)), [1000 + i for i in range(n)], [[]] * n))
     assert len(exc.groups) == n  # type: ignore[attr-defined]
     assert "and 20 more" in str(exc)
-
-
-# --- digests -----------------------------------------------------------------
-
-
-def string_table(values: list[str]) -> tuple[Any, Any]:
-    arr = pa.array(values, pa.large_string())
-    return arr.buffers()[1], arr.buffers()[2]
-
-
-def test_digest_matches_digest_state(state: ModuleType) -> None:
-    types = sorted(["m.room.member", "m.room.name", "m.room.create", "ü.x"])
-    skeys = sorted(["", "@a:x", "@b:x"])
-    events = ["$e0", "$e1", "$é2", "$e3"]
-    stride = len(skeys)
-    full = {(1, 0): 0, (0, 1): 2, (0, 2): 3, (3, 0): 1}
-    rows = sorted((t * stride + s, e) for (t, s), e in full.items())
-    og = array("q", [9] * len(rows) + [11])
-    ok = array("q", [k for k, _ in rows] + [0])
-    oe = array("q", [e for _, e in rows] + [1])
-    groups, hexes = state.digest_states(
-        og, ok, oe, stride, string_table(types), string_table(skeys), string_table(events)
-    )
-    assert list(groups) == [9, 11]
-    assert len(hexes) == 128
-    expected = state.digest_state({(types[t], skeys[s]): events[e] for (t, s), e in full.items()})
-    assert hexes[:64].decode() == expected
-    assert hexes[64:].decode() == state.digest_state({(types[0], skeys[0]): events[1]})
-    assert state.digest_state({}) == state.EMPTY_STATE_DIGEST == hashlib.sha256(b"").hexdigest()
-
-
-def test_digest_is_length_prefixed(state: ModuleType) -> None:
-    # Moving a character between type and state_key must change the digest.
-    assert state.digest_state({("ab", "c"): "$e"}) != state.digest_state({("a", "bc"): "$e"})
-
-
-def test_digest_rejects_indices_outside_tables(state: ModuleType) -> None:
-    with pytest.raises(ValueError):
-        state.digest_states(array("q", [1]), array("q", [5]), array("q", [0]), 1,
-                            string_table(["t"]), string_table([""]), string_table(["$e"]))
 
 
 # --- compiled == pure == brute force -------------------------------------------

@@ -21,20 +21,12 @@ from libc.stdlib cimport malloc, realloc, free, qsort
 from libc.string cimport memcpy
 
 import array as _pyarray
-import hashlib
 
 from streamrep.errors import StateCorruptionError
 
-__all__ = [
-    "MAX_NAMED_GROUPS",
-    "expand_groups",
-    "digest_states",
-    "digest_state",
-    "EMPTY_STATE_DIGEST",
-]
+__all__ = ["MAX_NAMED_GROUPS", "expand_groups"]
 
 MAX_NAMED_GROUPS = 10
-EMPTY_STATE_DIGEST = hashlib.sha256(b"").hexdigest()
 
 cdef array.array _INT64_TEMPLATE = _pyarray.array("q")
 
@@ -492,136 +484,3 @@ def expand_groups(group_ids, prev_ids, delta_offsets, delta_keys, delta_events, 
                 oe[pos] = rows[x].event
                 pos += 1
     return out_groups, out_keys, out_events
-
-
-# --- digests -----------------------------------------------------------------
-
-
-cdef class _StringTable:
-    cdef Int64s offsets
-    cdef const unsigned char[::1] data
-    cdef Py_ssize_t count
-
-    def __cinit__(self, object table, str name):
-        try:
-            offsets, data = table
-        except (TypeError, ValueError):
-            raise TypeError(f"{name} must be an (offsets, data) pair")
-        self.offsets = Int64s(offsets, f"{name} offsets")
-        self.data = memoryview(data if data is not None else b"").cast("B")
-        self.count = self.offsets.length - 1
-
-
-cdef inline void _put_u32(unsigned char* out, uint32_t value) noexcept nogil:
-    out[0] = (value >> 24) & 0xFF
-    out[1] = (value >> 16) & 0xFF
-    out[2] = (value >> 8) & 0xFF
-    out[3] = value & 0xFF
-
-
-cdef class _ByteBuffer:
-    """A growable C byte buffer for one group's canonical encoding."""
-    cdef unsigned char* data
-    cdef Py_ssize_t length
-    cdef Py_ssize_t capacity
-
-    def __dealloc__(self):
-        free(self.data)
-
-    cdef int reserve(self, Py_ssize_t extra) except -1:
-        cdef Py_ssize_t cap
-        cdef unsigned char* grown
-        if self.length + extra <= self.capacity:
-            return 0
-        cap = self.capacity * 2 if self.capacity else 4096
-        while cap < self.length + extra:
-            cap *= 2
-        grown = <unsigned char*>realloc(self.data, cap)
-        if grown == NULL:
-            raise MemoryError()
-        self.data = grown
-        self.capacity = cap
-        return 0
-
-
-cdef int _append_string(_ByteBuffer buf, _StringTable table, int64_t i, str what) except -1:
-    if i < 0 or i >= table.count:
-        raise ValueError(f"{what} index {i} is outside its string table")
-    cdef int64_t start = table.offsets.ptr[i]
-    cdef int64_t end = table.offsets.ptr[i + 1]
-    if start < 0 or end < start or end > table.data.shape[0]:
-        raise ValueError(f"{what} offsets at index {i} are outside the string data")
-    buf.reserve(4 + end - start)
-    _put_u32(buf.data + buf.length, <uint32_t>(end - start))
-    buf.length += 4
-    if end > start:
-        memcpy(buf.data + buf.length, &table.data[start], end - start)
-        buf.length += end - start
-    return 0
-
-
-def digest_states(out_groups, out_keys, out_events, int64_t key_stride, types, state_keys, event_ids):
-    """Digest each group's full state, as produced by :func:`expand_groups`.
-
-    Rows of one group must be contiguous and sorted by key. Key ID ``k`` stands
-    for ``(types[k // key_stride], state_keys[k % key_stride])`` and event ID
-    ``e`` for ``event_ids[e]``; each string table is an ``(offsets, data)``
-    pair (int64 offsets of length m+1 into UTF-8 ``data``, as an Arrow
-    large_string array holds them). Keys must be ranked in bytewise
-    ``(type, state_key)`` order so the digest does not depend on interning.
-
-    Returns ``(groups, hex_digests)``: one entry per run of rows, and the
-    64-character lowercase SHA-256 hex digest of each, concatenated.
-    """
-    if key_stride <= 0:
-        raise ValueError("key_stride must be positive")
-    cdef Int64s groups = Int64s(out_groups, "out_groups")
-    cdef Int64s keys = Int64s(out_keys, "out_keys")
-    cdef Int64s events = Int64s(out_events, "out_events")
-    if not (groups.length == keys.length == events.length):
-        raise ValueError("out_groups, out_keys and out_events differ in length")
-    cdef _StringTable t_table = _StringTable(types, "types")
-    cdef _StringTable s_table = _StringTable(state_keys, "state_keys")
-    cdef _StringTable e_table = _StringTable(event_ids, "event_ids")
-    cdef array.array result_groups = array.clone(_INT64_TEMPLATE, 0, zero=False)
-    cdef bytearray hexes = bytearray()
-    cdef _ByteBuffer buf = _ByteBuffer()
-    cdef Py_ssize_t i = 0, j, total = groups.length
-    cdef int64_t gid, k
-    sha256 = hashlib.sha256
-    while i < total:
-        gid = groups.ptr[i]
-        buf.length = 0
-        j = i
-        while j < total and groups.ptr[j] == gid:
-            k = keys.ptr[j]
-            if k < 0:
-                raise ValueError(f"key index {k} is negative")
-            _append_string(buf, t_table, k // key_stride, "type")
-            _append_string(buf, s_table, k % key_stride, "state_key")
-            _append_string(buf, e_table, events.ptr[j], "event_id")
-            j += 1
-        result_groups.append(gid)
-        hexes += sha256((<char*>buf.data)[:buf.length] if buf.length else b"").hexdigest().encode("ascii")
-        i = j
-    return result_groups, bytes(hexes)
-
-
-def digest_state(state):
-    """The digest of one full state given as ``{(type, state_key): event_id}``.
-
-    Agrees with :func:`digest_states` (and the Spark job's digest mode) for the
-    same state; an empty state gives :data:`EMPTY_STATE_DIGEST`.
-    """
-    from collections.abc import Mapping
-
-    items = state.items() if isinstance(state, Mapping) else state
-    encoded = sorted(
-        [((t.encode("utf-8"), s.encode("utf-8")), e.encode("utf-8")) for (t, s), e in items]
-    )
-    cdef bytearray buf = bytearray()
-    for (t, s), e in encoded:
-        for part in (t, s, e):
-            buf += len(part).to_bytes(4, "big")
-            buf += part
-    return hashlib.sha256(buf).hexdigest()

@@ -10,6 +10,8 @@ __all__ = [
     "digest_groups",
     "StateWalk",
     "plan_compression",
+    "rows_hash",
+    "group_rows_hashes",
 ]
 
 DIGEST_VERSION: int
@@ -51,3 +53,13 @@ def plan_compression(
     max_depth: int = 100,
     candidates: int = 16,
 ) -> tuple[array[int], array[int], array[int], array[int], array[int]]: ...
+def rows_hash(rows: Iterable[tuple[str, str, str]]) -> int: ...
+def group_rows_hashes(
+    delta_offsets: Any,
+    delta_keys: Any,
+    delta_events: Any,
+    key_stride: int,
+    types: Any,
+    state_keys: Any,
+    event_ids: Any,
+) -> array[int]: ...

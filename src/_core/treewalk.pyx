@@ -25,6 +25,8 @@ __all__ = [
     "digest_groups",
     "StateWalk",
     "plan_compression",
+    "rows_hash",
+    "group_rows_hashes",
 ]
 
 DIGEST_VERSION = 2
@@ -252,6 +254,61 @@ def digest_state(state):
         _sha256(<const unsigned char*><char*>blob, len(blob), h)
         _add(&total, h)
     return _hex(&total).decode("ascii")
+
+
+cdef inline uint64_t _top64(const uint32_t* h) noexcept nogil:
+    return ((<uint64_t>h[0]) << 32) | h[1]
+
+
+def rows_hash(rows):
+    """The hash of a multiset of delta rows ``(type, state_key, event_id)``: the
+    sum, as a signed 64-bit integer with wraparound, of the first 8 bytes
+    (big-endian) of each row's entry hash. :func:`group_rows_hashes` computes it
+    per group of a batch; the database computes it with SQL."""
+    cdef uint64_t total = 0
+    cdef uint32_t h[8]
+    cdef bytearray blob
+    for t, s, e in rows:
+        blob = bytearray()
+        for part in (t.encode("utf-8"), s.encode("utf-8"), e.encode("utf-8")):
+            blob += len(part).to_bytes(4, "big")
+            blob += part
+        _sha256(<const unsigned char*><char*>blob, len(blob), h)
+        total += _top64(h)
+    return <int64_t>total
+
+
+def group_rows_hashes(delta_offsets, delta_keys, delta_events, int64_t key_stride, types,
+                      state_keys, event_ids):
+    """:func:`rows_hash` of each group's delta rows (CSR, interned as for
+    :func:`digest_groups`)."""
+    if key_stride <= 0:
+        raise ValueError("key_stride must be positive")
+    cdef Int64s offsets = Int64s(delta_offsets, "delta_offsets")
+    cdef Int64s keys = Int64s(delta_keys, "delta_keys")
+    cdef Int64s events = Int64s(delta_events, "delta_events")
+    if keys.length != events.length or not offsets.length or offsets.ptr[offsets.length - 1] != keys.length:
+        raise ValueError("delta_offsets must end at len(delta_keys) == len(delta_events)")
+    cdef _Hasher hasher = _Hasher()
+    hasher.types = _Strings(types, "type")
+    hasher.state_keys = _Strings(state_keys, "state_key")
+    hasher.events = _Strings(event_ids, "event_id")
+    hasher.stride = key_stride
+    cdef Py_ssize_t i, x, n = offsets.length - 1
+    for x in range(keys.length):
+        hasher.check(keys.ptr[x], events.ptr[x])
+    cdef array.array out = array.clone(_INT64_TEMPLATE, n, zero=False)
+    cdef int64_t* o = <int64_t*>out.data.as_voidptr
+    cdef uint64_t total
+    cdef uint32_t h[8]
+    with nogil:
+        for i in range(n):
+            total = 0
+            for x in range(offsets.ptr[i], offsets.ptr[i + 1]):
+                hasher.entry(keys.ptr[x], events.ptr[x], h)
+                total += _top64(h)
+            o[i] = <int64_t>total
+    return out
 
 
 # --- a checked batch -----------------------------------------------------------------

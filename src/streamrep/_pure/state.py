@@ -10,26 +10,17 @@ messages; tests compare the two.
 
 from __future__ import annotations
 
-import hashlib
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Sequence
 
 from array import array
 
 from streamrep.errors import StateCorruptionError
 
-__all__ = [
-    "MAX_NAMED_GROUPS",
-    "expand_groups",
-    "digest_states",
-    "digest_state",
-    "EMPTY_STATE_DIGEST",
-]
+__all__ = ["MAX_NAMED_GROUPS", "expand_groups"]
 
 #: How many offending groups an error message lists before summarising the rest.
 MAX_NAMED_GROUPS = 10
 
-#: Digest of a group with no state at all (no rows anywhere on its chain).
-EMPTY_STATE_DIGEST = hashlib.sha256(b"").hexdigest()
 
 _INT64_FORMATS = frozenset({"q", "l", "<q", "<l", "=q", "=l", "@q", "@l"})
 _BYTE_FORMATS = frozenset({"B", "b", "c", "?", "<B", "=B", "@B"})
@@ -233,93 +224,3 @@ def expand_groups(
             out_keys.extend(k for k, _ in rows)
             out_events.extend(e for _, e in rows)
     return out_groups, out_keys, out_events
-
-
-def _string_table(table: Any, name: str) -> tuple[Sequence[int], bytes]:
-    try:
-        offsets, data = table
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be an (offsets, data) pair")
-    return _int64s(offsets, f"{name} offsets"), bytes(memoryview(data if data is not None else b"").cast("B"))
-
-
-def _encode_entry(out: bytearray, typ: bytes, state_key: bytes, event_id: bytes) -> None:
-    for part in (typ, state_key, event_id):
-        out += len(part).to_bytes(4, "big")
-        out += part
-
-
-def digest_states(
-    out_groups: Any,
-    out_keys: Any,
-    out_events: Any,
-    key_stride: int,
-    types: Any,
-    state_keys: Any,
-    event_ids: Any,
-) -> tuple[array[int], bytes]:
-    """Digest each group's full state, as produced by :func:`expand_groups`.
-
-    Rows of one group must be contiguous and sorted by key. Key ID ``k`` stands
-    for ``(types[k // key_stride], state_keys[k % key_stride])`` and event ID
-    ``e`` for ``event_ids[e]``; each string table is an ``(offsets, data)``
-    pair (int64 offsets of length m+1 into UTF-8 ``data``, as an Arrow
-    large_string array holds them). Keys must be ranked in bytewise
-    ``(type, state_key)`` order so the digest does not depend on interning.
-
-    Returns ``(groups, hex_digests)``: one entry per run of rows, and the
-    64-character lowercase SHA-256 hex digest of each, concatenated.
-    """
-    if key_stride <= 0:
-        raise ValueError("key_stride must be positive")
-    groups = _int64s(out_groups, "out_groups")
-    keys = _int64s(out_keys, "out_keys")
-    events = _int64s(out_events, "out_events")
-    if not len(groups) == len(keys) == len(events):
-        raise ValueError("out_groups, out_keys and out_events differ in length")
-    t_off, t_data = _string_table(types, "types")
-    s_off, s_data = _string_table(state_keys, "state_keys")
-    e_off, e_data = _string_table(event_ids, "event_ids")
-
-    def lookup(offsets: Sequence[int], data: bytes, i: int, what: str) -> bytes:
-        if i < 0 or i + 1 >= len(offsets):
-            raise ValueError(f"{what} index {i} is outside its string table")
-        return data[offsets[i]:offsets[i + 1]]
-
-    result_groups: array[int] = array("q")
-    hexes = bytearray()
-    i = 0
-    total = len(groups)
-    while i < total:
-        gid = groups[i]
-        buf = bytearray()
-        j = i
-        while j < total and groups[j] == gid:
-            k = keys[j]
-            _encode_entry(
-                buf,
-                lookup(t_off, t_data, k // key_stride, "type"),
-                lookup(s_off, s_data, k % key_stride, "state_key"),
-                lookup(e_off, e_data, events[j], "event_id"),
-            )
-            j += 1
-        result_groups.append(gid)
-        hexes += hashlib.sha256(buf).hexdigest().encode("ascii")
-        i = j
-    return result_groups, bytes(hexes)
-
-
-def digest_state(state: Mapping[tuple[str, str], str] | Iterable[tuple[tuple[str, str], str]]) -> str:
-    """The digest of one full state given as ``{(type, state_key): event_id}``.
-
-    Agrees with :func:`digest_states` (and the Spark job's digest mode) for the
-    same state; an empty state gives :data:`EMPTY_STATE_DIGEST`.
-    """
-    items = state.items() if isinstance(state, Mapping) else state
-    encoded = sorted(
-        ((t.encode("utf-8"), s.encode("utf-8")), e.encode("utf-8")) for (t, s), e in items
-    )
-    buf = bytearray()
-    for (t, s), e in encoded:
-        _encode_entry(buf, t, s, e)
-    return hashlib.sha256(buf).hexdigest()

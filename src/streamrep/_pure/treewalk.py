@@ -43,6 +43,8 @@ __all__ = [
     "digest_groups",
     "StateWalk",
     "plan_compression",
+    "rows_hash",
+    "group_rows_hashes",
 ]
 
 #: Version of the state digest encoding (order-independent sum of entry hashes).
@@ -73,6 +75,22 @@ def digest_state(
     for (t, s), e in items:
         total += _entry_hash(t.encode("utf-8"), s.encode("utf-8"), e.encode("utf-8"))
     return f"{total & _MASK:064x}"
+
+
+def _signed64(value: int) -> int:
+    value &= (1 << 64) - 1
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def rows_hash(rows: Iterable[tuple[str, str, str]]) -> int:
+    """The hash of a multiset of delta rows ``(type, state_key, event_id)``: the
+    sum, as a signed 64-bit integer with wraparound, of the first 8 bytes
+    (big-endian) of each row's entry hash. :func:`group_rows_hashes` computes it
+    per group of a batch; the database computes it with SQL."""
+    total = 0
+    for t, s, e in rows:
+        total += _entry_hash(t.encode("utf-8"), s.encode("utf-8"), e.encode("utf-8")) >> 192
+    return _signed64(total)
 
 
 class _Strings:
@@ -272,6 +290,33 @@ def digest_groups(
             entries.append(size)
             hexes += f"{digest:064x}".encode("ascii")
     return entries, bytes(hexes)
+
+
+def group_rows_hashes(delta_offsets: Any, delta_keys: Any, delta_events: Any, key_stride: int,
+                      types: Any, state_keys: Any, event_ids: Any) -> array[int]:
+    """:func:`rows_hash` of each group's delta rows (CSR, interned as for
+    :func:`digest_groups`)."""
+    if key_stride <= 0:
+        raise ValueError("key_stride must be positive")
+    offsets = _int64s(delta_offsets, "delta_offsets")
+    keys = _int64s(delta_keys, "delta_keys")
+    events = _int64s(delta_events, "delta_events")
+    if len(keys) != len(events) or not len(offsets) or offsets[-1] != len(keys):
+        raise ValueError("delta_offsets must end at len(delta_keys) == len(delta_events)")
+    t_table = _Strings(types, "type")
+    s_table = _Strings(state_keys, "state_key")
+    e_table = _Strings(event_ids, "event_id")
+    out: array[int] = array("q")
+    for i in range(len(offsets) - 1):
+        total = 0
+        for x in range(offsets[i], offsets[i + 1]):
+            k = keys[x]
+            if k < 0:
+                raise ValueError(f"key index {k} is negative")
+            total += _entry_hash(t_table.get(k // key_stride), s_table.get(k % key_stride),
+                                 e_table.get(events[x])) >> 192
+        out.append(_signed64(total))
+    return out
 
 
 class StateWalk:

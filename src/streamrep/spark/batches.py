@@ -2,8 +2,9 @@
 
 Nothing here imports PySpark: the same functions run inside ``mapInArrow`` on the
 executors and in the single-process mode. Per-row work happens in pyarrow, numpy
-and the compiled state core (``expand_groups``, ``digest_states``); Python only
-loops over batches.
+and the compiled cores (``state.expand_groups`` checks a batch,
+``treewalk.StateWalk`` and ``treewalk.digest_groups`` walk its trees); Python
+only loops over batches.
 
 Two steps:
 
@@ -13,13 +14,13 @@ Two steps:
   pieces by the branch under the root (the root is copied into every piece).
 * :func:`expand_partition` takes the rows of whole trees (topology joined with
   the delta rows, sorted by ``root, piece, state_group``), interns the strings per
-  batch and calls ``expand_groups`` once per batch of whole trees.
+  batch and walks each batch of whole trees once: a path's state at a time, so
+  memory follows the largest state, not groups x state.
 """
 
 from __future__ import annotations
 
 import math
-from array import array
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import numpy as np
@@ -31,8 +32,10 @@ from streamrep.errors import StateCorruptionError
 
 if TYPE_CHECKING:
     from streamrep._pure import state as _core_state
+    from streamrep._pure import treewalk as _core_walk
 else:
     _core_state = _impl.load("state")
+    _core_walk = _impl.load("treewalk")
 
 __all__ = [
     "TOPOLOGY_SCHEMA",
@@ -275,10 +278,6 @@ def _string_table(values: pa.Array) -> tuple[pa.Buffer, pa.Buffer | bytes]:
     return offsets, data
 
 
-def _as_arrow(values: array[int]) -> pa.Array:
-    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
-
-
 class _Interned:
     """The string tables of one batch and its interned delta rows."""
 
@@ -316,33 +315,35 @@ def _delta_rows(segment: pa.Table, starts: np.ndarray) -> tuple[np.ndarray, _Int
     return offsets, _Interned(delta)
 
 
-def _digest_states(out: tuple[Any, Any, Any], interned: _Interned) -> tuple[Any, Any]:
-    """The core's digests of the expanded states *out* over *interned*'s strings."""
-    out_groups, out_keys, out_events = out
-    digests: tuple[Any, Any] = _core_state.digest_states(
-        out_groups, out_keys, out_events, interned.stride,
-        _string_table(interned.types), _string_table(interned.state_keys),
-        _string_table(interned.events),
-    )
-    return digests
+def string_tables(interned: _Interned) -> tuple[Any, Any, Any]:
+    """The ``(offsets, data)`` string tables of *interned*, as the core reads them."""
+    return (_string_table(interned.types), _string_table(interned.state_keys),
+            _string_table(interned.events))
 
 
-def _expand_segment(segment: pa.Table, digest: bool) -> Iterator[pa.RecordBatch]:
-    """Expand one closed batch of whole trees (group IDs unique within it)."""
-    g_all = _int64_numpy(segment.column("state_group"))
-    n_rows = len(g_all)
-    if n_rows == 0:
-        return
-    starts = np.flatnonzero(np.r_[True, g_all[1:] != g_all[:-1]])
-    group_ids = g_all[starts]
-    prev_ids = _int64_numpy(segment.column("prev_state_group"), fill=-1)[starts]
-    wanted = _bool_numpy(segment.column("wanted"))[starts].view(np.uint8)
+def walk_digests(parents: np.ndarray, offsets: np.ndarray, keys: np.ndarray, events: np.ndarray,
+                 wanted: np.ndarray, interned: _Interned) -> tuple[np.ndarray, pa.Array]:
+    """Entries and hex digest of the full state of each wanted group (batch
+    order), walking the trees given by *parents* (batch indices)."""
+    entries, hexes = _core_walk.digest_groups(
+        parents, offsets, keys, events, wanted.view(np.uint8), interned.stride,
+        *string_tables(interned))
+    m = len(entries)
+    hex_array = pa.Array.from_buffers(
+        pa.string(), m, [None, pa.py_buffer(np.arange(0, 64 * m + 1, 64, dtype=np.int32)),
+                         pa.py_buffer(hexes)])
+    counts = np.frombuffer(entries, dtype=np.int64) if m else np.zeros(0, np.int64)
+    return counts, hex_array
 
-    offsets, interned = _delta_rows(segment, starts)
+
+def _checked_batch(group_ids: np.ndarray, prev_ids: np.ndarray, offsets: np.ndarray,
+                   interned: _Interned) -> np.ndarray:
+    """Check a batch with the core (duplicates, missing prevs, cycles, a key twice
+    in a delta) and return each group's prev as a batch index (-1: root)."""
+    n = len(group_ids)
     try:
-        out_groups, out_keys, out_events = _core_state.expand_groups(
-            group_ids, prev_ids, offsets, interned.keys, interned.event_ids, wanted
-        )
+        _core_state.expand_groups(group_ids, prev_ids, offsets, interned.keys, interned.event_ids,
+                                  np.zeros(n, dtype=np.uint8))
     except StateCorruptionError as exc:
         key = getattr(exc, "key", None)
         if key is None:
@@ -354,28 +355,54 @@ def _expand_segment(segment: pa.Table, digest: bool) -> Iterator[pa.RecordBatch]
         )
         err.groups = named  # type: ignore[attr-defined]
         raise err from None
+    order = np.argsort(group_ids, kind="stable")
+    parents = np.full(n, -1, dtype=np.int64)
+    has_prev = prev_ids != -1
+    parents[has_prev] = order[np.searchsorted(group_ids[order], prev_ids[has_prev])]
+    return parents
+
+
+def _expand_segment(segment: pa.Table, digest: bool) -> Iterator[pa.RecordBatch]:
+    """Walk one closed batch of whole trees (group IDs unique within it)."""
+    g_all = _int64_numpy(segment.column("state_group"))
+    n_rows = len(g_all)
+    if n_rows == 0:
+        return
+    starts = np.flatnonzero(np.r_[True, g_all[1:] != g_all[:-1]])
+    group_ids = g_all[starts]
+    prev_ids = _int64_numpy(segment.column("prev_state_group"), fill=-1)[starts]
+    wanted = _bool_numpy(segment.column("wanted"))[starts]
+    offsets, interned = _delta_rows(segment, starts)
+    parents = _checked_batch(group_ids, prev_ids, offsets, interned)
 
     if digest:
-        yield _digest_batch(group_ids, wanted, out_groups, out_keys, out_events, interned)
+        counts, hexes = walk_digests(parents, offsets, interned.keys, interned.event_ids, wanted,
+                                     interned)
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(group_ids[wanted], pa.int64()), pa.array(counts, pa.int64()), hexes],
+            schema=DIGEST_SCHEMA)
         return
-    total = len(out_groups)
-    og = _as_arrow(out_groups)
-    keys = np.frombuffer(out_keys, dtype=np.int64) if total else np.zeros(0, np.int64)
-    events = np.frombuffer(out_events, dtype=np.int64) if total else np.zeros(0, np.int64)
+    walker = _core_walk.StateWalk(parents, offsets, interned.keys, interned.event_ids,
+                                  wanted.view(np.uint8))
     stride = interned.stride
-    # Output strings stay dictionary-encoded over the batch's own string
-    # tables: no string is copied per output row, and Parquet writes the
-    # dictionaries as they are.
-    for lo in range(0, total, OUTPUT_BATCH_ROWS):
-        hi = min(total, lo + OUTPUT_BATCH_ROWS)
-        type_ids = keys[lo:hi] // stride
-        key_ids = keys[lo:hi] - type_ids * stride
+    while True:
+        out_groups, out_keys, out_events = walker.next_states(OUTPUT_BATCH_ROWS)
+        total = len(out_groups)
+        if total == 0:
+            return
+        keys = np.frombuffer(out_keys, dtype=np.int64)
+        events = np.frombuffer(out_events, dtype=np.int64)
+        type_ids = keys // stride
+        key_ids = keys - type_ids * stride
+        # Output strings stay dictionary-encoded over the batch's own string
+        # tables: no string is copied per output row, and Parquet writes the
+        # dictionaries as they are.
         yield pa.RecordBatch.from_arrays(
             [
-                og.slice(lo, hi - lo),
+                pa.array(group_ids[np.frombuffer(out_groups, dtype=np.int64)], pa.int64()),
                 _dictionary_column(type_ids, interned.types),
                 _dictionary_column(key_ids, interned.state_keys),
-                _dictionary_column(events[lo:hi], interned.events),
+                _dictionary_column(events, interned.events),
             ],
             schema=STATE_OUTPUT_SCHEMA,
         )
@@ -394,37 +421,6 @@ def _dictionary_column(ids: np.ndarray, strings: pa.Array) -> pa.DictionaryArray
         return pa.DictionaryArray.from_arrays(ids.astype(np.int32), strings)
     renumber = np.cumsum(used, dtype=np.int32) - 1
     return pa.DictionaryArray.from_arrays(renumber[ids], strings.filter(pa.array(used)))
-
-
-def _digest_batch(
-    group_ids: np.ndarray,
-    wanted: np.ndarray,
-    out_groups: array[int],
-    out_keys: array[int],
-    out_events: array[int],
-    interned: _Interned,
-) -> pa.RecordBatch:
-    digest_groups, hexes = _digest_states((out_groups, out_keys, out_events), interned)
-    wanted_groups = group_ids[wanted.astype(np.bool_)]
-    m = len(digest_groups)
-    hex_array = pa.Array.from_buffers(
-        pa.string(), m, [None, pa.py_buffer(np.arange(0, 64 * m + 1, 64, dtype=np.int32)), pa.py_buffer(hexes)]
-    )
-    digest_ids = np.frombuffer(digest_groups, dtype=np.int64) if m else np.zeros(0, np.int64)
-    position = pc.index_in(pa.array(wanted_groups, pa.int64()), value_set=pa.array(digest_ids, pa.int64()))
-    digests = hex_array.take(position).fill_null(_core_state.EMPTY_STATE_DIGEST)
-    counts = np.zeros(len(wanted_groups), dtype=np.int64)
-    if m:
-        row_groups = np.frombuffer(out_groups, dtype=np.int64)
-        boundaries = np.flatnonzero(np.r_[True, row_groups[1:] != row_groups[:-1], True])
-        sizes = np.diff(boundaries)
-        present = _bool_numpy(position.is_valid())
-        found = _int64_numpy(position, fill=0)
-        counts[present] = sizes[found[present]]
-    return pa.RecordBatch.from_arrays(
-        [pa.array(wanted_groups, pa.int64()), pa.array(counts, pa.int64()), digests],
-        schema=DIGEST_SCHEMA,
-    )
 
 
 def _segments(table: pa.Table) -> Iterator[pa.Table]:

@@ -8,11 +8,11 @@ reconstruction cuts it, its root copied into every piece and left as it is.
 
 Per batch of whole units (:func:`compress_units`):
 
-1. the delta rows are interned and every group's full state expanded by the
-   compiled state core;
-2. the compression core plans a new prev and delta per group;
-3. the new tables are expanded again and the digest of every changed group's
-   full state compared with the old one (any difference raises
+1. the delta rows are interned and the batch checked by the state core;
+2. the tree walker core plans a new prev and delta per group, priced along
+   each tree from the deltas (no group's full state is ever expanded);
+3. the old and the new trees are walked again and the digest of every changed
+   group's full state compared (any difference raises
    :class:`~streamrep.errors.StateVerificationError` naming the groups);
 4. with ``find_unreferenced``, groups no event references and no referenced
    group reaches through the new prev pointers are listed for deletion.
@@ -37,22 +37,21 @@ from streamrep.errors import StateCorruptionError, StateVerificationError
 from streamrep.spark.batches import (
     TOPOLOGY_SCHEMA,
     _bool_numpy,
+    _checked_batch,
     _delta_rows,
-    _digest_states,
     _int64_numpy,
     _Interned,
     _mix,
     _pointer_jump,
     assign_trees,
+    walk_digests,
     whole_tables,
 )
 
 if TYPE_CHECKING:
-    from streamrep._pure import compress as _core_compress
-    from streamrep._pure import state as _core_state
+    from streamrep._pure import treewalk as _core_walk
 else:
-    _core_compress = _impl.load("compress")
-    _core_state = _impl.load("state")
+    _core_walk = _impl.load("treewalk")
 
 __all__ = [
     "CompressOptions",
@@ -294,19 +293,6 @@ class UnitsOutput:
     report: dict[str, int]
 
 
-def _digests(groups: np.ndarray, wanted: np.ndarray, out: tuple[Any, Any, Any],
-             interned: _Interned) -> np.ndarray:
-    """Hex digest (object array) of the full state of each wanted group."""
-    digest_groups, hexes = _digest_states(out, interned)
-    result = np.full(len(groups), _core_state.EMPTY_STATE_DIGEST, dtype=object)
-    ids = np.frombuffer(digest_groups, dtype=np.int64) if len(digest_groups) else np.zeros(0, np.int64)
-    text = bytes(hexes)
-    for pos, gid in enumerate(ids.tolist()):
-        result[gid] = text[64 * pos:64 * pos + 64].decode("ascii")
-    chosen: np.ndarray = result[wanted]
-    return chosen
-
-
 def _strings(interned: _Interned, keys: np.ndarray, events: np.ndarray) -> list[pa.Array]:
     stride = interned.stride
     type_ids = keys // stride
@@ -361,23 +347,20 @@ def compress_units(segment: pa.Table, options: CompressOptions) -> UnitsOutput:
     offsets, interned = _delta_rows(segment, starts)
     local = np.arange(n, dtype=np.int64)
     try:
-        full = _core_state.expand_groups(local, parent, offsets, interned.keys, interned.event_ids)
+        _checked_batch(local, parent, offsets, interned)
     except StateCorruptionError as exc:
         named = tuple(int(groups[i]) for i in getattr(exc, "groups", ()) if 0 <= i < n)
-        key = getattr(exc, "key", None)
-        if key is not None and named:
-            message = (f"state group {named[0]} has key {interned.key_text(key)} more than once "
-                       "in state_groups_state")
+        message = str(exc)
+        if "more than once in state_groups_state" in message and named:
+            message = f"state group {named[0]} has key {message.split(' has key ', 1)[1]}"
         else:
             message = f"{exc} (batch indices; state groups {', '.join(str(g) for g in named[:10])})"
         err = StateCorruptionError(message)
         err.groups = named  # type: ignore[attr-defined]
         raise err from None
-    full_groups = np.frombuffer(full[0], dtype=np.int64) if len(full[0]) else np.zeros(0, np.int64)
-    full_offsets = np.concatenate([[0], np.cumsum(np.bincount(full_groups, minlength=n))]).astype(np.int64)
 
-    new_parent_a, depth_a, new_off_a, new_keys_a, new_events_a = _core_compress.plan_compression(
-        parent, unit, full_offsets, full[1], full[2], fixed.view(np.uint8),
+    new_parent_a, depth_a, new_off_a, new_keys_a, new_events_a = _core_walk.plan_compression(
+        parent, unit, offsets, interned.keys, interned.event_ids, fixed.view(np.uint8),
         options.max_depth, options.candidates,
     )
     new_parent = np.frombuffer(new_parent_a, dtype=np.int64) if n else np.zeros(0, np.int64)
@@ -405,15 +388,15 @@ def compress_units(segment: pa.Table, options: CompressOptions) -> UnitsOutput:
         unreferenced = ~kept
     changed &= ~unreferenced
 
-    # Verification: the full state of every changed group, from the new tables.
+    # Verification: the full state of every changed group, walked in the old
+    # and in the new tables.
     verified = 0
     if changed.any():
-        wanted = changed.view(np.uint8)
-        before = _core_state.expand_groups(local, parent, offsets, interned.keys, interned.event_ids, wanted)
-        after = _core_state.expand_groups(local, new_parent, new_offsets, new_keys, new_events, wanted)
-        old_digest = _digests(groups, changed, before, interned)
-        new_digest = _digests(groups, changed, after, interned)
-        differ = old_digest != new_digest
+        _, old_digest = walk_digests(parent, offsets, interned.keys, interned.event_ids, changed,
+                                     interned)
+        _, new_digest = walk_digests(new_parent, new_offsets, new_keys, new_events, changed,
+                                     interned)
+        differ = _bool_numpy(pc.not_equal(old_digest, new_digest))
         if differ.any():
             bad = groups[changed][differ]
             raise StateVerificationError(
@@ -422,7 +405,7 @@ def compress_units(segment: pa.Table, options: CompressOptions) -> UnitsOutput:
                 tuple(int(g) for g in bad),
             )
         verified = int(changed.sum())
-        digest_of_changed = new_digest
+        digest_of_changed = np.asarray(new_digest.to_pylist(), dtype=object)
     else:
         digest_of_changed = np.zeros(0, dtype=object)
 

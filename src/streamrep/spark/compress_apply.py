@@ -399,7 +399,7 @@ def apply_compression(
     """
     _check_change_set(changes_dir)
     windows = _unit_windows(changes_dir, max(WINDOW_GROUPS, batch_groups))
-    digest_state = _impl.load("state").digest_state
+    digest_state = _impl.load("treewalk").digest_state
     clock = time.perf_counter()
     store = _Store(db_url)
     report = ApplyReport()

@@ -162,7 +162,7 @@ def verify_output(source: Source, options: ReconstructOptions, wanted: Sequence[
         assert source.db_url is not None
         expected = walk_states_db(source.db_url, groups)
     got = read_output_states(options.output, groups, options.digest)
-    digest_of = _impl.load("state").digest_state
+    digest_of = _impl.load("treewalk").digest_state
     bad = []
     for g in groups:
         want: object = expected[g]

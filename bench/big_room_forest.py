@@ -1,0 +1,401 @@
+"""State tables shaped like a Synapse deployment's biggest rooms.
+
+    python bench/big_room_forest.py --members 100000 --groups 10000            # compare
+    python bench/big_room_forest.py --members 100000 --groups 50500 --parquet DIR --only-generate
+
+A big room starts from a snapshot of ``--members`` joined members (plus its
+create, power levels, join rules and name). Every later state event (a join, a
+leave, a rejoin, a profile change, a power-level change) makes one state group
+with a one-row delta over the room's latest group, as Synapse persists them;
+about ``--fork-rate`` of them hang off a group a few steps back instead. As in
+Synapse, a group whose prev chain already holds ``--snapshot-interval`` deltas
+is stored as a snapshot of the room's whole state instead. ``--small-rooms``
+adds rooms of 20 to 60 members and 40 groups beside the big ones.
+
+The comparison loads the tables into one PostgreSQL database (indexed as
+Synapse indexes them), copies it once per contender (``CREATE DATABASE ...
+TEMPLATE``) and runs, in one run, one after the other:
+
+1. the reference compressor (``synapse_auto_compressor`` 0.1.2, from its own
+   virtualenv: ``--compressor-python``; chunks of 500, levels 100,50,25);
+2. ``streamrep spark compress --single-process`` then ``streamrep state
+   apply-compression``, then ``streamrep spark reconstruct --single-process
+   --digest``;
+3. the same with ``--master local[2]`` (compress over JDBC, reconstruct from
+   the database over JDBC).
+
+Each row reports the rows left in ``state_groups_state``, the longest chain
+counted as the reference counts it (the group and all its ancestors), wall
+time and peak RSS of the process tree (JVM and Python workers included:
+``/proc`` polled every 50 ms, summing every descendant's resident set). Every
+group's full state digest is compared with the one it had before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE))
+
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+from reconstruct_state_forest import run_measured  # noqa: E402
+
+from streamrep.spark.tables import SCHEMAS  # noqa: E402
+
+#: Longest chain as the reference counts it on PostgreSQL: a group and its ancestors.
+LONGEST_CHAIN_SQL = """
+WITH RECURSIVE walk(state_group, groups) AS (
+    SELECT id, 1 FROM state_groups g
+    WHERE NOT EXISTS (SELECT 1 FROM state_group_edges e WHERE e.state_group = g.id)
+    UNION ALL
+    SELECT e.state_group, w.groups + 1 FROM state_group_edges e
+    JOIN walk w ON e.prev_state_group = w.state_group
+)
+SELECT max(groups) FROM walk
+"""
+
+INDEXES = (
+    "CREATE INDEX ON state_groups (room_id)",
+    "CREATE UNIQUE INDEX ON state_group_edges (state_group)",
+    "CREATE INDEX ON state_group_edges (prev_state_group)",
+    "CREATE INDEX ON state_groups_state (state_group)",
+    "CREATE INDEX ON event_to_state_groups (state_group)",
+    "ANALYZE",
+)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What to generate."""
+
+    members: int = 100_000
+    groups: int = 10_000
+    big_rooms: int = 1
+    small_rooms: int = 0
+    fork_rate: float = 0.02
+    snapshot_interval: int = 100
+    seed: int = 1
+
+
+def _event_id(n: int) -> str:
+    # Room versions 4+ use 43 characters of URL-safe base64 of a hash.
+    return "$" + base64.urlsafe_b64encode(hashlib.sha256(n.to_bytes(8, "big")).digest()).decode()[:43]
+
+
+class _Room:
+    """One room's state and recent groups while generating."""
+
+    def __init__(self, room_id: str, members: int, events: Iterator[int]) -> None:
+        self.room_id = room_id
+        self.state: dict[tuple[str, str], str] = {}
+        for key in (("m.room.create", ""), ("m.room.power_levels", ""), ("m.room.join_rules", ""),
+                    ("m.room.name", ""), ("m.room.history_visibility", "")):
+            self.state[key] = _event_id(next(events))
+        for m in range(members):
+            self.state[("m.room.member", f"@user{m}:example.org")] = _event_id(next(events))
+        self.joined = members
+        self.left: list[int] = []
+        self.recent: list[tuple[int, int]] = []  # (group, deltas since its snapshot)
+
+
+def generate(shape: Shape) -> Iterator[tuple[str, list[tuple[object, ...]]]]:
+    """``(table, rows)`` pieces of the four tables, rooms interleaved as they
+    would be in a live deployment's group IDs."""
+    rng = random.Random(shape.seed)
+    counter = iter(range(1, 1 << 62))
+    rooms = [(_Room(f"!big{r}:example.org", shape.members, counter), shape.groups)
+             for r in range(shape.big_rooms)]
+    rooms += [(_Room(f"!small{r}:example.org", rng.randint(20, 60), counter), 40)
+              for r in range(shape.small_rooms)]
+    remaining = [groups for _, groups in rooms]
+    live = [i for i in range(len(rooms))]
+    next_group = 1
+    while live:
+        pick = rng.choice(live)
+        room = rooms[pick][0]
+        remaining[pick] -= 1
+        if remaining[pick] == 0:
+            live.remove(pick)
+        gid = next_group
+        next_group += 1
+        event = _event_id(next(counter))
+        yield "state_groups", [(gid, room.room_id, event)]
+        yield "event_to_state_groups", [(event, gid)]
+        if not room.recent:
+            yield "state_groups_state", [(gid, room.room_id, t, s, e) for (t, s), e in room.state.items()]
+            room.recent = [(gid, 0)]
+            continue
+        parent, hops = room.recent[-1]
+        if len(room.recent) > 2 and rng.random() < shape.fork_rate:
+            parent, hops = room.recent[-rng.randint(2, min(5, len(room.recent)))]
+        key = _next_change(room, rng)
+        room.state[key] = event
+        if hops >= shape.snapshot_interval:
+            yield "state_groups_state", [(gid, room.room_id, t, s, e) for (t, s), e in room.state.items()]
+            room.recent.append((gid, 0))
+        else:
+            yield "state_group_edges", [(gid, parent)]
+            yield "state_groups_state", [(gid, room.room_id, key[0], key[1], event)]
+            room.recent.append((gid, hops + 1))
+        del room.recent[:-8]
+
+
+def _next_change(room: _Room, rng: random.Random) -> tuple[str, str]:
+    """The key of the room's next state event: mostly memberships."""
+    roll = rng.random()
+    if roll < 0.02:
+        return ("m.room.power_levels", "")
+    if roll < 0.35:  # a new member joins
+        room.joined += 1
+        return ("m.room.member", f"@user{room.joined - 1}:example.org")
+    if roll < 0.55 and room.left:  # a rejoin
+        return ("m.room.member", f"@user{room.left.pop(rng.randrange(len(room.left)))}:example.org")
+    member = rng.randrange(room.joined)
+    if roll < 0.8:  # a leave: the member's key now holds the leave event
+        room.left.append(member)
+    return ("m.room.member", f"@user{member}:example.org")  # or a profile change
+
+
+def write_parquet(shape: Shape, directory: str, batch_rows: int = 500_000) -> dict[str, int]:
+    """The tables as one Parquet file each under *directory*; row counts."""
+    os.makedirs(directory, exist_ok=True)
+    writers = {name: pq.ParquetWriter(os.path.join(directory, f"{name}.parquet"), schema,
+                                      compression="zstd") for name, schema in SCHEMAS.items()}
+    pending: dict[str, list[tuple[object, ...]]] = {name: [] for name in SCHEMAS}
+    counts = {name: 0 for name in SCHEMAS}
+
+    def flush(name: str) -> None:
+        rows = pending[name]
+        if rows:
+            columns = list(zip(*rows))
+            writers[name].write_table(pa.table(
+                [pa.array(c, f.type) for c, f in zip(columns, SCHEMAS[name])], schema=SCHEMAS[name]))
+            counts[name] += len(rows)
+            pending[name] = []
+
+    for name, rows in generate(shape):
+        pending[name].extend(rows)
+        if len(pending[name]) >= batch_rows:
+            flush(name)
+    for name in SCHEMAS:
+        flush(name)
+        writers[name].close()
+    return counts
+
+
+def load_postgres(shape: Shape, url: str) -> dict[str, int]:
+    """Create the four tables at *url*, fill them with COPY and index them."""
+    import io
+
+    import psycopg2
+
+    from support.state_forest import STATE_DDL
+
+    conn = psycopg2.connect(url)
+    counts = {name: 0 for name in SCHEMAS}
+    with conn, conn.cursor() as cur:
+        for ddl in STATE_DDL:
+            cur.execute(ddl)
+        buffers = {name: io.StringIO() for name in SCHEMAS}
+
+        def flush(name: str) -> None:
+            buffers[name].seek(0)
+            cur.copy_expert(f"COPY {name} FROM STDIN", buffers[name])
+            buffers[name] = io.StringIO()
+
+        for name, rows in generate(shape):
+            out = buffers[name]
+            for row in rows:
+                out.write("\t".join(str(v) for v in row) + "\n")
+            counts[name] += len(rows)
+            if out.tell() > 64 << 20:
+                flush(name)
+        for name in SCHEMAS:
+            flush(name)
+        for statement in INDEXES:
+            cur.execute(statement)
+    conn.close()
+    return counts
+
+
+# --- the comparison ----------------------------------------------------------------------
+
+
+def _sql(url: str, statement: str) -> int:
+    import psycopg2
+
+    conn = psycopg2.connect(url)
+    with conn, conn.cursor() as cur:
+        cur.execute(statement)
+        value = int(cur.fetchone()[0])
+    conn.close()
+    return value
+
+
+def _digests(directory: Path) -> dict[int, str]:
+    import pyarrow.dataset as ds
+
+    table = ds.dataset(str(directory), format="parquet").to_table(columns=["state_group", "state_digest"])
+    return dict(zip(table.column("state_group").to_pylist(), table.column("state_digest").to_pylist()))
+
+
+class _Server:
+    """Databases on the server of *dsn*: a template and its copies, dropped at the end."""
+
+    def __init__(self, dsn: str) -> None:
+        import psycopg2
+        from urllib.parse import urlsplit, urlunsplit
+
+        self.admin = psycopg2.connect(dsn)
+        self.admin.autocommit = True
+        parts = urlsplit(dsn)
+        self.url = lambda name: urlunsplit((parts.scheme, parts.netloc, f"/{name}", "", ""))
+        self.names: list[str] = []
+
+    def create(self, template: str | None = None) -> str:
+        name = f"bench_bigroom_{uuid.uuid4().hex[:8]}"
+        with self.admin.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else ""))
+        self.names.append(name)
+        return name
+
+    def close(self) -> None:
+        with self.admin.cursor() as cur:
+            for name in self.names:
+                cur.execute(f"DROP DATABASE IF EXISTS {name}")
+        self.admin.close()
+
+
+def compare(shape: Shape, args: argparse.Namespace) -> None:
+    """Every contender on its own copy of one generated database."""
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    work = Path(tempfile.mkdtemp(prefix="streamrep-bench-bigroom-"))
+    server = _Server(args.dsn)
+    cli = [sys.executable, "-m", "streamrep"]
+    table: list[tuple[str, str, str, str, str, str]] = []
+
+    def report(contender: str, phase: str, wall: float, peak: int, rows: str = "", chain: str = "") -> None:
+        table.append((contender, phase, rows, chain, f"{wall:.1f} s", f"{peak / 2**30:.2f} GiB"))
+        print(f"{contender} | {phase} | rows {rows} | chain {chain} | {wall:.1f} s | "
+              f"peak RSS {peak / 2**30:.2f} GiB", flush=True)
+
+    try:
+        clock = time.perf_counter()
+        template = server.create()
+        counts = load_postgres(shape, server.url(template))
+        print(f"database: {counts} (generated and loaded in {time.perf_counter() - clock:.0f} s); "
+              f"longest chain {_sql(server.url(template), LONGEST_CHAIN_SQL)} groups", flush=True)
+        spark_conf = ["--conf", f"spark.jars={args.jdbc_jar}"] if args.jdbc_jar else []
+        wall, peak, _, _ = run_measured(cli + ["spark", "reconstruct", "--single-process", "--db",
+                                               server.url(template), "--digest", "--output",
+                                               str(work / "truth")], env)
+        report("before", "reconstruct --single-process --digest", wall, peak)
+        truth = _digests(work / "truth")
+        totals: dict[str, float] = {}
+
+        def check(contender: str, url: str, digest_dir: Path) -> None:
+            after = _digests(digest_dir)
+            same = sum(1 for g, d in after.items() if truth.get(g) == d)
+            print(f"{contender}: {same} of {len(after)} groups keep exactly their full state "
+                  f"({len(truth) - len(after)} deleted)", flush=True)
+            if same != len(after):
+                raise SystemExit(f"{contender}: {len(after) - same} groups changed their full state")
+
+        if args.compressor_python and not args.skip_reference:
+            url = server.url(server.create(template))
+            code = ("import synapse_auto_compressor as c; c.compress_state_events_table("
+                    f"db_url={url!r}, chunk_size=500, default_levels='100,50,25', "
+                    f"number_of_chunks={counts['state_groups'] // 500 + 100})")
+            wall, peak, _, _ = run_measured([args.compressor_python, "-c", code], env)
+            totals["reference"] = wall
+            report("synapse-auto-compressor 0.1.2", "compress", wall, peak,
+                   str(_sql(url, "SELECT count(*) FROM state_groups_state")), str(_sql(url, LONGEST_CHAIN_SQL)))
+            run_measured(cli + ["spark", "reconstruct", "--single-process", "--db", url, "--digest",
+                                "--output", str(work / "ref-after")], env)
+            check("reference", url, work / "ref-after")
+
+        modes = [("single-process", ["--single-process", "--db"])]
+        if not args.skip_spark:
+            modes.append(("spark local[2]", ["--master", "local[2]"] + spark_conf + ["--jdbc-url"]))
+        for mode, flags in modes:
+            url = server.url(server.create(template))
+            out = work / f"changes-{mode[:5]}"
+            wall_c, peak_c, text, _ = run_measured(cli + ["spark", "compress"] + flags + [url, "--output", str(out)], env)
+            print(f"  {text.strip()}", flush=True)
+            report(f"streamrep {mode}", "compress", wall_c, peak_c)
+            wall_a, peak_a, text, _ = run_measured(cli + ["state", "apply-compression", "--db", url,
+                                                          "--changes", str(out)], env)
+            print(f"  {text.strip()}", flush=True)
+            totals[mode] = wall_c + wall_a
+            report(f"streamrep {mode}", "apply-compression", wall_a, peak_a,
+                   str(_sql(url, "SELECT count(*) FROM state_groups_state")), str(_sql(url, LONGEST_CHAIN_SQL)))
+            digest_dir = work / f"after-{mode[:5]}"
+            wall_r, peak_r, _, _ = run_measured(cli + ["spark", "reconstruct", "--digest"] + flags +
+                                                [url, "--output", str(digest_dir)], env)
+            report(f"streamrep {mode}", "reconstruct --digest", wall_r, peak_r)
+            check(mode, url, digest_dir)
+        if "reference" in totals:
+            for mode in ("single-process", "spark local[2]"):
+                if mode in totals:
+                    print(f"{mode}: compress + apply {totals[mode]:.1f} s, "
+                          f"{totals['reference'] / totals[mode]:.1f}x faster than the reference")
+    finally:
+        server.close()
+        shutil.rmtree(work, ignore_errors=True)
+    print("\n| contender | phase | rows after | longest chain | wall | peak RSS |\n|---|---|---|---|---|---|")
+    for row in table:
+        print("| " + " | ".join(row) + " |")
+
+
+def main() -> None:
+    from compress_state_forest import default_compressor_python
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--members", type=int, default=100_000)
+    parser.add_argument("--groups", type=int, default=10_000, help="state groups per big room")
+    parser.add_argument("--big-rooms", type=int, default=1)
+    parser.add_argument("--small-rooms", type=int, default=0)
+    parser.add_argument("--fork-rate", type=float, default=0.02)
+    parser.add_argument("--snapshot-interval", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--parquet", default=None, help="write the tables as Parquet here")
+    parser.add_argument("--only-generate", action="store_true", help="write --parquet and stop")
+    parser.add_argument("--dsn", default=os.environ.get("STREAMREP_TEST_DSN",
+                                                        "postgresql://postgres@127.0.0.1:5432/test"))
+    parser.add_argument("--compressor-python", default=default_compressor_python())
+    parser.add_argument("--skip-reference", action="store_true")
+    parser.add_argument("--skip-spark", action="store_true")
+    parser.add_argument("--jdbc-jar", default=None)
+    args = parser.parse_args()
+    shape = Shape(args.members, args.groups, args.big_rooms, args.small_rooms, args.fork_rate,
+                  args.snapshot_interval, args.seed)
+    print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; {shape}", flush=True)
+    if args.parquet:
+        clock = time.perf_counter()
+        counts = write_parquet(shape, args.parquet)
+        print(f"parquet: {counts} in {time.perf_counter() - clock:.0f} s", flush=True)
+        if args.only_generate:
+            return
+    compare(shape, args)
+    print(f"load average at end: {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
