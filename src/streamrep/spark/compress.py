@@ -44,6 +44,7 @@ from streamrep.spark.batches import (
     _mix,
     _pointer_jump,
     assign_trees,
+    string_tables,
     walk_digests,
     whole_tables,
 )
@@ -164,6 +165,8 @@ CHANGES_SCHEMA = pa.schema(
         ("children", pa.int64()),
         ("depth", pa.int64()),
         ("state_digest", pa.string()),
+        ("old_rows_hash", pa.int64()),
+        ("new_rows_hash", pa.int64()),
     ]
 )
 
@@ -291,6 +294,16 @@ class UnitsOutput:
 
     tables: dict[str, pa.Table]
     report: dict[str, int]
+
+
+def _rows_hashes(offsets: np.ndarray, keys: np.ndarray, events: np.ndarray, idx: np.ndarray,
+                 interned: _Interned) -> np.ndarray:
+    """The rows hash (``treewalk.rows_hash``) of the deltas of groups *idx*."""
+    hashes = _core_walk.group_rows_hashes(offsets, keys, events, interned.stride,
+                                          *string_tables(interned))
+    every: np.ndarray = np.frombuffer(hashes, dtype=np.int64) if len(offsets) > 1 else np.zeros(0, np.int64)
+    picked: np.ndarray = every[idx]
+    return picked
 
 
 def _strings(interned: _Interned, keys: np.ndarray, events: np.ndarray) -> list[pa.Array]:
@@ -445,6 +458,9 @@ def compress_units(segment: pa.Table, options: CompressOptions) -> UnitsOutput:
             pa.array(children[idx]),
             pa.array(np.where(is_delete, -1, depth[idx])),
             pa.array(digest_by_index[idx].tolist(), pa.string()),
+            pa.array(_rows_hashes(offsets, interned.keys, interned.event_ids, idx, interned)),
+            pa.array(np.where(is_delete, 0, _rows_hashes(new_offsets, new_keys, new_events, idx,
+                                                           interned))),
         ],
         schema=CHANGES_SCHEMA,
     )

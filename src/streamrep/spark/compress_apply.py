@@ -120,6 +120,9 @@ class Change:
     group_event_id: str | None = None
     old_rows: Rows = field(default_factory=Counter)
     new_rows: Rows = field(default_factory=Counter)
+    #: (row count, rows hash) of the delta before and after (see treewalk.rows_hash)
+    old_held: tuple[int, int] = (0, 0)
+    new_held: tuple[int, int] = (0, 0)
 
 
 def _check_change_set(directory: str) -> None:
@@ -131,19 +134,26 @@ def _check_change_set(directory: str) -> None:
         raise ConfigError(f"{directory} is not a complete compression output (no _SUCCESS)")
 
 
-def _read_changes(directory: str, units: tuple[int, int] | None = None) -> dict[int, list[Change]]:
-    """The changes of the units ``lo..hi`` (all with None) under *directory*, by unit."""
+def _read_changes(directory: str, units: tuple[int, int] | None = None,
+                  old_rows: bool = True) -> dict[int, list[Change]]:
+    """The changes of the units ``lo..hi`` (all with None) under *directory*, by
+    unit; without *old_rows*, the rows each group loses are left out (their
+    count and hash stand for them)."""
     where = None if units is None else (ds.field("unit") >= units[0]) & (ds.field("unit") <= units[1])
     changes = ds.dataset(os.path.join(directory, "changes"), format="parquet").to_table(filter=where)
+    row_filter = where if old_rows else (
+        ds.field("op") == "insert" if where is None else where & (ds.field("op") == "insert"))
     rows = ds.dataset(os.path.join(directory, "change_rows"), format="parquet").to_table(
-        columns=["state_group", "op", "type", "state_key", "event_id"], filter=where)
+        columns=["state_group", "op", "type", "state_key", "event_id"], filter=row_filter)
     by_group: dict[int, Change] = {}
     found: dict[int, list[Change]] = defaultdict(list)
     columns = {name: changes.column(name).to_pylist() for name in changes.column_names}
     for i, group in enumerate(columns["state_group"]):
         change = Change(group, columns["action"][i], columns["room_id"][i], columns["old_prev"][i],
                         columns["new_prev"][i], columns["children"][i], columns["state_digest"][i],
-                        columns["group_event_id"][i])
+                        columns["group_event_id"][i],
+                        old_held=(columns["old_rows"][i], columns["old_rows_hash"][i]),
+                        new_held=(columns["new_rows"][i], columns["new_rows_hash"][i]))
         by_group[group] = change
         found[columns["unit"][i]].append(change)
     del columns, changes
@@ -273,36 +283,47 @@ SELECT state_group, prev FROM up
 """
 
 
-def _full_states(store: _Store, groups: Sequence[int]) -> dict[int, dict[tuple[str, str], str]]:
-    states: dict[int, dict[tuple[str, str], str]] = {g: {} for g in groups}
-    if store.postgres:
-        # The chains and the delta rows come by index lookups; the states are
-        # laid over each other here.
-        cur = store.conn.cursor()
-        cur.execute(_POSTGRES_ANCESTORS, (list(groups),))
-        prev: dict[int, int | None] = {}
-        for g, p in cur.fetchall():
-            prev[g] = p
-        deltas: dict[int, list[tuple[str, str, str]]] = defaultdict(list)
-        for g, t, s, e in store.query("SELECT state_group, type, state_key, event_id FROM "
-                                      "state_groups_state WHERE state_group = {groups}", list(prev)):
-            deltas[g].append((t, s, e))
-        for origin in groups:
-            chain: list[int] = []
-            at: int | None = origin
-            while at is not None and len(chain) <= len(prev):
-                chain.append(at)
-                at = prev.get(at)
-            full = states[origin]
-            for member in reversed(chain):
-                for t, s, e in deltas.get(member, ()):
-                    full[(t, s)] = e
-        return states
-    from streamrep.spark.verify import walk_state_sql
+def _walked_digests(store: _Store, groups: Sequence[int]) -> dict[int, str]:
+    """The digest of each group's full state, walking the chains as the
+    database holds them now: the groups on them and their delta rows are read
+    once (interned as they come), then the tree walker core computes the
+    digests holding one path's state at a time."""
+    walk = _impl.load("treewalk")
+    if not store.postgres:
+        from streamrep.spark.verify import walk_state_sql
 
-    for g in groups:
-        states[g] = walk_state_sql(store.conn, "sqlite", g)
-    return states
+        return {g: walk.digest_state(walk_state_sql(store.conn, "sqlite", g)) for g in groups}
+    cur = store.conn.cursor()
+    cur.execute(_POSTGRES_ANCESTORS, (list(groups),))
+    prev: dict[int, int | None] = dict(cur.fetchall())
+    members = sorted(prev)
+    index = {g: i for i, g in enumerate(members)}
+    strings: list[dict[str, int]] = [{}, {}, {}]  # type, state_key, event_id -> ID
+    rows: list[tuple[int, int, int, int]] = []
+    for g, t, sk, e in store.query("SELECT state_group, type, state_key, event_id FROM "
+                                   "state_groups_state WHERE state_group = {groups}", members):
+        rows.append((index[g], strings[0].setdefault(t, len(strings[0])),
+                     strings[1].setdefault(sk, len(strings[1])), strings[2].setdefault(e, len(strings[2]))))
+    rows.sort()
+    stride = max(1, len(strings[1]))
+    offsets = np.searchsorted(np.fromiter((r[0] for r in rows), np.int64, len(rows)),
+                              np.arange(len(members) + 1), side="left").astype(np.int64)
+    keys = np.fromiter((r[1] * stride + r[2] for r in rows), np.int64, len(rows))
+    events = np.fromiter((r[3] for r in rows), np.int64, len(rows))
+    del rows
+    parents = np.array([index[p] if p is not None and p in index else -1 for p in
+                        (prev[g] for g in members)], dtype=np.int64)
+    wanted = np.zeros(len(members), dtype=np.uint8)
+    wanted[[index[g] for g in groups]] = 1
+    tables = []
+    for found in strings:
+        import pyarrow as pa
+
+        text = pa.array(list(found), pa.large_string())
+        tables.append((text.buffers()[1] or pa.py_buffer(bytes(8)), text.buffers()[2] or b""))
+    _, hexes = walk.digest_groups(parents, offsets, keys, events, wanted, stride, *tables)
+    chosen = np.flatnonzero(wanted)
+    return {members[i]: hexes[64 * n:64 * n + 64].decode("ascii") for n, i in enumerate(chosen.tolist())}
 
 
 def _chunks(items: list[Change], size: int) -> Iterable[list[Change]]:
@@ -333,9 +354,10 @@ def _undone(change: Change) -> Change:
     """The change that puts *change*'s group back as it was read."""
     if change.action == "delete":
         return Change(change.group, "restore", change.room_id, None, change.old_prev, 0, None,
-                      change.group_event_id, Counter(), change.old_rows)
+                      change.group_event_id, Counter(), change.old_rows, (0, 0), change.old_held)
     return Change(change.group, "rewrite", change.room_id, change.new_prev, change.old_prev,
-                  change.children, change.digest, change.group_event_id, change.new_rows, change.old_rows)
+                  change.children, change.digest, change.group_event_id, change.new_rows, change.old_rows,
+                  change.new_held, change.old_held)
 
 
 def _phases(changes: list[Change]) -> list[list[Change]]:
@@ -399,13 +421,12 @@ def apply_compression(
     """
     _check_change_set(changes_dir)
     windows = _unit_windows(changes_dir, max(WINDOW_GROUPS, batch_groups))
-    digest_state = _impl.load("treewalk").digest_state
     clock = time.perf_counter()
     store = _Store(db_url)
     report = ApplyReport()
 
     def run(steps: list[list[Change]], listed: set[int], unlisted: dict[int, int] | None) -> None:
-        _apply_transaction(store, steps, listed, unlisted, report, verify, digest_state)
+        _apply_transaction(store, steps, listed, unlisted, report, verify)
         report.transactions += 1
         if after_transaction is not None:
             after_transaction(report.transactions)
@@ -413,7 +434,7 @@ def apply_compression(
     try:
         report.rows_before = store.count_rows()
         for window in windows:
-            units = _read_changes(changes_dir, window)
+            units = _read_changes(changes_dir, window, old_rows=undo)
             if undo:
                 units = {unit: [_undone(c) for c in changes] for unit, changes in units.items()}
             # Expected children: a group keeps its unchanged children; the
@@ -446,8 +467,8 @@ def apply_compression(
 
 
 def _apply_transaction(store: _Store, steps: list[list[Change]], listed: set[int],
-                       unlisted_children: dict[int, int] | None, report: ApplyReport, verify: bool,
-                       digest_state: Callable[[Any], str]) -> None:
+                       unlisted_children: dict[int, int] | None, report: ApplyReport,
+                       verify: bool) -> None:
     """Apply *steps* in one transaction, verify every rewritten group, commit."""
     done = ApplyReport()
     store.begin()
@@ -456,8 +477,8 @@ def _apply_transaction(store: _Store, steps: list[list[Change]], listed: set[int
         for batch in steps:
             rewritten += _apply_step(store, batch, listed, unlisted_children, done)
         if verify and rewritten:
-            states = _full_states(store, [c.group for c in rewritten])
-            bad = [c.group for c in rewritten if digest_state(states[c.group]) != c.digest]
+            digests = _walked_digests(store, [c.group for c in rewritten])
+            bad = [c.group for c in rewritten if digests[c.group] != c.digest]
             if bad:
                 raise StateVerificationError(
                     f"after rewriting, {len(bad)} state groups walk to a different full state than "
@@ -476,15 +497,43 @@ class _Held:
     """What the database holds now for the groups of one step."""
 
     prevs: dict[int, list[int]]
-    rows: dict[int, Rows]
+    rows: dict[int, tuple[int, int]]  # (row count, rows hash) of each group's delta
     children: dict[int, list[int]]
     exists: set[int]
     referenced: set[int]
 
-    def matches(self, group: int, prev: int | None, rows: Rows) -> bool:
-        """Whether *group* has exactly *prev* and delta *rows*."""
+    def matches(self, group: int, prev: int | None, rows: tuple[int, int]) -> bool:
+        """Whether *group* has exactly *prev* and a delta of that count and hash."""
         return (self.prevs.get(group, []) == ([] if prev is None else [prev])
-                and self.rows.get(group, Counter()) == rows)
+                and self.rows.get(group, (0, 0)) == (rows[0], rows[1]))
+
+
+#: Each group's delta row count and rows hash (``treewalk.rows_hash``), in SQL.
+_POSTGRES_ROWS_HASH = """
+SELECT state_group, count(*), sum(('x' || encode(substring(sha256(
+    int4send(octet_length(type)) || convert_to(type, 'UTF8')
+    || int4send(octet_length(state_key)) || convert_to(state_key, 'UTF8')
+    || int4send(octet_length(event_id)) || convert_to(event_id, 'UTF8')) from 1 for 8), 'hex'))::bit(64)::bigint)
+FROM state_groups_state WHERE state_group = {groups} GROUP BY state_group
+"""
+
+
+def _signed64(value: int) -> int:
+    value %= 1 << 64
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _rows_hashes(store: _Store, groups: list[int]) -> dict[int, tuple[int, int]]:
+    """(count, rows hash) of the delta rows of *groups*, without holding the rows."""
+    if store.postgres:
+        return {g: (int(count), _signed64(int(total)))
+                for g, count, total in store.query(_POSTGRES_ROWS_HASH, groups)}
+    rows_hash = _impl.load("treewalk").rows_hash
+    by_group: dict[int, list[tuple[str, str, str]]] = defaultdict(list)
+    for g, t, s, e in store.query("SELECT state_group, type, state_key, event_id FROM "
+                                  "state_groups_state WHERE state_group = {groups}", groups):
+        by_group[g].append((t, s, e))
+    return {g: (len(rows), rows_hash(rows)) for g, rows in by_group.items()}
 
 
 def _read_held(store: _Store, batch: list[Change]) -> _Held:
@@ -493,10 +542,7 @@ def _read_held(store: _Store, batch: list[Change]) -> _Held:
     for g, p in store.query("SELECT state_group, prev_state_group FROM state_group_edges "
                             "WHERE state_group = {groups}", groups):
         prevs[g].append(p)
-    rows: dict[int, Rows] = defaultdict(Counter)
-    for g, t, s, e in store.query("SELECT state_group, type, state_key, event_id FROM "
-                                  "state_groups_state WHERE state_group = {groups}", groups):
-        rows[g][(t, s, e)] += 1
+    rows = _rows_hashes(store, groups)
     children: dict[int, list[int]] = defaultdict(list)
     for c, p in store.query("SELECT state_group, prev_state_group FROM state_group_edges "
                             "WHERE prev_state_group = {groups}", groups):
@@ -541,18 +587,18 @@ def _sort_step(batch: list[Change], held: _Held, listed: set[int],
                 report.skip("group no longer exists")
             elif c.new_prev is not None and c.new_prev not in held.exists:
                 report.skip("new prev group no longer exists")
-            elif held.matches(c.group, c.old_prev, c.old_rows):
+            elif held.matches(c.group, c.old_prev, c.old_held):
                 if gained_a_child(c):
                     report.skip("gained a child")
                 else:
                     to_rewrite.append(c)
-            elif held.matches(c.group, c.new_prev, c.new_rows):
+            elif held.matches(c.group, c.new_prev, c.new_held):
                 report.already_rewritten += 1
             else:
                 report.skip("changed since compress")
         elif c.group not in held.exists:
             report.already_deleted += 1
-        elif not held.matches(c.group, c.old_prev, c.old_rows):
+        elif not held.matches(c.group, c.old_prev, c.old_held):
             report.skip("changed since compress")
         elif c.group in held.referenced:
             report.skip("now referenced by an event")
