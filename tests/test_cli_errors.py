@@ -199,3 +199,78 @@ def test_operations_page_lists_every_exit_status() -> None:
     page = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
     listed = {int(code): name for code, name in re.findall(r"^\| (\d+) \| `(\w+)` \|", page, re.M)}
     assert listed == {code.value: code.name for code in ExitCode}
+
+
+# --- the state jobs ------------------------------------------------------------------
+
+
+def _empty_sqlite(workdir: Path) -> str:
+    import sqlite3
+
+    path = workdir / "empty.db"
+    sqlite3.connect(path).close()
+    return f"sqlite:///{path}"
+
+
+@pytest.mark.parametrize("command", [
+    ["spark", "compress", "--single-process", "--output", "out"],
+    ["spark", "reconstruct", "--single-process", "--output", "out"],
+    ["state", "export", "--output", "out"],
+])
+def test_state_jobs_on_a_database_without_state_tables(workdir: Path, command: list[str]) -> None:
+    pytest.importorskip("pyarrow")
+    proc = run(*command, "--db", _empty_sqlite(workdir), cwd=workdir)
+    name = "streamrep " + " ".join(command[:2])
+    assert_one_line(proc, ExitCode.DATABASE_STATE, name, "has no state tables",
+                    "Synapse or streamrep deployment")
+
+
+def _corrupt_input(workdir: Path) -> str:
+    from support.state_forest import corrupt_forest, make_forest
+
+    forest = corrupt_forest(make_forest(300, seed=2, rooms=3), "missing", at=5,
+                            missing_group=999_999_999)
+    forest.write_parquet(str(workdir / "in"))
+    return str(workdir / "in")
+
+
+def test_state_corruption_is_one_line_with_a_fix(workdir: Path) -> None:
+    pytest.importorskip("pyarrow")
+    proc = run("spark", "compress", "--single-process", "--input", _corrupt_input(workdir),
+               "--output", str(workdir / "out"), cwd=workdir)
+    line = assert_one_line(proc, ExitCode.STATE_CORRUPT, "streamrep spark compress: error: ",
+                           "999999999", "; repair or remove the named state groups")
+    assert "StateCorruptionError" not in line
+
+
+def test_a_non_empty_output_is_one_line_with_a_fix(workdir: Path) -> None:
+    pytest.importorskip("pyarrow")
+    (workdir / "out").mkdir()
+    (workdir / "out" / "x").write_text("x")
+    proc = run("spark", "reconstruct", "--single-process", "--db", _empty_sqlite(workdir),
+               "--output", str(workdir / "out"), cwd=workdir)
+    assert_one_line(proc, ExitCode.USAGE, "streamrep spark reconstruct: error: output directory",
+                    "is not empty; give --overwrite")
+
+
+def test_compress_summary_shows_the_change_with_one_sign() -> None:
+    from streamrep.spark.compress import CompressResult
+
+    grown = CompressResult("out", rows_before=364, rows_after=819).summary()
+    assert "364 -> 819 rows (+125.0%)" in grown
+    shrunk = CompressResult("out", rows_before=1000, rows_after=250).summary()
+    assert "1000 -> 250 rows (-75.0%)" in shrunk
+
+
+def test_state_export_takes_output_and_the_old_out(workdir: Path) -> None:
+    pytest.importorskip("pyarrow")
+    from support.state_forest import load_database, make_forest
+
+    url = f"sqlite:///{workdir / 'state.db'}"
+    load_database(url, make_forest(50, seed=1, rooms=2))
+    for flag in ("--output", "--out"):
+        proc = run("state", "export", "--db", url, flag, str(workdir / flag.strip("-")), cwd=workdir)
+        assert proc.returncode == 0, proc.stderr
+        assert (workdir / flag.strip("-") / "state_groups" / "part-00000.parquet").exists()
+    helped = run("state", "export", "--help", cwd=workdir)
+    assert "--output" in helped.stdout and "--out " not in helped.stdout

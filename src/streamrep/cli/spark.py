@@ -6,13 +6,11 @@ otherwise) or, with ``--single-process``, the same pipeline without Spark.
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Callable
 
 import click
 
-from streamrep.cli.exits import ExitCode
-from streamrep.errors import StreamrepError
+from streamrep.cli.exits import CommandFailed, ExitCode
 
 
 @click.group("spark")
@@ -140,20 +138,39 @@ def reconstruct(input_dir: str | None, jdbc_url: str | None, db_url: str | None,
 
             result = _run_spark(reconstruct_spark, source, options, master, shuffle_partitions,
                                 jdbc_partitions, conf)
-    except StreamrepError as exc:
-        click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
-        sys.exit(_status_of(exc))
+    except Exception as exc:
+        raise job_failure(exc, database) from exc
     click.echo(result.summary())
 
 
-def _status_of(exc: StreamrepError) -> ExitCode:
+def _missing_state_tables(exc: BaseException) -> bool:
+    """Whether *exc* is a database saying a table it was asked for does not exist."""
+    import sqlite3
+
+    if isinstance(exc, sqlite3.OperationalError) and "no such table" in str(exc):
+        return True
+    return getattr(exc, "pgcode", None) == "42P01" or "relation \"state_group" in str(exc)
+
+
+def job_failure(exc: Exception, database: str | None) -> Exception:
+    """The one-line failure (with its fix) a state job's error stands for, or
+    *exc* itself for streamrep.cli.exits to report."""
     from streamrep.errors import StateCorruptionError, StateVerificationError
 
     if isinstance(exc, StateCorruptionError):
-        return ExitCode.STATE_CORRUPT
+        return CommandFailed(ExitCode.STATE_CORRUPT, f"{exc}; repair or remove the named state "
+                             "groups' rows in state_group_edges and state_groups_state, then run again")
     if isinstance(exc, StateVerificationError):
-        return ExitCode.STATE_MISMATCH
-    return ExitCode.USAGE
+        return CommandFailed(ExitCode.STATE_MISMATCH, f"{exc}; nothing was written to the "
+                             "database: report it with the named groups")
+    if database is not None and _missing_state_tables(exc):
+        from streamrep.db.url import redact_url
+
+        first = str(exc).strip().splitlines()[0]
+        return CommandFailed(ExitCode.DATABASE_STATE, f"{redact_url(database)} has no state tables "
+                             f"({first}); give the database of a Synapse or streamrep deployment, "
+                             "which holds state_groups, state_group_edges and state_groups_state")
+    return exc
 
 
 def _run_spark(job: Callable[..., Any], source: Any, options: Any, master: str | None,
@@ -177,8 +194,9 @@ def _run_spark(job: Callable[..., Any], source: Any, options: Any, master: str |
                "(and event_to_state_groups for --find-unreferenced) as CSV or Parquet.",
     output_help="Directory for the new tables and the change set (Parquet).",
 )
-@click.option("--max-depth", default=100, type=click.IntRange(min=1), show_default=True,
-              help="Longest chain of prev groups any group may have after compression.")
+@click.option("--max-depth", default=99, type=click.IntRange(min=1), show_default=True,
+              help="Most prev hops from any group to its root after compression (99: chains "
+                   "of at most 100 groups, counting the group, as the reference counts them).")
 @click.option("--candidates", default=16, type=click.IntRange(min=0), show_default=True,
               help="Earlier groups of its room a snapshot considers as its new prev.")
 @click.option("--find-unreferenced", is_flag=True,
@@ -196,7 +214,6 @@ def compress(input_dir: str | None, jdbc_url: str | None, db_url: str | None, ou
 
     Nothing is written to the database: ``streamrep state apply-compression``
     does that from the change set."""
-    from streamrep.errors import StateCorruptionError, StateVerificationError
     from streamrep.spark.compress import CompressOptions
     from streamrep.spark.options import Source
 
@@ -218,14 +235,6 @@ def compress(input_dir: str | None, jdbc_url: str | None, db_url: str | None, ou
 
             result = _run_spark(compress_spark, source, options, master, shuffle_partitions,
                                 jdbc_partitions, conf, app_name="streamrep-compress-state")
-    except StateCorruptionError as exc:
-        click.echo(f"error: StateCorruptionError: {exc}", err=True)
-        sys.exit(ExitCode.STATE_CORRUPT)
-    except StateVerificationError as exc:
-        click.echo(f"error: StateVerificationError: {exc} (nothing was written to the database)",
-                   err=True)
-        sys.exit(ExitCode.STATE_MISMATCH)
-    except StreamrepError as exc:
-        click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
-        sys.exit(ExitCode.USAGE)
+    except Exception as exc:
+        raise job_failure(exc, database) from exc
     click.echo(result.summary())

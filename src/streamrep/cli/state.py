@@ -15,20 +15,28 @@ def state() -> None:
 @state.command("export")
 @click.option("--db", "db_url", required=True, metavar="URL",
               help="Database URL (postgresql://... or sqlite:///path).")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+@click.option("--output", "out_dir", default=None, type=click.Path(file_okay=False),
               help="Directory to write one Parquet folder per table into.")
+@click.option("--out", "out_alias", default=None, type=click.Path(file_okay=False), hidden=True)
 @click.option("--overwrite", is_flag=True, help="Replace files already in the directory.")
-def export(db_url: str, out_dir: str, overwrite: bool) -> None:
+def export(db_url: str, out_dir: str | None, out_alias: str | None, overwrite: bool) -> None:
     """Export state_groups, state_group_edges, state_groups_state and
     event_to_state_groups to Parquet, streaming with COPY on PostgreSQL.
 
     The directory can then be given to ``streamrep spark reconstruct --input``.
     """
+    from streamrep.cli.spark import job_failure
     from streamrep.spark.export import export_tables
 
+    target = out_dir or out_alias
+    if target is None:
+        raise click.UsageError("give --output DIRECTORY")
     # Unreachable databases, bad paths and a missing pyarrow are reported by
     # streamrep.cli.exits.
-    report = export_tables(db_url, out_dir, overwrite=overwrite)
+    try:
+        report = export_tables(db_url, target, overwrite=overwrite)
+    except Exception as exc:
+        raise job_failure(exc, db_url) from exc
     for table, (rows, seconds) in report.items():
         click.echo(f"{table}: {rows} rows in {seconds:.2f}s")
 

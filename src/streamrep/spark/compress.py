@@ -76,7 +76,7 @@ class CompressOptions:
     """What the compression job does and where it writes."""
 
     output: str
-    max_depth: int = 100
+    max_depth: int = 99
     candidates: int = 16
     split_threshold: int = 200_000
     find_unreferenced: bool = False
@@ -108,10 +108,9 @@ class CompressResult:
 
     def summary(self) -> str:
         phases = ", ".join(f"{k} {v:.2f}s" for k, v in self.timings.items())
-        saved = self.rows_before - self.rows_after
-        share = 100.0 * saved / self.rows_before if self.rows_before else 0.0
+        change = 100.0 * (self.rows_after - self.rows_before) / self.rows_before if self.rows_before else 0.0
         line = (f"{self.groups} groups, {self.changed_groups} changed; state_groups_state "
-                f"{self.rows_before} -> {self.rows_after} rows (-{share:.1f}%); longest chain "
+                f"{self.rows_before} -> {self.rows_after} rows ({change:+.1f}%); longest chain "
                 f"{self.max_depth_before} -> {self.max_depth_after} hops; verified "
                 f"{self.verified_groups} groups")
         if self.unreferenced_groups:

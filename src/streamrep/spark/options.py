@@ -93,5 +93,6 @@ def prepare_output(path: str, overwrite: bool) -> None:
             raise ConfigError(f"output {path} exists and is not a directory")
         if os.listdir(path):
             if not overwrite:
-                raise ConfigError(f"output directory {path} is not empty (use --overwrite)")
+                raise ConfigError(f"output directory {path} is not empty; give --overwrite to "
+                                  "replace it, or another --output")
             shutil.rmtree(path)
