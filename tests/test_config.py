@@ -12,11 +12,10 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from streamrep.catalogue import known_streams
 from streamrep.cli import main
-from streamrep.config import (
-    Address, Config, config_from_click, config_option, load_config, multi_writer_streams,
-    parse_address,
-)
+from streamrep.cli.options import config_from_click, config_option
+from streamrep.config import Address, Config, load_config, parse_address
 from streamrep.errors import ConfigError
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "examples" / "streamrep.yaml"
@@ -40,7 +39,7 @@ def free_port() -> int:
 
 
 def test_example_file_is_valid() -> None:
-    config = load_config(EXAMPLE)
+    config = load_config(EXAMPLE, streams=known_streams())
     assert config.server_name == "example.com"
     assert config.writers_of("to_device") == ("writer1", "writer2")
     assert config.writers_of("events") == ("writer1",)
@@ -86,7 +85,8 @@ def test_multi_writer_stream_on_sqlite(tmp_path: pathlib.Path) -> None:
                                "writer2) on SQLite")
     assert "use a postgresql:// database or list one writer" in lines[0]
     # The same file on PostgreSQL is fine.
-    config = load_config(path, {"database": "postgresql://u@127.0.0.1/db"})
+    config = load_config(path, {"database": "postgresql://u@127.0.0.1/db"},
+                         streams=known_streams())
     assert config.writers_of("to_device") == ("writer1", "writer2")
 
 
@@ -98,13 +98,14 @@ def test_single_writer_stream_refuses_two_writers_anywhere(tmp_path: pathlib.Pat
         stream_writers: {typing: [a, b], events: [a, b]}
         """)
     with pytest.raises(ConfigError) as info:
-        load_config(path)
+        load_config(path, streams=known_streams())
     assert info.value.problems == (
         "config error: stream_writers.typing: 2 writers, but typing has exactly one writer; "
         "list one instance",
         "config error: stream_writers.events: 2 writers, but events has exactly one writer; "
         "list one instance")
-    assert "to_device" in multi_writer_streams() and "events" not in multi_writer_streams()
+    multi_writer = [d.name for d in known_streams() if d.sequence_name is not None]
+    assert "to_device" in multi_writer and "events" not in multi_writer
 
 
 def test_port_in_use(tmp_path: pathlib.Path) -> None:
@@ -158,7 +159,7 @@ def test_flags_override_the_file(tmp_path: pathlib.Path) -> None:
         logging: {level: INFO}
         """)
     config = load_config(path, {"listen": "127.0.0.1:9999", "logging.level": "debug",
-                                "server_name": None})
+                                "server_name": None}, streams=known_streams())
     assert config.listen == Address("127.0.0.1", 9999)
     assert config.logging.level == "DEBUG"
     assert config.server_name == "example.com"  # None means "flag not given"
@@ -167,7 +168,7 @@ def test_flags_override_the_file(tmp_path: pathlib.Path) -> None:
 def test_bad_flag_names_the_flag(tmp_path: pathlib.Path) -> None:
     path = write(tmp_path, "server_name: example.com\n")
     with pytest.raises(ConfigError) as info:
-        load_config(path, {"database": "mysql://x"})
+        load_config(path, {"database": "mysql://x"}, streams=known_streams())
     assert info.value.problems[0].startswith("config error: database (from --db): "
                                              "unsupported database scheme 'mysql'")
 
@@ -209,7 +210,7 @@ def test_parse_address() -> None:
 
 
 def test_defaults_without_a_file() -> None:
-    config = load_config(None, {"server_name": "example.com"})
+    config = load_config(None, {"server_name": "example.com"}, streams=known_streams())
     assert isinstance(config, Config)
     assert config.is_sqlite and config.listen == Address("127.0.0.1", 9092)
     assert all(ws == ("main",) for ws in config.stream_writers.values())
@@ -269,7 +270,8 @@ def test_a_hub_reachable_from_other_machines_needs_tls_a_secret_or_insecure(
     assert code == 0 and not any("note:" in line or "peers must" in line for line in lines)
     # serve's --listen is checked the same way.
     with pytest.raises(ConfigError) as info:
-        load_config(None, {"server_name": "example.com", "listen": "0.0.0.0:9092"})
+        load_config(None, {"server_name": "example.com", "listen": "0.0.0.0:9092"},
+                    streams=known_streams())
     assert info.value.problems[0].startswith("config error: listen (from --listen): 0.0.0.0:9092 "
                                              "accepts connections from other machines")
 
@@ -287,7 +289,7 @@ def test_tls_section_and_instance_certificates(tmp_path: pathlib.Path) -> None:
         instance_map:
           writer1: {tls_cert: /etc/streamrep/writer1.crt, tls_key: /etc/streamrep/writer1.key}
         """)
-    config = load_config(path)
+    config = load_config(path, streams=known_streams())
     assert config.tls.enabled and config.tls.require_client_cert
     assert (config.tls.cert, config.tls.key, config.tls.ca, config.tls.server_hostname) == (
         "/etc/streamrep/hub.crt", "/etc/streamrep/hub.key", "/etc/streamrep/ca.crt", "hub.internal")
@@ -308,7 +310,7 @@ def test_security_problems_are_one_line_each(tmp_path: pathlib.Path) -> None:
           writer1: {{tls_cert: w.crt}}
         """)
     with pytest.raises(ConfigError) as info:
-        load_config(path)
+        load_config(path, streams=known_streams())
     assert info.value.problems == (
         "config error: instance_map.writer1.tls_key: missing while the other is set; give "
         "tls_cert and tls_key together",
@@ -324,7 +326,8 @@ def test_security_problems_are_one_line_each(tmp_path: pathlib.Path) -> None:
     )
     secret.chmod(0o600)
     with pytest.raises(ConfigError) as info:
-        load_config(None, {"server_name": "example.com", "shared_secret_file": str(secret)})
+        load_config(None, {"server_name": "example.com", "shared_secret_file": str(secret)},
+                    streams=known_streams())
     assert info.value.problems == (
         f"config error: shared_secret_file (from --shared-secret-file): {secret} holds 5 bytes, "
         "fewer than 16; write a long random secret: python -c 'import secrets; "

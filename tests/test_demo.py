@@ -160,6 +160,7 @@ def test_percentile() -> None:
 
 
 def test_worker_sync_check_catches_a_change_cache_that_missed_a_room(sqlite_url: str) -> None:
+    from streamrep.catalogue import known_streams
     from streamrep.config import load_config
     from streamrep.db import Database
     from streamrep.demo.streams import demo_streams
@@ -169,7 +170,8 @@ def test_worker_sync_check_catches_a_change_cache_that_missed_a_room(sqlite_url:
     writers = {s: ["writer1"] for s in ("events", "backfill", "caches", "account_data",
                                         "to_device", "receipts")}
     config = load_config(None, {"server_name": "t.example", "database": sqlite_url,
-                                "instance_map": {"writer1": {}}, "stream_writers": writers})
+                                "instance_map": {"writer1": {}}, "stream_writers": writers},
+                         streams=known_streams())
     db = Database.open(sqlite_url)
     streams = demo_streams(db, "writer1", config.stream_writers)
     store = EventStore(db, streams=streams)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import pytest
 import yaml
 
+from streamrep.catalogue import known_streams
 from streamrep.config import load_config
 from streamrep.errors import ConfigError
 
@@ -203,7 +204,7 @@ def test_yaml_examples_load(block: Block, tmp_path: pathlib.Path) -> None:
         return
     path = tmp_path / "config.yaml"
     path.write_text(block.body)
-    load_config(path)
+    load_config(path, streams=known_streams())
 
 
 EXAMPLE_FILES = sorted((DOCS / "examples").glob("*.yaml"))
@@ -211,7 +212,7 @@ EXAMPLE_FILES = sorted((DOCS / "examples").glob("*.yaml"))
 
 @pytest.mark.parametrize("path", EXAMPLE_FILES, ids=[p.name for p in EXAMPLE_FILES])
 def test_example_files_load(path: pathlib.Path) -> None:
-    load_config(path)
+    load_config(path, streams=known_streams())
 
 
 INVALID_FILES = sorted((DOCS / "examples" / "invalid").glob("*.yaml"))
@@ -220,7 +221,7 @@ INVALID_FILES = sorted((DOCS / "examples" / "invalid").glob("*.yaml"))
 @pytest.mark.parametrize("path", INVALID_FILES, ids=[p.name for p in INVALID_FILES])
 def test_invalid_example_files_are_refused(path: pathlib.Path) -> None:
     with pytest.raises(ConfigError):
-        load_config(path)
+        load_config(path, streams=known_streams())
 
 
 # --- links ----------------------------------------------------------------------

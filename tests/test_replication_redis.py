@@ -18,6 +18,7 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
+from streamrep.catalogue import known_streams
 from streamrep.cli.config import check_config
 from streamrep.config import load_config, redis_url_for_display
 from streamrep.errors import ConfigError
@@ -100,10 +101,12 @@ def _config_file(tmp_path: pathlib.Path, text: str) -> str:
 
 
 def test_config_reads_the_redis_url(tmp_path: pathlib.Path) -> None:
-    config = load_config(_config_file(tmp_path, "replication:\n  redis:\n    url: rediss://:pw@r.internal:6380/0\n"))
+    config = load_config(_config_file(tmp_path, "replication:\n  redis:\n    url: rediss://:pw@r.internal:6380/0\n"),
+                         streams=known_streams())
     assert config.redis is not None and config.redis.url == "rediss://:pw@r.internal:6380/0"
-    assert load_config(_config_file(tmp_path, "")).redis is None
-    unix = load_config(_config_file(tmp_path, "replication: {redis: {url: 'unix:///run/redis.sock'}}\n"))
+    assert load_config(_config_file(tmp_path, ""), streams=known_streams()).redis is None
+    unix = load_config(_config_file(tmp_path, "replication: {redis: {url: 'unix:///run/redis.sock'}}\n"),
+                       streams=known_streams())
     assert unix.redis is not None and unix.redis.url == "unix:///run/redis.sock"
 
 
@@ -118,7 +121,7 @@ def test_config_reads_the_redis_url(tmp_path: pathlib.Path) -> None:
 ])
 def test_config_refuses_bad_redis_settings(tmp_path: pathlib.Path, text: str, expected: str) -> None:
     with pytest.raises(ConfigError) as info:
-        load_config(_config_file(tmp_path, text))
+        load_config(_config_file(tmp_path, text), streams=known_streams())
     assert expected in str(info.value)
     assert "secret" not in str(info.value)
 

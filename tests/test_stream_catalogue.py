@@ -84,7 +84,7 @@ def test_the_catalogue_and_a_deployments_streams(tmp_path: pytest.TempPathFactor
         f.write("server_name: hs.example\ndatabase: sqlite:///x.db\n"
                 "instance_map: {main: {}, writer1: {}}\n"
                 "stream_writers: {events: [writer1]}\n")
-    config = load_config(path)
+    config = load_config(path, streams=known_streams())
     served = served_streams(config)
     assert served.names() == EVERY_STREAM
     # backfill is written in the events writer's transactions: it follows its writers.

@@ -9,7 +9,8 @@ import click
 
 from streamrep.replication.protocol import ConnectionSettings
 
-from streamrep.config import load_config, parse_address, report_and_exit
+from streamrep.cli.options import report_and_exit
+from streamrep.config import load_config, parse_address
 from streamrep.errors import ConfigError
 
 
@@ -83,8 +84,11 @@ def peer_settings(config_path: str | None, connect: str | None, db: str | None,
             raise click.UsageError("give --connect HOST:PORT, --redis URL or --config FILE")
         host, port = parse_connect(connect)
         return PeerSettings(host, port, db, server_name)
+    from streamrep.catalogue import known_streams
+
     try:
-        config = load_config(config_path, {"replication.redis.url": redis})
+        config = load_config(config_path, {"replication.redis.url": redis},
+                             streams=known_streams())
     except ConfigError as exc:
         report_and_exit(exc)
         raise  # unreachable: report_and_exit exits
@@ -106,7 +110,10 @@ def peer_settings(config_path: str | None, connect: str | None, db: str | None,
 
 def _check_redis_url(url: str) -> None:
     """A ``--redis`` URL given without a configuration file, checked as the file's."""
+    from streamrep.catalogue import known_streams
+
     try:
-        load_config(None, {"server_name": "check.invalid", "replication.redis.url": url})
+        load_config(None, {"server_name": "check.invalid", "replication.redis.url": url},
+                    streams=known_streams())
     except ConfigError as exc:
         report_and_exit(exc)

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import click
 
-from streamrep.config import load_config, report_and_exit
+from streamrep.cli.options import report_and_exit
+from streamrep.config import load_config
 from streamrep.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -135,7 +136,9 @@ def peer_security(config_path: str | None, instance: str, *, tls: bool | None,
                 server_hostname=tls_server_name, secret_file=shared_secret_file,
                 cert_key="--tls-cert", key_key="--tls-key")
         try:
-            config = load_config(config_path)
+            from streamrep.catalogue import known_streams
+
+            config = load_config(config_path, streams=known_streams())
         except ConfigError as exc:
             report_and_exit(exc)
             raise  # unreachable

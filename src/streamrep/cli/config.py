@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
-from streamrep.config import Config, check_ports, is_loopback, load_config, report_and_exit
+from streamrep.catalogue import known_streams
+from streamrep.cli.options import report_and_exit
+from streamrep.config import Config, check_ports, is_loopback, load_config
 from streamrep.errors import ConfigError
 
 
@@ -50,7 +52,7 @@ def check_config(path: str, instance: str | None, no_port_check: bool) -> None:
     status 2; on success prints a short summary and exits 0.
     """
     try:
-        config = load_config(path)
+        config = load_config(path, streams=known_streams())
         if not no_port_check:
             check_ports(config, instance)
     except ConfigError as exc:

@@ -12,7 +12,8 @@ import click
 
 from streamrep.cli._common import freeze_startup_heap, use_cooperative_sockets
 from streamrep.cli._security import SERVE_FLAGS, hub_security, serve_security_options
-from streamrep.config import DEFAULT_INSTANCE, DEFAULT_LISTEN, config_from_click, config_option
+from streamrep.cli.options import config_from_click, config_option
+from streamrep.config import DEFAULT_INSTANCE, DEFAULT_LISTEN
 
 
 def working_directory_database() -> str:

@@ -11,7 +11,7 @@ import click
 from streamrep.cli._common import freeze_startup_heap, peer_settings, use_cooperative_sockets
 from streamrep.cli._hubwatch import HubWatch
 from streamrep.cli._security import peer_security_from_context, peer_security_options
-from streamrep.config import config_option
+from streamrep.cli.options import config_option
 
 
 def parse_from(value: str | None) -> dict[Any, int]:

@@ -13,7 +13,7 @@ from streamrep.cli._common import freeze_startup_heap, peer_settings, use_cooper
 from streamrep.cli._hubwatch import HubWatch
 from streamrep.cli.exits import ExitCode
 from streamrep.cli._security import peer_security_from_context, peer_security_options
-from streamrep.config import config_option
+from streamrep.cli.options import config_option
 from streamrep.streams.builtin import ACCOUNT_DATA, CACHES, RECEIPTS, TO_DEVICE
 
 #: Streams ``write`` can fill with synthetic facts.

@@ -36,6 +36,7 @@ import orjson
 import yaml
 from rich.console import Console
 
+from streamrep.catalogue import known_streams
 from streamrep.config import Config, load_config, redis_url_for_display
 from streamrep.demo.processes import Child, StatusLine, free_port, wait_for_port
 from streamrep.demo.report import Progress, Summary, WorkerResult, render_summary
@@ -210,7 +211,8 @@ class _Run:
     def start(self) -> bool:
         write_config(self.config_path, self.db_url, self.port, self.writer_names,
                      self.options.log_level, self.options.redis, self._security())
-        self.config = load_config(self.config_path, check_ports_of="main")
+        self.config = load_config(self.config_path, streams=known_streams(),
+                                  check_ports_of="main")
         # A database used before holds facts already: workers receive them too.
         self.before = read_facts(self.config)
         py = sys.executable

@@ -42,6 +42,7 @@ import gevent.event
 import orjson
 
 from streamrep.caches import CacheRegistry, LruCache
+from streamrep.catalogue import known_streams
 from streamrep.config import Config, load_config
 from streamrep.demo.processes import emit
 from streamrep.demo.streams import demo_source, stream_names
@@ -273,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--seed", type=int, default=None)
     args = parser.parse_args(argv)
-    config = load_config(args.config)
+    config = load_config(args.config, streams=known_streams())
     setup_logging(config.logging.level, config.logging.format)
     worker = DemoWorker(config, args.name, args.seed if args.seed is not None else os.getpid())
     stop = gevent.event.Event()

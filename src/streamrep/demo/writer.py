@@ -40,6 +40,7 @@ import gevent.lock
 import gevent.queue
 import orjson
 
+from streamrep.catalogue import known_streams
 from streamrep.config import Config, load_config
 from streamrep.db import Database
 from streamrep.demo.processes import emit
@@ -251,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="prefix of room and event IDs (a new one per run, so runs "
                              "on one database do not collide)")
     args = parser.parse_args(argv)
-    config = load_config(args.config)
+    config = load_config(args.config, streams=known_streams())
     setup_logging(config.logging.level, config.logging.format)
     workload = Workload(args.seed, args.rooms, events=args.events == "yes",
                         prefix=args.id_prefix + ("" if args.events == "yes"
