@@ -245,6 +245,8 @@ def test_sqlite_checkpoints_off_the_commit_path(tmp_path: Any, background: int) 
 
     path = str(tmp_path / "ck.db")
     db = Database.open(f"sqlite:///{path}?background_checkpoint={background}")
+    assert db._sqlite is not None
+    checkpointer = db._sqlite.checkpointer
     try:
         db.execute("CREATE TABLE t (n INTEGER PRIMARY KEY, pad TEXT)")
         for n in range(50):
@@ -253,15 +255,15 @@ def test_sqlite_checkpoints_off_the_commit_path(tmp_path: Any, background: int) 
         # The thread counts a checkpoint once SQLite has returned from it, a moment
         # after the frames are in the file: wait for both.
         while background and time.monotonic() < deadline and not (
-                _checkpointed(path) and db._checkpointer is not None
-                and db._checkpointer.checkpoints >= 1):
+                _checkpointed(path) and checkpointer is not None
+                and checkpointer.checkpoints >= 1):
             time.sleep(0.02)
         if background:
             assert _checkpointed(path)
-            assert db._checkpointer is not None and db._checkpointer.checkpoints >= 1
+            assert checkpointer is not None and checkpointer.checkpoints >= 1
         else:
             assert not _checkpointed(path)  # below SQLite's threshold: still in the WAL
-            assert db._checkpointer is None
+            assert checkpointer is None
         assert db.fetchall("SELECT COUNT(*) FROM t") == [(50,)]
     finally:
         db.close()

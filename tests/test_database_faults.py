@@ -112,7 +112,8 @@ def test_a_database_that_stays_away_is_one_line(db: Database) -> None:
     gone = dataclasses.replace(db.config, target="postgresql://postgres@127.0.0.1:1/test",
                                reconnect_timeout=1)
     db.config = gone
-    db._drop_idle_connections()
+    assert db._pool is not None
+    db._pool.drop_idle()
     started = time.monotonic()
     with pytest.raises(DatabaseUnavailableError) as caught:
         db.execute("INSERT INTO facts VALUES (2, 'b')")

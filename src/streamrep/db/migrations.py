@@ -6,18 +6,24 @@ A *component* (``"streams"``, ``"events"``...) owns an ordered list of
 changes SQL alone cannot make. The ``schema_versions`` table records, per
 component, the last step applied; each step runs in its own transaction together
 with that record, so a crash leaves the schema at a step boundary.
+:class:`Migrator` applies them to one database.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Any, Callable, ContextManager, Iterable, Sequence
 
-from streamrep.errors import DatabaseConfigError
+import gevent.lock
 
-if TYPE_CHECKING:
-    from streamrep.db.database import Transaction
+from streamrep.db.transaction import Transaction
+from streamrep.db.url import POSTGRES
+from streamrep.errors import DatabaseConfigError, SchemaVersionError
+
+logger = logging.getLogger(__name__)
+
 
 
 @dataclass(frozen=True)
@@ -33,7 +39,7 @@ class Migration:
     sql: Sequence[str] = ()
     sqlite: Sequence[str] = ()
     postgres: Sequence[str] = ()
-    run: Callable[["Transaction"], None] | None = None
+    run: Callable[[Transaction], None] | None = None
     description: str = ""
 
     def statements(self, engine: str) -> list[str]:
@@ -105,3 +111,104 @@ def unregister_schema(component: str) -> None:
     """Forget *component*'s migrations (for tests and plugins being unloaded)."""
     with _registry_lock:
         _registry.pop(component, None)
+
+
+#: Opens a transaction named by its argument (:meth:`Database.transaction`).
+TransactionOpener = Callable[[str], ContextManager[Transaction]]
+#: Calls a function again after a lost connection (:meth:`Database.retry`).
+Retrier = Callable[..., Any]
+
+
+class Migrator:
+    """Applies registered migrations to one database, and remembers what it applied.
+
+    *transaction* opens a transaction by name and *retry* reruns a function after a
+    lost connection, both the database handle's; *engine* picks each step's SQL.
+    """
+
+    def __init__(self, engine: str, transaction: TransactionOpener, retry: Retrier) -> None:
+        self._engine = engine
+        self._transaction = transaction
+        self._retry = retry
+        self._applied: dict[str, int] = {}
+        self._lock = gevent.lock.RLock()
+
+    def schema_version(self, component: str) -> int:
+        """The last migration of *component* applied to this database (0: none)."""
+        with self._transaction("schema_version") as txn:
+            _ensure_versions_table(txn)
+            return int(txn.fetchval(
+                "SELECT version FROM schema_versions WHERE component = ?", (component,), 0
+            ))
+
+    def apply(self, components: Iterable[str] | None = None) -> dict[str, int]:
+        """Bring the named components (default: every registered one) up to date."""
+        chosen = (registered_components() if components is None
+                  else [get_component(name) for name in components])
+        with self._lock:
+            return {c.name: self._migrate_component(c) for c in chosen}
+
+    def ensure(self, component: str) -> None:
+        """Apply *component*'s migrations unless this database already has them (cheap)."""
+        entry = get_component(component)
+        if self._applied.get(component) == entry.latest_version:
+            return
+        with self._lock:
+            self._migrate_component(entry)
+
+    def _migrate_component(self, component: SchemaComponent) -> int:
+        # Each step reads the recorded version first, so after a lost connection the
+        # whole walk simply starts again (a step whose COMMIT went through is skipped).
+        return int(self._retry(self._migrate_steps, component,
+                               name=f"migrate:{component.name}"))
+
+    def _migrate_steps(self, component: SchemaComponent) -> int:
+        latest = component.latest_version
+        while True:
+            with self._transaction(f"migrate:{component.name}") as txn:
+                if self._engine == POSTGRES:
+                    # Serialize concurrent migrators (per database, brief).
+                    txn.execute("SELECT pg_advisory_xact_lock(?)", (0x5752_4D47,))
+                _ensure_versions_table(txn)
+                current = int(txn.fetchval(
+                    "SELECT version FROM schema_versions WHERE component = ?",
+                    (component.name,), 0,
+                ))
+                if current > latest:
+                    raise SchemaVersionError(
+                        f"database schema component {component.name!r} is at version "
+                        f"{current}, newer than this streamrep knows ({latest}); upgrade "
+                        "streamrep before using this database"
+                    )
+                if current == latest:
+                    self._applied[component.name] = latest
+                    return latest
+                step = component.migrations[current]
+                for statement in step.statements(self._engine):
+                    txn.execute(statement)
+                if step.run is not None:
+                    step.run(txn)
+                _record_version(txn, component.name, current, step.version)
+                logger.info("schema %s: applied migration %d %s", component.name,
+                            step.version, step.description)
+
+
+def _ensure_versions_table(txn: Transaction) -> None:
+    txn.execute(
+        "CREATE TABLE IF NOT EXISTS schema_versions ("
+        " component TEXT NOT NULL PRIMARY KEY,"
+        " version INTEGER NOT NULL)"
+    )
+
+
+def _record_version(txn: Transaction, component: str, current: int, version: int) -> None:
+    if current == 0:
+        txn.execute(
+            "INSERT INTO schema_versions (component, version) VALUES (?, ?)",
+            (component, version),
+        )
+    else:
+        txn.execute(
+            "UPDATE schema_versions SET version = ? WHERE component = ?",
+            (version, component),
+        )
