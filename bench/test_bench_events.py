@@ -67,15 +67,16 @@ def use_impl(impl_kind: str, monkeypatch: pytest.MonkeyPatch) -> str:
     import streamrep.events.room_state as room_state
     import streamrep.events.state as state
     import streamrep.events.store as store
-    import streamrep.matrix.gate as gate
+    import streamrep.events.authorize as authorize
+    import streamrep.matrix.batchcheck as batchcheck
 
     monkeypatch.setattr(dag, "_core_ext", core_module("extremities", impl_kind))
-    for module in (dag, persist, room_state):
+    for module in (dag, persist, room_state, authorize):
         monkeypatch.setattr(module, "_batchrows", core_module("batchrows", impl_kind))
     monkeypatch.setattr(state, "_core_state", core_module("state", impl_kind))
     monkeypatch.setattr(store, "_core_changecache", core_module("changecache", impl_kind))
     monkeypatch.setattr(store, "parse_event", core_module("eventrecord", impl_kind).parse_event)
-    monkeypatch.setattr(gate, "_plaincheck", core_module("plaincheck", impl_kind))
+    monkeypatch.setattr(batchcheck, "_plaincheck", core_module("plaincheck", impl_kind))
     return impl_kind
 
 

@@ -287,7 +287,7 @@ def _matrix_history(room: str) -> Any:
 @pytest.mark.parametrize("rules", ["rules-off", "rules-on"])
 def test_persist_matrix_history_sqlite(benchmark: Any, tmp_path: Any, rules: str) -> None:
     from streamrep import EventStore
-    from streamrep.matrix.gate import RoomRules
+    from streamrep.matrix.rules import MatrixRoomRules as RoomRules
 
     store = EventStore(f"sqlite:///{tmp_path}/bench.db",
                        room_rules=RoomRules() if rules == "rules-on" else None)

@@ -12,7 +12,7 @@ import pytest
 from streamrep import EventStore
 from streamrep.events.resolver import DepthOrderResolver
 from streamrep.events.streams import EventsStreamFollower, current_events_token
-from streamrep.matrix.gate import MatrixStateResolver
+from streamrep.matrix.rules import MatrixStateResolver
 from streamrep.matrix.room_builder import RoomBuilder
 
 ANN, BOB, CAT, DAN = "@ann:x.org", "@bob:x.org", "@cat:x.org", "@dan:y.org"

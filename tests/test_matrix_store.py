@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from streamrep import EventStore
-from streamrep.matrix import auth, schema
+from streamrep.events import rules_schema as schema
+from streamrep.matrix import auth
 from streamrep.matrix.events import parse_event, room_id_for_create_event
-from streamrep.matrix.gate import RoomRules
+from streamrep.matrix.rules import MatrixRoomRules as RoomRules
 from streamrep.matrix.room_versions import room_version
 
 ALICE, BOB, CAROL = "@alice:a.org", "@bob:b.org", "@carol:a.org"
@@ -251,8 +252,6 @@ def test_event_auth_holds_the_state_events_auth_events(store: EventStore,
 @pytest.mark.parametrize("version_id", ["10", "12"])
 def test_existing_databases_get_the_tables_filled(db_url: str, version_id: str,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from streamrep.matrix import schema
-
     monkeypatch.setattr(schema, "_PAGE", 3)  # the state events span several pages
     r, events = build(version_id)
     events = _with_messages(r, events)
@@ -401,6 +400,7 @@ def test_rejected_events_of_random_rooms_stay_out_of_every_answer(
 
 
 def test_a_retried_batch_is_checked_from_the_flags_it_was_given(tmp_path: Any) -> None:
+    from streamrep.events.authorize import authorize_batch
     from streamrep.events.validation import parse_event as record_of
 
     r, events = build("10")
@@ -411,10 +411,13 @@ def test_a_retried_batch_is_checked_from_the_flags_it_was_given(tmp_path: Any) -
         bad = r.event("carol_bans", [r.id("carol")], "m.room.member", BOB, CAROL,
                       {"membership": "ban"})
         records = [record_of(bad)]
-        first = store.db.run(lambda txn: rules.check_batch(txn, records))
-        again = store.db.run(lambda txn: rules.check_batch(txn, records))
+        first = store.db.run(lambda txn: authorize_batch(
+            txn, rules, records, False, store._current_state).rejected)
+        again = store.db.run(lambda txn: authorize_batch(
+            txn, rules, records, False, store._current_state).rejected)
         assert first == again
         assert again[bad["event_id"]].reason == "insufficient_power"
+        assert not records[0].rejected  # the verdict is a value; the records keep their flags
     finally:
         store.close()
 

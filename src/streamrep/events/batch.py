@@ -43,6 +43,8 @@ class PersistOutcome:
     max_stream: int = 0
     max_live: int = 0
     persisted: list[str] = field(default_factory=list)
+    #: each event the room rules rejected: ``"<reason>: <detail>"``
+    rejected: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

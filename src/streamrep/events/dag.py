@@ -1,5 +1,4 @@
-"""The room DAG of a batch: its order, and the forward and backward extremities it
-moves.
+"""The forward and backward extremities a batch moves in each room's DAG.
 
 The extremity update itself runs in the ``extremities`` core: this module interns
 the room's share of the batch into dense integers, tells the core which of them
@@ -9,10 +8,9 @@ core says to add and remove.
 
 from __future__ import annotations
 
-import heapq
 from array import array
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from streamrep import _impl
 from streamrep.db import Transaction
@@ -27,40 +25,7 @@ else:
     _batchrows = _impl.load("batchrows")
     _core_ext = _impl.load("extremities")
 
-__all__ = ["topological_sort", "update_extremities"]
-
-
-def topological_sort(records: Sequence[EventRecord]) -> list[EventRecord]:
-    """Order *records* so that each comes after the batch events it lists as
-    prev_events (stable otherwise; cycles keep their input order)."""
-    if _batchrows.in_prev_order(records):
-        return list(records)  # already in order (the usual case)
-    by_id = {r.event_id: i for i, r in enumerate(records)}
-    indegree = [0] * len(records)
-    children: list[list[int]] = [[] for _ in records]
-    for i, record in enumerate(records):
-        for prev in record.prev_events:
-            j = by_id.get(prev)
-            if j is not None:
-                indegree[i] += 1
-                children[j].append(i)
-    ready = [i for i, d in enumerate(indegree) if d == 0]
-    heapq.heapify(ready)
-    out: list[EventRecord] = []
-    done = [False] * len(records)
-    while len(out) < len(records):
-        if not ready:  # a cycle: release the earliest remaining event
-            ready = [min(i for i in range(len(records)) if not done[i])]
-        i = heapq.heappop(ready)
-        if done[i]:
-            continue
-        done[i] = True
-        out.append(records[i])
-        for c in children[i]:
-            indegree[c] -= 1
-            if indegree[c] == 0 and not done[c]:
-                heapq.heappush(ready, c)
-    return out
+__all__ = ["update_extremities"]
 
 
 @dataclass

@@ -1,13 +1,15 @@
 """Writing one batch of events, in one transaction: the steps in order.
 
-1. :class:`BatchLookup`: one query for what the batch needs to know of the tables.
-2. Stream orderings for the events not stored yet (:mod:`~streamrep.events.orderings`).
-3. Per room: the extremities (:mod:`~streamrep.events.dag`), each event's state
-   group and visibility (:mod:`~streamrep.events.room_state`), the events' rows
-   (:class:`EventRows`).
-4. The rooms' current state (:mod:`~streamrep.events.current_state`).
-5. Everything queued goes out in one round trip (:mod:`~streamrep.events.writes`);
-   then redactions mark their targets.
+The store has planned the batch (:mod:`~streamrep.events.plan`: its lookup and the
+events to write, in topological order) and had the room rules decide on them
+(:mod:`~streamrep.events.authorize`); :func:`persist_batch` writes it: the verdict's
+flags; stream orderings for the events
+   (:mod:`~streamrep.events.orderings`); per room the extremities
+   (:mod:`~streamrep.events.dag`), each event's state group and visibility
+   (:mod:`~streamrep.events.room_state`) and the events' rows (:class:`EventRows`);
+   the rooms' current state (:mod:`~streamrep.events.current_state`); the verdict's
+   rows. Everything queued goes out in one round trip
+   (:mod:`~streamrep.events.writes`); then redactions mark their targets.
 
 The in-memory caches are only updated through :class:`PersistOutcome` once the
 transaction has committed.
@@ -15,110 +17,31 @@ transaction has committed.
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
-
-import orjson
+from typing import TYPE_CHECKING, Any
 
 from streamrep import _impl
 from streamrep.db import Transaction
-from streamrep.db.inlists import chunks, in_list
 from streamrep.events.batch import Batch, BatchCaches, PersistOutcome
 from streamrep.events.current_state import update_current_state
-from streamrep.events.dag import topological_sort, update_extremities
+from streamrep.events.dag import update_extremities
 from streamrep.events.orderings import StreamAllocator
+from streamrep.events.plan import BatchPlan
 from streamrep.events.resolver import StateResolver
+from streamrep.events.rules import Verdict
 from streamrep.events.room_state import GroupRows, RoomStateAssigner
 from streamrep.events.state import StateGroupStore
 from streamrep.events.validation import EventRecord
 from streamrep.events.visibility import normalise_visibility
 from streamrep.events.writes import Writes, writes_for
 
-__all__ = ["BatchLookup", "EventRows", "PersistOutcome", "persist_batch"]
+__all__ = ["EventRows", "PersistOutcome", "persist_batch"]
 
 if TYPE_CHECKING:
     from streamrep._pure import batchrows as _batchrows
 else:
     _batchrows = _impl.load("batchrows")
-
-
-@dataclass
-class BatchLookup:
-    """What the tables say about a batch, from one query."""
-
-    #: the batch's events and prev_events that are stored -> stored as an outlier?
-    stored: dict[str, bool] = field(default_factory=dict)
-    #: the bytes first received for stored outliers: a de-outliered event keeps them
-    outlier_json: dict[str, bytes] = field(default_factory=dict)
-    #: ``(event, room)`` of the batch's events that a stored redaction targets
-    redaction_targets: set[tuple[str, str]] = field(default_factory=set)
-    #: ``(room, event)`` of the batch's events that are backward extremities
-    backward: set[tuple[str, str]] = field(default_factory=set)
-
-    @classmethod
-    def query(cls, txn: Transaction, records: list[EventRecord]) -> "BatchLookup":
-        """Look up *records* (and their prev_events) in one statement per chunk."""
-        found = cls()
-        record_ids = {r.event_id: r for r in records}
-        extra_prevs = sorted({p for r in records if not r.outlier for p in r.prev_events
-                              if p not in record_ids})
-        for chunk in chunks([*record_ids, *extra_prevs]):
-            params: list[Any] = []
-            sql = _lookup_sql(txn, record_ids, chunk, params)
-            for kind, event_id, outlier, room_id, raw in txn.fetchall(sql, params):
-                if kind == 0:
-                    found.stored[event_id] = bool(outlier)
-                    if raw is not None and event_id in record_ids:
-                        found.outlier_json[event_id] = bytes(raw)
-                elif kind == 1:
-                    found.redaction_targets.add((event_id, room_id))
-                else:
-                    found.backward.add((room_id, event_id))
-        return found
-
-
-def _lookup_sql(txn: Transaction, record_ids: dict[str, EventRecord], chunk: Sequence[str],
-                params: list[Any]) -> str:
-    """The lookup of one chunk: stored events (kind 0), redactions aimed at the
-    batch's events (1), the batch's events that are backward extremities (2)."""
-    batch_chunk = [e for e in chunk if e in record_ids]
-    sql = ["SELECT 0, event_id, outlier, NULL, CASE WHEN outlier THEN json END"
-           " FROM events WHERE " + in_list(txn, "event_id", chunk, params)]
-    if batch_chunk:
-        sql.append("SELECT 1, redacts, NULL, room_id, NULL FROM events WHERE redacts"
-                   " IS NOT NULL AND NOT rejected AND "
-                   + in_list(txn, "redacts", batch_chunk, params))
-    by_room = _batchrows.by_room([record_ids[e] for e in batch_chunk
-                                  if not record_ids[e].outlier])
-    for room_id, room_records in by_room.items():
-        params.append(room_id)
-        sql.append("SELECT 2, event_id, NULL, room_id, NULL FROM event_backward_extremities"
-                   " WHERE room_id = ? AND "
-                   + in_list(txn, "event_id", [r.event_id for r in room_records], params))
-    return " UNION ALL ".join(sql)
-
-
-def _events_to_write(records: list[EventRecord],
-                     lookup: BatchLookup) -> tuple[list[EventRecord], list[str]]:
-    """The records not stored yet, and those stored as outliers that now arrive as
-    non-outliers (de-outliered: written again, with the bytes first received)."""
-    todo: list[EventRecord] = []
-    deoutliered: list[str] = []
-    stored = lookup.stored
-    for record in records:
-        if record.event_id in stored:
-            if stored[record.event_id] and not record.outlier:
-                deoutliered.append(record.event_id)
-                first = lookup.outlier_json.get(record.event_id)
-                if first is not None and first != record.json:
-                    # The fields follow the bytes kept (a retried transaction's room
-                    # rules read them).
-                    record.json, record.body = first, orjson.loads(first)
-                todo.append(record)
-            continue
-        todo.append(record)
-    return todo, sorted(deoutliered)
 
 
 def _allocate_orderings(batch: Batch, todo: list[EventRecord], backfilled: bool) -> None:
@@ -202,6 +125,45 @@ class EventRows:
                self.history, " ON CONFLICT DO NOTHING")
 
 
+def flag_records(records: list[EventRecord], verdict: Verdict) -> list[EventRecord]:
+    """*records*, those the verdict rejects or soft-fails replaced by copies with
+    the flag set (the caller's records are never modified, so a retried transaction
+    starts from the flags it was given)."""
+    if not verdict.flagged:
+        return records
+    rejected, soft_failed = verdict.rejected, verdict.soft_failed
+    out = []
+    for record in records:
+        event_id = record.event_id
+        reject = event_id in rejected and not record.rejected
+        soft_fail = event_id in soft_failed and not record.soft_failed
+        if reject or soft_fail:
+            record = dataclasses.replace(record, rejected=record.rejected or reject,
+                                         soft_failed=record.soft_failed or soft_fail)
+        out.append(record)
+    return out
+
+
+def queue_verdict_rows(writes: Writes, verdict: Verdict, deoutliered: list[str]) -> None:
+    """Queue on *writes* the rows of the rules' tables that the verdict adds, after
+    removing those of the *deoutliered* events (checked again now)."""
+    if deoutliered:
+        writes.delete_in("event_auth", "event_id", deoutliered)
+        writes.delete_in("rejections", "event_id", deoutliered)
+    writes.insert("event_auth", "event_id, auth_id, room_id", verdict.auth_rows)
+    if verdict.rejected:
+        now = int(time.time() * 1000)
+        writes.insert("rejections", "event_id, reason, last_check",
+                      [(e, r.reason, now) for e, r in verdict.rejected.items()])
+    writes.insert("rooms", "room_id, room_version", verdict.room_versions,
+                  " ON CONFLICT (room_id) DO NOTHING")
+
+
+def rejection_lines(verdict: Verdict) -> dict[str, str]:
+    """Each rejected event's reason as ``"<reason>: <detail>"``."""
+    return {e: f"{r.reason}: {r.detail}" for e, r in verdict.rejected.items()}
+
+
 def _apply_redactions(txn: Transaction, todo: list[EventRecord], out: PersistOutcome) -> None:
     """Mark the (stored or just inserted) targets of the batch's redactions."""
     for record in todo:
@@ -212,21 +174,19 @@ def _apply_redactions(txn: Transaction, todo: list[EventRecord], out: PersistOut
                 out.redacted.add(record.redacts)
 
 
-def persist_batch(txn: Transaction, records: list[EventRecord], backfilled: bool, *,
-                  states: StateGroupStore, resolver: StateResolver,
-                  allocator: StreamAllocator, caches: BatchCaches,
-                  more_rows: Callable[[Writes, PersistOutcome], None] | None = None,
-                  ) -> PersistOutcome:
-    """Persist *records* (validated, distinct IDs) in *txn*; *more_rows* queues rows
-    of its own to go out with the batch's (the room rules' tables)."""
+def persist_batch(txn: Transaction, plan: BatchPlan, verdict: Verdict | None,
+                  backfilled: bool, *, states: StateGroupStore, resolver: StateResolver,
+                  allocator: StreamAllocator, caches: BatchCaches) -> PersistOutcome:
+    """Write the batch *plan* holds in *txn*, with the flags of the room rules'
+    *verdict* (None for a store without room rules) and its rows."""
     out = PersistOutcome()
-    if not records:
+    if not plan.todo:
         return out
-    lookup = BatchLookup.query(txn, records)
-    todo, deoutliered = _events_to_write(records, lookup)
-    if not todo:
-        return out
-    todo = topological_sort(todo)
+    todo = plan.todo
+    if verdict is not None:
+        todo = flag_records(todo, verdict)
+        out.rejected = rejection_lines(verdict)
+    lookup, deoutliered = plan.lookup, plan.deoutliered
     # The only BYTEA written is event JSON, which validation has checked is UTF-8.
     batch = Batch(txn, writes_for(txn, utf8_bytea=True), states, resolver, allocator,
                   caches, out)
@@ -258,8 +218,8 @@ def persist_batch(txn: Transaction, records: list[EventRecord], backfilled: bool
     for room_id in rooms:
         if room_id in out.forward:
             update_current_state(batch, room_id, batch_memberships)
-    if more_rows is not None:
-        more_rows(batch.writes, out)
+    if verdict is not None:
+        queue_verdict_rows(batch.writes, verdict, deoutliered)
     batch.writes.flush()
     _apply_redactions(txn, todo, out)
     out.redacted |= redacted_now

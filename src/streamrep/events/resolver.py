@@ -2,7 +2,7 @@
 
 :class:`StateResolver` is the plug-in point (``EventStore(url, resolver=...)``). The
 event store's default is the Matrix state resolution of each room's version
-(:class:`streamrep.matrix.gate.MatrixStateResolver`). :class:`DepthOrderResolver`
+(:class:`streamrep.matrix.rules.MatrixStateResolver`). :class:`DepthOrderResolver`
 is the resolver of a store without room rules (``room_rules=None``, for DAG data
 that is not a Matrix room): simple and deterministic, it checks no authorization
 rules and no power levels.

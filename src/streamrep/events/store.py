@@ -23,11 +23,12 @@ from streamrep.errors import (
     InvalidEventError,
     InvalidTokenError,
 )
-from streamrep.events import schema
-from streamrep.lru import Lru
+from streamrep.events import rules_schema, schema
+from streamrep.events.authorize import authorize_batch, hold_rooms
 from streamrep.events.batch import BatchCaches, PersistOutcome
 from streamrep.events.orderings import GeneratorAllocator, StreamAllocator
 from streamrep.events.persist import persist_batch
+from streamrep.events.plan import plan_batch
 from streamrep.events.reading import (
     StoredEvent,
     fetch_events,
@@ -36,11 +37,12 @@ from streamrep.events.reading import (
 )
 from streamrep.events.resolver import DepthOrderResolver, StateKey, StateResolver
 from streamrep.events.room_state import current_state_of
+from streamrep.events.rules import RoomRules
 from streamrep.events.state import GroupState, StateGroupStore, StateOverlay
 from streamrep.events.tokens import StreamToken, TopologicalToken, parse_token
 from streamrep.events.validation import EventRecord, parse_event
-from streamrep.events.writes import Writes
-from streamrep.matrix.gate import Rejection, RoomRules
+from streamrep.lru import Lru
+from streamrep.matrix.rules import MatrixRoomRules
 
 if TYPE_CHECKING:
     from streamrep._pure import changecache as _core_changecache
@@ -55,8 +57,8 @@ class _DefaultRules(enum.Enum):
     MATRIX = "matrix"
 
 
-#: The default of ``EventStore(room_rules=...)``: a new
-#: :class:`~streamrep.matrix.gate.RoomRules` for each store.
+#: The default of ``EventStore(room_rules=...)``: new
+#: :class:`~streamrep.matrix.rules.MatrixRoomRules` for each store.
 MATRIX_RULES: Final = _DefaultRules.MATRIX
 
 #: ``[cache_name, key, ts]`` rows for the ``caches`` stream.
@@ -112,12 +114,13 @@ class EventStore:
     chains; ``cache_size`` and ``max_cached_state_entries`` bound the in-memory
     caches (entries, and state keys held by cached states).
 
-    ``room_rules`` (by default a new :class:`streamrep.matrix.gate.RoomRules`)
-    checks every batch against the Matrix authorization rules of the room's
-    version: rejected events are stored flagged rejected with a ``rejections`` row,
-    soft-failed ones flagged soft-failed, and each event's auth events go into
-    ``event_auth``. ``resolver`` merges conflicting states; by default it is the
-    rules' resolver, the Matrix state resolution of each room's version.
+    ``room_rules`` (a :class:`~streamrep.events.rules.RoomRules`; by default new
+    :class:`streamrep.matrix.rules.MatrixRoomRules`) checks every batch, by default
+    against the Matrix authorization rules of the room's version: rejected events
+    are stored flagged rejected with a ``rejections`` row, soft-failed ones flagged
+    soft-failed, and each state event's auth events go into ``event_auth``.
+    ``resolver`` merges conflicting states; by default it is the rules' resolver,
+    the Matrix state resolution of each room's version.
     ``room_rules=None`` is for DAG data that is not a Matrix room: nothing is
     authorized, and the default resolver is
     :class:`~streamrep.events.resolver.DepthOrderResolver`.
@@ -139,13 +142,13 @@ class EventStore:
         self._owns_db = isinstance(database, str)
         self.db = Database.open(database, migrate=False) if isinstance(database, str) else database
         self.db.ensure_schema(schema.COMPONENT)
-        rules = RoomRules() if isinstance(room_rules, _DefaultRules) else room_rules
+        rules: RoomRules | None = (MatrixRoomRules() if isinstance(room_rules, _DefaultRules)
+                                   else room_rules)
         self.room_rules = rules
         if rules is not None:
-            rules.attach(self.db)
+            self.db.ensure_schema(rules_schema.COMPONENT)
         self.resolver: StateResolver = resolver or (
             rules.resolver if rules is not None else DepthOrderResolver())
-        self._rejections: dict[str, Rejection] = {}
         self.states = StateGroupStore(max_delta_hops, cache_size, max_cached_state_entries)
         self._allocator: StreamAllocator
         self._streams = streams
@@ -220,17 +223,15 @@ class EventStore:
                 raise
             finally:
                 if self.room_rules is not None:
-                    self.room_rules.end_batch()
+                    self.room_rules.trim()
             cache_rows = self._apply_outcome(outcome)
         if self._writes_caches and cache_rows and self._streams is not None:
             for cache_name, keys in cache_rows:
                 self._streams.add_cache_invalidation(cache_name, keys)
         if self._on_persisted is not None:
             self._on_persisted(outcome, cache_rows)
-        rejected = {e: f"{r.reason}: {r.detail}" for e, r in self._rejections.items()
-                    if e in outcome.event_orderings}
         return PersistResult(MappingProxyType(outcome.event_orderings), outcome.max_live,
-                             MappingProxyType(rejected))
+                             MappingProxyType(outcome.rejected))
 
     @staticmethod
     def _validate(events: Iterable[Any]) -> list[EventRecord]:
@@ -251,22 +252,16 @@ class EventStore:
 
     def _persist_txn(self, txn: Transaction, records: list[EventRecord],
                      backfilled: bool) -> PersistOutcome:
+        """One batch, forward: what to write, the rules' verdict on it, the writes."""
+        plan = plan_batch(txn, records)
         rules = self.room_rules
-        if rules is not None:
-            self._rejections = rules.check_batch(txn, records, backfilled,
-                                                 known_state=self._current_state.get)
-        more_rows = None
-        if rules is not None:
-            rejections = self._rejections
-
-            def more_rows(writes: Writes, outcome: PersistOutcome) -> None:
-                rules.queue_rows(writes, outcome.persisted, records, rejections)
-
+        verdict = None
+        if rules is not None and plan.todo:
+            verdict = authorize_batch(txn, rules, plan.todo, backfilled, self._current_state)
         return persist_batch(
-            txn, records, backfilled, states=self.states, resolver=self.resolver,
+            txn, plan, verdict, backfilled, states=self.states, resolver=self.resolver,
             allocator=self._allocator,
-            caches=BatchCaches(self._forward, self._current_state, self._visibility_values),
-            more_rows=more_rows)
+            caches=BatchCaches(self._forward, self._current_state, self._visibility_values))
 
     def _apply_outcome(self, outcome: PersistOutcome) -> list[CacheRow]:
         """Bring the caches up to date with a committed batch; return the ``caches``
@@ -428,8 +423,18 @@ class EventStore:
         """Recompute the room's state from its forward extremities (bypassing
         ``current_state_events``)."""
         forward = self.get_forward_extremities(room_id)
-        return self.db.run(lambda txn: current_state_of(
-            txn, self.states, self.resolver, room_id, forward, {}, {}, {}), name="state_at_ext")
+        try:
+            return self.db.run(self._state_at, room_id, forward, name="state_at_ext")
+        finally:
+            if self.room_rules is not None:
+                self.room_rules.trim()
+
+    def _state_at(self, txn: Transaction, room_id: str,
+                  extremities: set[str]) -> Mapping[StateKey, str]:
+        if self.room_rules is not None:
+            hold_rooms(txn, self.room_rules, [room_id])
+        return current_state_of(txn, self.states, self.resolver, room_id, extremities,
+                                {}, {}, {})
 
     # -- positions, sync and pagination ---------------------------------------------------
 

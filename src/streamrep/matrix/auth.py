@@ -236,6 +236,44 @@ def _require_joined(user_id: str, state: Mapping[StateKey, MatrixEvent]) -> None
         raise AuthRejection(R.NOT_IN_ROOM, f"{user_id} is not joined to the room")
 
 
+def _check_join(event: MatrixEvent, version: RoomVersion, state: Mapping[StateKey, MatrixEvent],
+                create: MatrixEvent, sender_ms: str | None, join_rule: Any) -> None:
+    """The membership rules of a join (*sender_ms*: the sender's membership now)."""
+    target = event.state_key
+    # The creator's own join right after the create event.
+    if len(event.prev_events) == 1 and event.prev_events[0] == create.event_id:
+        first = create.sender if version.implicit_room_creator else create.content.get(
+            "creator")
+        if first == target:
+            return
+    if event.sender != target:
+        raise AuthRejection(R.MEMBERSHIP_FORBIDDEN, "cannot join on behalf of another user")
+    if sender_ms == "ban":
+        raise AuthRejection(R.MEMBERSHIP_FORBIDDEN, "sender is banned")
+    restricted = ((version.restricted_join_rule and join_rule == "restricted")
+                  or (version.knock_restricted_join_rule and join_rule == "knock_restricted"))
+    if join_rule == "public":
+        return
+    if restricted:
+        if sender_ms in ("join", "invite"):
+            return
+        via = event.content.get("join_authorised_via_users_server")
+        if not isinstance(via, str):
+            raise AuthRejection(R.MEMBERSHIP_FORBIDDEN,
+                                "restricted join without join_authorised_via_users_server")
+        if _membership(state, via) != "join":
+            raise AuthRejection(R.MEMBERSHIP_FORBIDDEN, f"authorising user {via} is not joined")
+        if pl.user_level(via, state, version) < pl.named_level(state, "invite", 0, version):
+            raise AuthRejection(R.MEMBERSHIP_FORBIDDEN,
+                                f"authorising user {via} may not invite")
+        return
+    if join_rule == "invite" or (version.knock and join_rule == "knock"):
+        if sender_ms in ("join", "invite"):
+            return
+        raise AuthRejection(R.MEMBERSHIP_FORBIDDEN, "the room is invite-only")
+    raise AuthRejection(R.MEMBERSHIP_FORBIDDEN, f"join rule {join_rule!r} forbids joining")
+
+
 def _check_membership(event: MatrixEvent, version: RoomVersion,
                       state: Mapping[StateKey, MatrixEvent], create: MatrixEvent) -> None:
     target = event.state_key
@@ -256,38 +294,8 @@ def _check_membership(event: MatrixEvent, version: RoomVersion,
         return pl.user_level(user, state, version)
 
     if membership == "join":
-        # The creator's own join right after the create event.
-        if len(event.prev_events) == 1 and event.prev_events[0] == create.event_id:
-            first = create.sender if version.implicit_room_creator else create.content.get(
-                "creator")
-            if first == target:
-                return
-        if event.sender != target:
-            raise AuthRejection(R.MEMBERSHIP_FORBIDDEN, "cannot join on behalf of another user")
-        if sender_ms == "ban":
-            raise AuthRejection(R.MEMBERSHIP_FORBIDDEN, "sender is banned")
-        restricted = ((version.restricted_join_rule and join_rule == "restricted")
-                      or (version.knock_restricted_join_rule and join_rule == "knock_restricted"))
-        if join_rule == "public":
-            return
-        if restricted:
-            if sender_ms in ("join", "invite"):
-                return
-            via = event.content.get("join_authorised_via_users_server")
-            if not isinstance(via, str):
-                raise AuthRejection(R.MEMBERSHIP_FORBIDDEN,
-                                    "restricted join without join_authorised_via_users_server")
-            if _membership(state, via) != "join":
-                raise AuthRejection(R.MEMBERSHIP_FORBIDDEN, f"authorising user {via} is not joined")
-            if level(via) < pl.named_level(state, "invite", 0, version):
-                raise AuthRejection(R.MEMBERSHIP_FORBIDDEN,
-                                    f"authorising user {via} may not invite")
-            return
-        if join_rule == "invite" or (version.knock and join_rule == "knock"):
-            if sender_ms in ("join", "invite"):
-                return
-            raise AuthRejection(R.MEMBERSHIP_FORBIDDEN, "the room is invite-only")
-        raise AuthRejection(R.MEMBERSHIP_FORBIDDEN, f"join rule {join_rule!r} forbids joining")
+        _check_join(event, version, state, create, sender_ms, join_rule)
+        return
 
     if membership == "invite":
         if "third_party_invite" in event.content:

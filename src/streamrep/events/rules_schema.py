@@ -1,4 +1,5 @@
-"""Tables of the Matrix room rules (schema component ``matrix``), reference names.
+"""The tables of the room rules' verdicts (schema component ``matrix``), with the
+reference system's names.
 
 * ``rooms(room_id, room_version)`` - each room's version, from its create event;
 * ``event_auth(event_id, auth_id, room_id)`` - each stored state event's auth
@@ -23,6 +24,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 import orjson
 
 from streamrep.db import Migration, register_schema
+# Registered first: this component's migrations read the events tables.
+from streamrep.events import schema as _events_schema  # noqa: F401
 from streamrep.db.inlists import chunks, in_list
 from streamrep.matrix.errors import MatrixError
 from streamrep.matrix.events import CREATE, create_event_id_for_room
