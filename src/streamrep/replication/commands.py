@@ -145,3 +145,9 @@ def rdata_line_list(stream: str, instance: str, rows: Sequence[tuple[int, bytes]
         else:
             out.append(b"%bbatch %b\n" % (head, row_json))
     return out
+
+
+def position_lines(positions: Iterable[tuple[str, str, int, int]]) -> tuple[bytes, int]:
+    """``POSITION`` lines of ``(stream, instance, prev_token, new_token)``, and how many."""
+    lines = [encode_one(position(s, i, prev, new)) for s, i, prev, new in positions]
+    return b"".join(lines), len(lines)

@@ -1,0 +1,180 @@
+"""A reader's position per writer, as actions: replays dropped, gaps found."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+import orjson
+
+from streamrep.replication import commands as C
+from streamrep.replication.protocol.actions import Action, Fact, FillGap, GapUnfilled
+
+__all__ = ["FollowerState", "group_facts"]
+
+_rdata_rows = C.rdata_rows
+_loads = orjson.loads
+
+
+def group_facts(rows: Sequence[tuple[int, bytes]]) -> list[tuple[int, list[Any]]]:
+    """Group ``(token, row_json)`` rows (token order) into facts ``(token, rows)``."""
+    facts: list[tuple[int, list[Any]]] = []
+    for token, row_json in rows:
+        row = _loads(row_json)
+        if facts and facts[-1][0] == token:
+            facts[-1][1].append(row)
+        else:
+            facts.append((token, [row]))
+    return facts
+
+
+class FollowerState:
+    """A reader's position per ``(stream, instance)``, as actions.
+
+    ``RDATA`` ``batch`` rows wait for the row with the token; a fact at or below
+    the writer's position is a replay and is dropped; a ``POSITION`` whose
+    ``prev_token`` is past the position is a gap: :class:`FillGap` when the
+    reader has a database (*can_fill*), :class:`GapUnfilled` otherwise.
+
+    Positions move when the actions are made; a transport whose handler fails
+    calls :meth:`rewind` with the actions it did not finish.
+    """
+
+    def __init__(self, streams: Iterable[str] | None = None, start_from: Mapping[Any, int] | None = None,
+                 can_fill: bool = False) -> None:
+        self.streams = frozenset(streams) if streams is not None else None
+        self.start_from: dict[Any, int] = dict(start_from or {})
+        self.can_fill = can_fill
+        self.positions: dict[tuple[str, str], int] = {}
+        self._pending: dict[tuple[str, str], list[Any]] = {}
+
+    def follows(self, stream: str) -> bool:
+        return self.streams is None or stream in self.streams
+
+    def base(self, key: tuple[str, str]) -> int | None:
+        """Where the reader is for *key*: its position, else its configured start."""
+        pos = self.positions.get(key)
+        if pos is not None:
+            return pos
+        base = self.start_from.get(key)
+        if base is None:
+            base = self.start_from.get(key[0])
+        return base
+
+    def connection_lost(self) -> None:
+        """Forget half-received batches: facts are always resent whole."""
+        self._pending.clear()
+
+    def rdata(self, stream: str, instance: str, token: int | None, row: Any, out: list[Action]) -> None:
+        """One decoded ``RDATA`` row (*token* None: ``batch``)."""
+        if self.streams is not None and stream not in self.streams:
+            return
+        key = (stream, instance)
+        if token is None:
+            self._pending.setdefault(key, []).append(row)
+            return
+        pending = self._pending.pop(key, None)
+        self._fact(key, token, pending + [row] if pending else [row], out)
+
+    def rdata_run(self, stream: str, instance: str, token: int | None, commands: list[Any],
+                  out: list[Action]) -> None:
+        """Consecutive ``RDATA`` commands of one writer, all ``batch`` but the last
+        (whose token is *token*; None: the fact goes on in a later read). Rows of a
+        dropped fact are never decoded."""
+        if self.streams is not None and stream not in self.streams:
+            return
+        key = (stream, instance)
+        if token is None:
+            waiting = self._pending.get(key)
+            rows = _rdata_rows(commands)
+            if waiting is None:
+                self._pending[key] = rows
+            else:
+                waiting.extend(rows)
+            return
+        pending = self._pending.pop(key, None)
+        pos = self.positions.get(key)
+        base = pos if pos is not None else self.base(key)
+        if base is not None and token <= base:
+            return
+        if pending:
+            pending.extend(_rdata_rows(commands))
+            rows = pending
+        else:
+            rows = _rdata_rows(commands)
+        self.positions[key] = token
+        out.append(Fact(stream, instance, token, rows, base))
+
+    def _fact(self, key: tuple[str, str], token: int, rows: list[Any], out: list[Action]) -> None:
+        base = self.base(key)
+        if base is not None and token <= base:
+            return
+        self.positions[key] = token
+        out.append(Fact(key[0], key[1], token, rows, base))
+
+    def position(self, stream: str, instance: str, prev_token: int, new_token: int, out: list[Action]) -> None:
+        """A ``POSITION``."""
+        if self.streams is not None and stream not in self.streams:
+            return
+        key = (stream, instance)
+        self._pending.pop(key, None)
+        base = self.base(key)
+        if base is None:
+            self.positions[key] = new_token
+            return
+        if prev_token > base:
+            if not self.can_fill:
+                out.append(GapUnfilled(stream, instance, base, prev_token))
+                return
+            out.append(FillGap(stream, instance, base, new_token))
+        if new_token > self.positions.get(key, base):
+            self.positions[key] = new_token
+        elif key not in self.positions:
+            self.positions[key] = base
+
+    def gap_facts(self, stream: str, instance: str, after: int, rows: Sequence[tuple[int, bytes]]) -> list[Fact]:
+        """Facts of database rows ``(token, row_json)`` filling a gap, past *after*
+        (rows at or below it were delivered already)."""
+        out: list[Fact] = []
+        prev = after
+        for token, fact_rows in group_facts(rows):
+            if token <= prev:
+                continue
+            out.append(Fact(stream, instance, token, fact_rows, prev))
+            prev = token
+        return out
+
+    def skip_gap(self, gap: GapUnfilled) -> None:
+        """Accept that a gap will not be filled: move past it."""
+        key = (gap.stream, gap.instance)
+        if gap.upto_token > self.positions.get(key, gap.from_token):
+            self.positions[key] = gap.upto_token
+
+    def rewind(self, stream: str, instance: str, token: int | None) -> None:
+        """The application did not take facts after *token*: go back there (None:
+        the writer was never seen)."""
+        key = (stream, instance)
+        if token is None:
+            self.positions.pop(key, None)
+        elif token < self.positions.get(key, token + 1):
+            self.positions[key] = token
+
+    def rewind_unfinished(self, actions: Iterable[Action]) -> None:
+        """Rewind for every :class:`Fact` and :class:`FillGap` not carried out."""
+        for action in actions:
+            if type(action) is Fact:
+                self.rewind(action.stream, action.instance, action.prev)
+            elif type(action) is FillGap:
+                self.rewind(action.stream, action.instance, action.from_token)
+
+    def resume_tokens(self) -> dict[str, int]:
+        """Per stream, the token to resume from through the hub: the lowest position
+        over its writers (facts already seen are dropped on arrival)."""
+        tokens: dict[str, int] = {}
+        for (stream, _instance), pos in self.positions.items():
+            tokens[stream] = min(pos, tokens.get(stream, pos))
+        for key, base in self.start_from.items():
+            stream = key if isinstance(key, str) else key[0]
+            if isinstance(key, str) and stream in tokens:
+                continue  # every writer the hub knows has a position already
+            tokens[stream] = min(base, tokens.get(stream, base))
+        return tokens

@@ -1,0 +1,112 @@
+"""What every replication session shares: dispatch bound once, keepalive, closing."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from streamrep.errors import ProtocolError
+from streamrep.replication.protocol.actions import Action, Close, DisconnectReason, Received
+from streamrep.replication.protocol.keepalive import Keepalive
+from streamrep.replication.protocol.settings import ConnectionSettings
+from streamrep.wire_commands import CLIENT_SIDE, SERVER_SIDE, SPECS, accepted_from
+
+__all__ = ["Session"]
+
+
+class Session:
+    """What every session shares: dispatch bound once, keepalive, closing.
+
+    *peer_side* is the side the peer plays (:data:`~streamrep.wire_commands.SERVER_SIDE`
+    or :data:`~streamrep.wire_commands.CLIENT_SIDE`); only the commands it may send
+    get a handler. ``None`` (a bus) accepts every declared command.
+    """
+
+    peer_side: str | None = None
+
+    def __init__(self, settings: ConnectionSettings, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self.settings = settings
+        self.keepalive = Keepalive(settings, now)
+        self.started_at = now
+        self.closed = False
+        self.close_reason: str | None = None
+        allowed = SPECS.keys() if self.peer_side is None else accepted_from(self.peer_side)
+        self._handlers: dict[str, Callable[[Any, list[Action]], None]] = {}
+        for name in allowed:
+            handler = getattr(self, f"on_{name}", None)
+            if handler is not None:
+                self._handlers[name] = handler
+
+    # --- driven by the transport ---------------------------------------------------------
+
+    def receive(self, commands: list[Any], now: float) -> list[Action]:
+        """Act on decoded *commands* received at *now*."""
+        self.keepalive.last_received = now
+        out: list[Action] = []
+        try:
+            self._dispatch(commands, out)
+        except ProtocolError as exc:
+            self._close(out, DisconnectReason.PROTOCOL_ERROR, str(exc))
+        return out
+
+    def receive_failed(self, error: ProtocolError, now: float) -> list[Action]:
+        """A read whose decoding failed: act on its good commands (``error.commands``),
+        then close with the error's message."""
+        out = self.receive(list(getattr(error, "commands", None) or ()), now)
+        if not self.closed:
+            self._close(out, DisconnectReason.PROTOCOL_ERROR, str(error))
+        return out
+
+    def tick(self, now: float, idle: bool) -> list[Action]:
+        """Timers: *idle* says nothing is waiting to be written to this peer."""
+        if self.closed:
+            return []
+        action = self.keepalive.due(now, idle)
+        if action is None:
+            return []
+        if type(action) is Close:
+            self._mark_closed(action.reason)
+        return [action]
+
+    def data_sent(self, now: float) -> None:
+        """The transport handed lines to the peer at *now*."""
+        self.keepalive.last_sent = now
+
+    def closing(self, reason: str) -> None:
+        """The transport closed the connection (any reason); idempotent."""
+        self._mark_closed(reason)
+
+    # --- for subclasses --------------------------------------------------------------------
+
+    def _dispatch(self, commands: list[Any], out: list[Action]) -> None:
+        handlers = self._handlers
+        for command in commands:
+            if self.closed:
+                return
+            handler = handlers.get(command.NAME)
+            if handler is None:
+                self._refuse(command, out)
+                return
+            handler(command, out)
+
+    def _refuse(self, command: Any, out: list[Action]) -> None:
+        sender = {CLIENT_SIDE: "a client", SERVER_SIDE: "a server"}.get(self.peer_side or "", "a peer")
+        self._close(out, DisconnectReason.PROTOCOL_ERROR, f"{command.NAME} is not accepted from {sender}")
+
+    def _close(self, out: list[Action], reason: str, error: str | None = None) -> None:
+        if not self.closed:
+            self._mark_closed(reason)
+            out.append(Close(reason, error))
+
+    def _mark_closed(self, reason: str) -> None:
+        if not self.closed:
+            self.closed = True
+            self.close_reason = reason
+
+    def on_PING(self, command: Any, out: list[Action]) -> None:
+        self.keepalive.ping_seen = True
+
+    def on_ERROR(self, command: Any, out: list[Action]) -> None:
+        out.append(Received(command))
+        self._close(out, DisconnectReason.PEER_ERROR)
