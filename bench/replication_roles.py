@@ -40,8 +40,17 @@ def _security() -> Any:
 SERVER_NAME = "bench.example"
 
 
+def _link(connect: str, name: str, **roles: Any) -> Any:
+    """The link to the hub at HOST:PORT, or through Redis at ``redis://...``."""
+    from streamrep.replication import LinkSettings, open_link
+
+    if connect.startswith("redis://"):
+        return open_link(LinkSettings(name, SERVER_NAME, redis_url=connect), **roles)
+    host, port = connect.rsplit(":", 1)
+    return open_link(LinkSettings(name, SERVER_NAME, hub=(host, int(port)), security=_security()), **roles)
+
+
 def worker(connect: str, name: str, rows_wanted: int, out_path: str) -> None:
-    from streamrep.replication import ReplicationClient
 
     facts: list[tuple[int, int]] = []
     state = {"rows": 0, "first": 0}
@@ -56,16 +65,7 @@ def worker(connect: str, name: str, rows_wanted: int, out_path: str) -> None:
         if state["rows"] >= rows_wanted:
             done.set()
 
-    client: Any
-    if connect.startswith("redis://"):
-        from streamrep.replication.transport.redis import RedisReplication
-
-        client = RedisReplication(connect, server_name=SERVER_NAME, instance_name=name, handler=handler,
-                                  streams=["to_device"])
-    else:
-        host, port = connect.rsplit(":", 1)
-        client = ReplicationClient(host, int(port), client_name=name, handler=handler, streams=["to_device"],
-                                   security=_security())
+    client = _link(connect, name, handler=handler, streams=["to_device"])
     client.start()
     if not client.wait_connected(30):
         raise SystemExit("worker could not connect")
@@ -82,25 +82,13 @@ def worker(connect: str, name: str, rows_wanted: int, out_path: str) -> None:
 
 def writer(connect: str, db: str, fact_count: int, rows_per_fact: int, rate: float, out_path: str) -> None:
     from streamrep.db import open_database
-    from streamrep.replication import ReplicationClient
-    from streamrep.replication.registry_source import RegistrySource
     from streamrep.streams import Streams
 
     instance = "benchwriter"
     database = open_database(db)
     streams = Streams(database, instance, {"to_device": [instance]})
-    source = RegistrySource(streams, ["to_device"])
     positions = lambda: [("to_device", instance, streams.current_token("to_device", instance))]  # noqa: E731
-    client: Any
-    if connect.startswith("redis://"):
-        from streamrep.replication.transport.redis import RedisReplication
-
-        client = RedisReplication(connect, server_name=SERVER_NAME, instance_name=instance,
-                                  writer_positions=positions)
-    else:
-        host, port = connect.rsplit(":", 1)
-        client = ReplicationClient(host, int(port), client_name=instance, writer_positions=positions,
-                                   security=_security())
+    client = _link(connect, instance, writer_positions=positions)
     commits: list[tuple[int, int]] = []
     # The rows of the fact being committed, exactly as the stream reads them back
     # (``[entity]``, the recipient, ordered by user then device): the writer

@@ -137,7 +137,7 @@ def test_tail_with_redis_unreachable_gives_up_naming_it(workdir: Path) -> None:
 @pytest.fixture
 def hub() -> Iterator[tuple[str, int]]:
     from streamrep.replication import ReplicationHub
-    from streamrep.replication.source import MemorySource
+    from streamrep.replication.sources.memory import MemorySource
 
     hub = ReplicationHub("example.com", MemorySource(), port=0)
     hub.start()

@@ -79,7 +79,7 @@ def test_slow_consumer_is_disconnected_others_keep_up() -> None:
 
 
 def test_catch_up_delivers_facts_larger_than_the_queue_bound() -> None:
-    from streamrep.replication import Backoff, ReplicationClient
+    from support.replication import tcp_link
 
     source = MemorySource(["to_device"])
     for token in (1, 2, 3):
@@ -90,9 +90,8 @@ def test_catch_up_delivers_facts_larger_than_the_queue_bound() -> None:
     )
     hub.start()
     got: list[tuple[int, int]] = []
-    client = ReplicationClient(
-        "127.0.0.1", hub.address[1], client_name="w", start_from={"to_device": 0},
-        handler=lambda s, i, token, rows: got.append((token, len(rows))), backoff=Backoff(0.02, 0.1),
+    client = tcp_link(hub.address[1], "w", start_from={"to_device": 0},
+        handler=lambda s, i, token, rows: got.append((token, len(rows))), backoff=(0.02, 0.1),
     )
     client.start()
     try:

@@ -13,12 +13,12 @@ from streamrep.replication import (
     ConnectionSettings,
     DisconnectReason,
     MemorySource,
-    ReplicationClient,
     ReplicationHub,
     StreamFollower,
 )
+from streamrep.replication.transport.tcp_client import TcpLink
 from streamrep.replication import follower as follower_module
-from support.replication import wait_until
+from support.replication import tcp_link, wait_until
 
 FAST = ConnectionSettings(ping_interval=0.1, ping_timeout=0.5)
 Fact = tuple[str, str, int, list[Any]]
@@ -121,6 +121,7 @@ def test_client_acts_on_what_precedes_an_unfillable_gap_then_reconnects() -> Non
 
     class Conn:
         name = "hub"
+        session = None
         perform_basic = TcpConnection.perform_basic
         log_peer_error = TcpConnection.log_peer_error
 
@@ -135,7 +136,7 @@ def test_client_acts_on_what_precedes_an_unfillable_gap_then_reconnects() -> Non
         def close(self, reason: str, error: str | None = None) -> None:
             self.closed_with.append(reason)
 
-    client = ReplicationClient("127.0.0.1", 1, client_name="w", on_command=relayed.append)
+    client = tcp_link(1, "w", on_command=relayed.append)
     conn = Conn()
     server_up = C.new_decoder(1000).feed(b"REMOTE_SERVER_UP other.example\n")[0]
     client.perform(conn, [Send(b"PING 1\n", 1, "PING"), Received(server_up),  # type: ignore[arg-type]
@@ -192,10 +193,9 @@ def _hub(hubs: list[ReplicationHub], source: MemorySource, port: int = 0) -> Rep
     return hub
 
 
-def _client(port: int, got: list[Fact], **kwargs: Any) -> ReplicationClient:
-    kwargs.setdefault("backoff", Backoff(0.02, 0.2))
-    return ReplicationClient(
-        "127.0.0.1", port, client_name="worker", server_name="hub.example",
+def _client(port: int, got: list[Fact], **kwargs: Any) -> TcpLink:
+    kwargs.setdefault("backoff", (0.02, 0.2))
+    return tcp_link(port, "worker", server_name="hub.example",
         handler=lambda *fact: got.append(fact), settings=FAST, **kwargs,
     )
 
@@ -239,9 +239,8 @@ def test_every_fact_once_in_order_across_hub_restarts(
 def test_wrong_server_name_is_refused(hubs: list[ReplicationHub], source: MemorySource) -> None:
     hub = _hub(hubs, source)
     got: list[Fact] = []
-    client = ReplicationClient(
-        "127.0.0.1", hub.address[1], client_name="w", server_name="other.example",
-        handler=lambda *fact: got.append(fact), settings=FAST, backoff=Backoff(0.05, 0.1),
+    client = tcp_link(hub.address[1], "w", server_name="other.example",
+        handler=lambda *fact: got.append(fact), settings=FAST, backoff=(0.05, 0.1),
     )
     client.start()
     try:
@@ -265,10 +264,9 @@ def test_writer_process_announces_and_hub_fills_what_it_missed(
             source.append("events", "w1", token, [["e", token]])
             writer.announce("events", "w1", [(token, b'["e",%d]' % token)])
 
-    writer = ReplicationClient(
-        "127.0.0.1", port, client_name="w1", server_name="hub.example", settings=FAST,
+    writer = tcp_link(port, "w1", server_name="hub.example", settings=FAST,
         writer_positions=lambda: [("events", "w1", source.current_token("events", "w1"))],
-        backoff=Backoff(0.02, 0.2),
+        backoff=(0.02, 0.2),
     )
     worker.start()
     writer.start()
@@ -296,8 +294,8 @@ def test_relayed_commands_reach_the_application(hubs: list[ReplicationHub], sour
 
     hub = _hub(hubs, source)
     seen: list[Any] = []
-    a = ReplicationClient("127.0.0.1", hub.address[1], client_name="a", settings=FAST)
-    b = ReplicationClient("127.0.0.1", hub.address[1], client_name="b", settings=FAST, on_command=seen.append)
+    a = tcp_link(hub.address[1], "a", settings=FAST)
+    b = tcp_link(hub.address[1], "b", settings=FAST, on_command=seen.append)
     a.start(), b.start()
     try:
         assert a.wait_connected(5) and b.wait_connected(5)
@@ -345,11 +343,10 @@ def test_a_writers_first_announcement_may_fill_its_whole_queue() -> None:
     hub = ReplicationHub("hub.example", source, port=0, settings=settings)
     hub.start()
     got: list[int] = []
-    worker = ReplicationClient("127.0.0.1", hub.address[1], client_name="worker", settings=settings,
+    worker = tcp_link(hub.address[1], "worker", settings=settings,
                                handler=lambda s, i, t, rows: got.append(len(rows)),
                                start_from={"to_device": 0})
-    writer = ReplicationClient(
-        "127.0.0.1", hub.address[1], client_name="w1", settings=settings,
+    writer = tcp_link(hub.address[1], "w1", settings=settings,
         writer_positions=lambda: [("to_device", "w1", source.current_token("to_device", "w1"))])
     worker.start()
     try:

@@ -18,10 +18,9 @@ import gevent
 import orjson
 import pytest
 
-from streamrep.replication import ConnectionSettings, MemorySource, ReplicationClient, ReplicationHub
-from streamrep.replication.backoff import Backoff
+from streamrep.replication import ConnectionSettings, MemorySource, ReplicationHub
 from streamrep.wire import parse_line
-from support.replication import LineClient, wait_until
+from support.replication import LineClient, tcp_link, wait_until
 
 SETTINGS = ConnectionSettings(ping_interval=0.2, ping_timeout=1.0, handshake_timeout=1.0,
                               max_queued_commands=500, max_connections=60, max_connections_per_host=60)
@@ -44,14 +43,12 @@ class Deployment:
         self.hub.start()
         self.token = 0
         self.seen: list[tuple[str, str, int]] = []
-        self.writer = ReplicationClient(
-            "127.0.0.1", self.hub.address[1], client_name="writer1", settings=SETTINGS,
+        self.writer = tcp_link(self.hub.address[1], "writer1", settings=SETTINGS,
             writer_positions=lambda: [("caches", "writer1", self.source.current_token("caches", "writer1"))],
-            backoff=Backoff(0.02, 0.1))
-        self.worker = ReplicationClient(
-            "127.0.0.1", self.hub.address[1], client_name="worker1", settings=SETTINGS,
+            backoff=(0.02, 0.1))
+        self.worker = tcp_link(self.hub.address[1], "worker1", settings=SETTINGS,
             handler=lambda s, i, t, rows: self.seen.append((s, i, t)), source=self.source,
-            start_from={"caches": 0}, backoff=Backoff(0.02, 0.1))
+            start_from={"caches": 0}, backoff=(0.02, 0.1))
         self.writer.start()
         self.worker.start()
         assert self.writer.wait_connected(5) and self.worker.wait_connected(5)
@@ -182,9 +179,9 @@ def test_twelve_thousand_fake_writers_then_a_tail_without_database(deployment: D
         _refused(peer, f"evil{n} is not a configured writer of caches")
     assert set(deployment.hub.writers("caches")) <= {"writer1", "main"}
     tail_seen: list[int] = []
-    tail = ReplicationClient("127.0.0.1", deployment.hub.address[1], client_name="tail", settings=SETTINGS,
+    tail = tcp_link(deployment.hub.address[1], "tail", settings=SETTINGS,
                              handler=lambda s, i, t, rows: tail_seen.append(t), start_from={"caches": 0},
-                             streams=["caches"], backoff=Backoff(0.02, 0.1))
+                             streams=["caches"], backoff=(0.02, 0.1))
     tail.start()
     try:
         deployment.answers_a_new_worker_within_a_second()
@@ -291,10 +288,10 @@ def test_a_writer_back_with_its_next_fact_in_the_same_read_reaches_every_reader_
     hub.start()
     seen: dict[str, list[int]] = {"filling": [], "resuming": []}
     workers = [
-        ReplicationClient("127.0.0.1", hub.address[1], client_name=f"worker_{kind}", settings=SETTINGS,
+        tcp_link(hub.address[1], f"worker_{kind}", settings=SETTINGS,
                           handler=lambda s, i, t, rows, kind=kind: seen[kind].append(t),
                           source=source if kind == "filling" else None, start_from={"caches": 0},
-                          backoff=Backoff(0.02, 0.1))
+                          backoff=(0.02, 0.1))
         for kind in seen]
     for worker in workers:
         worker.start()
@@ -335,9 +332,9 @@ def test_rows_past_a_gap_whose_fill_failed_wait_for_the_fill() -> None:
     hub = ReplicationHub("hub.example", source, port=0, settings=SETTINGS, stream_writers=WRITERS)
     hub.start()
     seen: list[int] = []
-    worker = ReplicationClient("127.0.0.1", hub.address[1], client_name="worker1", settings=SETTINGS,
+    worker = tcp_link(hub.address[1], "worker1", settings=SETTINGS,
                                handler=lambda s, i, t, rows: seen.append(t), source=source,
-                               start_from={"caches": 0}, backoff=Backoff(0.02, 0.1))
+                               start_from={"caches": 0}, backoff=(0.02, 0.1))
     worker.start()
     try:
         assert worker.wait_connected(5)

@@ -300,10 +300,15 @@ def test_writer_rows_are_relayed_once_with_their_batches(hub: ReplicationHub, so
     writer.send("\n".join(lines) + '\nRDATA to_device w1 5 ["@d:x","D2"]\n')
     assert worker.skip_pings() == 'RDATA to_device w1 5 ["@d:x","D2"]'
     assert hub.positions[("to_device", "w1")] == 5
-    # The writer does not get its own rows back: only the greeting and pings.
+    # The writer does not get its own rows back: only the greeting, pings, and the
+    # positions the hub took for it, the last one at 5.
+    heard = []
     deadline = time.monotonic() + 0.4
     while time.monotonic() < deadline:
-        assert writer.line().startswith(("SERVER", "PING"))
+        line = writer.line()
+        assert line.startswith(("SERVER", "PING", "POSITION to_device w1 ")), line
+        heard.append(line)
+    assert [line for line in heard if line.startswith("POSITION")][-1] == "POSITION to_device w1 5 5"
 
 
 def test_legacy_replicate_all_from_a_token(hub: ReplicationHub, source: MemorySource) -> None:

@@ -116,7 +116,9 @@ def test_hub_relays_a_writers_fact_once_and_answers_replicate() -> None:
     assert sent(worker.receive(lines("NAME worker\nREPLICATE\n"), now=0.0)) == b"POSITION caches w1 3 3\n"
     out = writer.receive(lines('NAME w1\nRDATA caches w1 batch ["a"]\nRDATA caches w1 4 ["b"]\n'
                                'RDATA caches w1 4 ["b"]\n'), now=0.0)
-    assert out == [Publish("caches", b'RDATA caches w1 batch ["a"]\nRDATA caches w1 4 ["b"]\n', 2, "RDATA")]
+    # Relayed once; the writer hears the position the hub took (its confirmation).
+    assert out == [Publish("caches", b'RDATA caches w1 batch ["a"]\nRDATA caches w1 4 ["b"]\n', 2, "RDATA"),
+                   Send(b"POSITION caches w1 4 4\n", 1, "POSITION")]
     assert worker.wants("caches") and hub.positions[("caches", "w1")] == 4
 
 
@@ -140,14 +142,15 @@ def test_hub_refuses_who_may_not_say_what() -> None:
     hub.peer_lost(poisoner)
     assert ("caches", "w1") not in hub.positions
     first = hub.new_peer("a", now=0.0)
-    assert sent(first.receive(lines("NAME w1\nPOSITION caches w1 0 0\n"), now=0.0)) == b""
+    assert sent(first.receive(lines("NAME w1\nPOSITION caches w1 0 0\n"), now=0.0)) == b"POSITION caches w1 0 0\n"
     second = hub.new_peer("b", now=0.0)
     assert second.receive(lines("NAME w1\nPOSITION caches w1 0 0\n"), now=0.0) == [
         Close("refused", "writer w1 is already connected (a)")]
     first.closing("timeout")
     hub.peer_lost(first)
     third = hub.new_peer("c", now=0.0)
-    assert not third.receive(lines("NAME w1\nPOSITION caches w1 0 0\n"), now=0.0)
+    assert third.receive(lines("NAME w1\nPOSITION caches w1 0 0\n"), now=0.0) == [
+        Send(b"POSITION caches w1 0 0\n", 1, "POSITION")]
 
 
 def test_hub_checks_a_writers_facts_of_one_read_together_and_keeps_the_good_ones() -> None:
@@ -167,7 +170,7 @@ def test_hub_checks_a_writers_facts_of_one_read_together_and_keeps_the_good_ones
 
     facts = "".join(f'RDATA caches w1 batch ["a{t}"]\nRDATA caches w1 {t} ["b{t}"]\n' for t in (4, 5, 6))
     hub, out = read(facts)
-    assert sent(out) == facts.encode() and len(reads) == 1
+    assert sent(out) == facts.encode() + b"POSITION caches w1 6 6\n" and len(reads) == 1
     assert hub.positions[("caches", "w1")] == 6
     hub, out = read('RDATA caches w1 4 ["a"]\nRDATA caches w1 5 ["bad"]\nRDATA caches w1 6 ["c"]\n')
     assert sent(out) == b'RDATA caches w1 4 ["a"]\n'
@@ -201,7 +204,7 @@ def test_hub_catch_up_and_gap_fill_are_actions() -> None:
     assert peer.wants("caches")
     writer = hub.new_peer("w", now=0.0)
     assert writer.receive(lines("NAME w1\nPOSITION caches w1 7 8\n"), now=0.0) == [
-        FillGap("caches", "w1", 3, 7, then_token=8)]
+        FillGap("caches", "w1", 3, 7, then_token=8), Send(b"POSITION caches w1 8 8\n", 1, "POSITION")]
 
 
 def test_bus_answers_replicate_ignores_echoes_and_follows_others() -> None:
@@ -225,7 +228,8 @@ def test_a_gap_and_the_rows_after_it_in_one_read_are_published_in_order() -> Non
     out = writer.receive(lines('NAME w1\nPOSITION caches w1 3 3\nRDATA caches w1 3 ["c"]\n'
                                'RDATA caches w1 4 ["d"]\n'), now=0.0)
     gap = FillGap("caches", "w1", 0, 3, then_token=3)
-    assert out == [gap, Publish("caches", b'RDATA caches w1 4 ["d"]\n', 1, "RDATA")]
+    assert out == [gap, Publish("caches", b'RDATA caches w1 4 ["d"]\n', 1, "RDATA"),
+                   Send(b"POSITION caches w1 4 4\n", 1, "POSITION")]
     # What the transport reads from the database for the gap is published as it is.
     stored = [(1, b'["a"]'), (2, b'["b"]'), (3, b'["c"]')]
     assert sent(hub.fill_rows(gap, 0, stored)) == (

@@ -12,11 +12,12 @@ import pytest
 pytest.importorskip("cryptography")
 
 from streamrep.demo.certificates import DeploymentCertificates, make_deployment_certificates  # noqa: E402
-from streamrep.replication import ConnectionSettings, MemorySource, ReplicationClient, ReplicationHub  # noqa: E402
+from streamrep.replication import ConnectionSettings, MemorySource, ReplicationHub  # noqa: E402
+from streamrep.replication.transport.tcp_client import TcpLink  # noqa: E402
 from streamrep.replication.handshake import proof  # noqa: E402
 from streamrep.replication.security import HubSecurity, PeerSecurity  # noqa: E402
 from streamrep.replication.tls import hub_context, peer_context  # noqa: E402
-from support.replication import LineClient, wait_until  # noqa: E402
+from support.replication import LineClient, tcp_link, wait_until  # noqa: E402
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 OTHER = b"fedcba9876543210fedcba9876543210"
@@ -42,7 +43,7 @@ def _source() -> MemorySource:
 
 
 _hubs: list[ReplicationHub] = []
-_clients: list[ReplicationClient] = []
+_clients: list[TcpLink] = []
 
 
 @pytest.fixture(autouse=True)
@@ -64,10 +65,9 @@ def start_hub(security: HubSecurity, source: MemorySource | None = None) -> Repl
     return hub
 
 
-def follow(hub: ReplicationHub, name: str, security: PeerSecurity) -> tuple[ReplicationClient, list[Any]]:
+def follow(hub: ReplicationHub, name: str, security: PeerSecurity) -> tuple[TcpLink, list[Any]]:
     seen: list[Any] = []
-    client = ReplicationClient(
-        "127.0.0.1", hub.address[1], client_name=name, server_name="hub.example",
+    client = tcp_link(hub.address[1], name, server_name="hub.example",
         handler=lambda s, i, t, rows: seen.append((s, i, t)), settings=FAST,
         start_from={"caches": 0}, security=security)
     client.start()
@@ -82,7 +82,7 @@ def assert_replicates(hub: ReplicationHub, source: MemorySource, seen: list[Any]
     wait_until(lambda: ("caches", "main", 2) in seen)
 
 
-def assert_refused(client: ReplicationClient, seen: list[Any]) -> None:
+def assert_refused(client: TcpLink, seen: list[Any]) -> None:
     """The hub refuses *client* at every try: nothing reaches it and it does not stay
     connected. (A client refused after its greeting, as a mutual-TLS client with a
     name its certificate lacks is, counts as connected for the instant between the
@@ -287,8 +287,7 @@ def test_writer_over_tls_announces_to_readers(certs: DeploymentCertificates) -> 
     hub = start_hub(_mutual(certs, SECRET), source)
     reader, seen = follow(hub, "worker1", PeerSecurity(
         ssl_context=_client_tls(certs, "worker1").ssl_context, secret=SECRET))
-    writer = ReplicationClient(
-        "127.0.0.1", hub.address[1], client_name="writer1", server_name="hub.example",
+    writer = tcp_link(hub.address[1], "writer1", server_name="hub.example",
         settings=FAST, writer_positions=lambda: [("caches", "writer1", 0)],
         security=PeerSecurity(ssl_context=_client_tls(certs, "writer1").ssl_context,
                               secret=SECRET))

@@ -35,13 +35,13 @@ from gevent import socket as gsocket
 from streamrep.catalogue import known_streams
 from streamrep.db import open_database
 from streamrep.demo.processes import free_port
-from streamrep.replication import ConnectionSettings, ReplicationClient
+from streamrep.replication import ConnectionSettings
 from streamrep.replication.handshake import proof
-from streamrep.replication.registry_source import RegistrySource
+from streamrep.replication.sources.database import DatabaseSource
 from streamrep.replication.security import PeerSecurity
 from streamrep.shared_secret import read_secret_file
 from streamrep.streams import Streams
-from support.replication import wait_until
+from support.replication import tcp_link, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -101,9 +101,8 @@ class Worker:
         if db_url is not None:
             self.database = open_database(db_url)
             self.streams = Streams(self.database, name, writers, definitions=known_streams())
-            source = RegistrySource(self.streams, FOLLOWED)
-        self.client = ReplicationClient(
-            "127.0.0.1", port, client_name=name, server_name=SERVER, handler=self.handle,
+            source = DatabaseSource(self.streams, FOLLOWED)
+        self.client = tcp_link(port, name, server_name=SERVER, handler=self.handle,
             source=source, streams=FOLLOWED, start_from={s: 0 for s in FOLLOWED},
             settings=SETTINGS, security=PeerSecurity(secret=secret))
 
@@ -377,7 +376,7 @@ def _facts_in_database(db_url: str, stream_writers: dict[str, list[str]]) -> dic
     database = open_database(db_url)
     streams = Streams(database, "soakcheck", stream_writers, definitions=known_streams())
     try:
-        source = RegistrySource(streams, FOLLOWED)
+        source = DatabaseSource(streams, FOLLOWED)
         out: dict[tuple[str, str], list[int]] = {}
         for instance, stream, _, _ in WRITERS:
             upto = source.current_token(stream, instance)

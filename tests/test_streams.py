@@ -187,13 +187,13 @@ def test_a_writer_whose_rows_another_replaced_still_holds_its_position(pg_url: s
     """Receipts keep one row per key: a receipt of w2 replaces w1's, so w1 has no
     row left. The hub's check of w1's announced position reads its persisted
     position, and does not refuse a position w1 really reached."""
-    from streamrep.replication.registry_source import RegistrySource
+    from streamrep.replication.sources.database import DatabaseSource
 
     db = Database.open(pg_url)
     writers = {"receipts": ["w1", "w2"]}
     s1, s2, hub = Streams(db, "w1", writers), Streams(db, "w2", writers), Streams(db, "hub", writers)
     try:
-        source = RegistrySource(hub, ["receipts"])
+        source = DatabaseSource(hub, ["receipts"])
         first = s1.add_receipt("!r:x", "m.read", "@u:x", "$e1")
         assert source.stored_token("receipts", "w1") == first
         second = s2.add_receipt("!r:x", "m.read", "@u:x", "$e2")

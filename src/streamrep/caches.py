@@ -188,7 +188,7 @@ class CacheRegistry:
     def replication_handler(
         self, then: Callable[[str, str, int, list[Any]], None] | None = None
     ) -> Callable[[str, str, int, list[Any]], None]:
-        """A :class:`~streamrep.replication.ReplicationClient` handler that applies
+        """A replication link's handler (:func:`streamrep.replication.open_link`) that applies
         ``caches`` facts to this registry, then passes every fact to *then*."""
         from streamrep.streams.builtin import CACHES
 

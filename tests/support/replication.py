@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import gevent
 from gevent import socket
@@ -76,3 +76,15 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, step: float 
         if time.monotonic() > deadline:
             raise AssertionError("condition not met within %.1fs" % timeout)
         gevent.sleep(step)
+
+
+def tcp_link(port: int, name: str, *, server_name: str | None = None, settings: Any = None,
+             backoff: tuple[float, float] = (0.1, 10.0), security: Any = None, **roles: Any) -> Any:
+    """A TCP replication link to the hub on 127.0.0.1:*port*, as a process named *name*
+    opens it (:func:`streamrep.replication.open_link`)."""
+    from streamrep.replication import ConnectionSettings, LinkSettings, open_link
+
+    link_settings = LinkSettings(name, server_name, hub=("127.0.0.1", port),
+                                 connection=settings if settings is not None else ConnectionSettings(),
+                                 security=security, backoff_base=backoff[0], backoff_max=backoff[1])
+    return open_link(link_settings, **roles)

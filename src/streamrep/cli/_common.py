@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import click
-
-from streamrep.replication.protocol import ConnectionSettings
 
 from streamrep.cli.options import report_and_exit
 from streamrep.config import load_config, parse_address
 from streamrep.errors import ConfigError
+from streamrep.replication.link import LinkSettings
+from streamrep.replication.protocol import ConnectionSettings
+
+if TYPE_CHECKING:
+    from streamrep.replication.security import PeerSecurity
 
 
 def freeze_startup_heap() -> None:
@@ -65,6 +69,19 @@ class PeerSettings:
     redis_url: str | None = None
     #: seconds a writer's lease lives without renewal
     writer_lease_ttl: float = 30.0
+
+    def link(self, name: str, security: PeerSecurity | None = None) -> LinkSettings:
+        """The link of a process named *name*: to the hub, or through Redis."""
+        if self.redis_url is not None:
+            return LinkSettings(name, self.server_name, redis_url=self.redis_url, connection=self.connection)
+        return LinkSettings(name, self.server_name, hub=(self.host, self.port), connection=self.connection,
+                            security=security)
+
+    @property
+    def where(self) -> str:
+        """The far end, for messages."""
+        return LinkSettings("-", self.server_name or "-", hub=None if self.redis_url else (self.host, self.port),
+                            redis_url=self.redis_url).where()
 
 
 def peer_settings(config_path: str | None, connect: str | None, db: str | None,

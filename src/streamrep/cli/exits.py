@@ -57,6 +57,14 @@ class ExitCode(enum.IntEnum):
     STATE_CORRUPT = 11
     #: a reconstructed state differs from the one recomputed to verify it
     STATE_MISMATCH = 12
+    #: the hub or Redis refused this process (too many connections, not a writer of the
+    #: stream, a token past what the database holds, no right to publish)
+    REFUSED = 13
+    #: the disk (or the database's size limit) is full; what was committed before is announced
+    DISK_FULL = 14
+    #: the far end refused this process's credentials (Redis password, shared secret,
+    #: client certificate)
+    AUTHENTICATION = 15
     #: a bug in streamrep: the report asks for the traceback
     INTERNAL = 70
 

@@ -63,7 +63,7 @@ def serve(ctx: click.Context, /, config_path: str | None, db: str, listen: str, 
     from streamrep.db import open_database
     from streamrep.logsetup import setup_logging
     from streamrep.replication import ConnectionSettings, ReplicationHub
-    from streamrep.replication.registry_source import RegistrySource, hub_listener
+    from streamrep.replication.sources.database import DatabaseSource
     from streamrep.streams import Streams
 
     config = config_from_click(ctx, config_path, {
@@ -82,7 +82,7 @@ def serve(ctx: click.Context, /, config_path: str | None, db: str, listen: str, 
     streams = Streams(database, config.instance_name,
                       {name: list(ws) for name, ws in config.stream_writers.items()},
                       definitions=served_streams(config))
-    source = RegistrySource(streams)
+    source = DatabaseSource(streams)
     settings = ConnectionSettings.from_config(config)
     metrics_address = config.metrics_listen
     hub = ReplicationHub(
@@ -96,7 +96,7 @@ def serve(ctx: click.Context, /, config_path: str | None, db: str, listen: str, 
         row_check=streams.definitions.check_rows,
         security=security,
     )
-    streams.add_listener(hub_listener(hub))
+    streams.add_listener(hub.on_advance)
     hub.start()
     freeze_startup_heap()
     host, port = hub.address
@@ -114,14 +114,10 @@ def serve(ctx: click.Context, /, config_path: str | None, db: str, listen: str, 
 
 def _serve_redis(config: Any) -> None:
     """This instance's writers, published through Redis, until SIGTERM or SIGINT."""
-    import gevent
-    import gevent.event
-
     from streamrep.catalogue import served_streams
     from streamrep.db import open_database
     from streamrep.logsetup import setup_logging
-    from streamrep.replication.registry_source import RegistrySource
-    from streamrep.replication.transport.redis import RedisReplication, advance_publisher, describe_url
+    from streamrep.replication import Announcer, LinkSettings, open_link
     from streamrep.streams import Streams
 
     setup_logging(config.logging.level, config.logging.format)
@@ -129,24 +125,15 @@ def _serve_redis(config: Any) -> None:
     instance = config.instance_name
     streams = Streams(database, instance, {name: list(ws) for name, ws in config.stream_writers.items()},
                       definitions=served_streams(config))
-    source = RegistrySource(streams)
-    own = [name for name in source.stream_names() if instance in streams.writers_of(name)]
-    link = RedisReplication(
-        config.redis.url, server_name=config.server_name, instance_name=instance,
-        writer_positions=lambda: [(name, instance, source.current_token(name, instance)) for name in own],
-        ping_interval=config.keepalive.ping_interval, ping_timeout=config.keepalive.timeout)
-    streams.add_listener(advance_publisher(link, source))
-    stop = gevent.event.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        gevent.signal_handler(signum, stop.set)
-    link.start()
-    freeze_startup_heap()
-    click.echo(f"streamrep {instance} of {config.server_name} publishing through Redis "
-               f"{describe_url(config.redis.url)}", err=True)
+    settings = LinkSettings.from_config(config, instance)
+    link = open_link(settings)
+    announcer = Announcer(link, streams)
+    click.echo(f"streamrep {instance} of {config.server_name} publishing through {settings.where()}", err=True)
     try:
-        stop.wait()
+        # Blocks until SIGTERM or SIGINT.
+        link.run()
     finally:
-        link.stop()
+        announcer.stop()
         streams.close()
         database.close()
     click.echo(f"streamrep {instance} stopped", err=True)

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from streamrep.cli._common import freeze_startup_heap, peer_settings, use_cooperative_sockets
-from streamrep.cli._hubwatch import HubWatch
+from streamrep.cli._linkwatch import LinkWatch
 from streamrep.cli._security import peer_security_from_context, peer_security_options
 from streamrep.cli.options import config_option
 
@@ -73,15 +73,15 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
     import orjson
 
     from streamrep.catalogue import known_streams
-    from streamrep.replication import ReplicationClient
+    from streamrep.replication import open_link
 
-    host, port, db, server_name = settings.host, settings.port, settings.database, settings.server_name
+    db = settings.database
     starts = parse_from(from_token)
     source = None
     database = streams_handle = None
     if db is not None:
         from streamrep.db import open_database
-        from streamrep.replication.registry_source import RegistrySource
+        from streamrep.replication.sources.database import DatabaseSource
         from streamrep.streams import Streams
 
         database = open_database(db)
@@ -90,7 +90,7 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
         streams_handle = Streams(database, name, settings.stream_writers,
                                  default_writer=settings.default_writer,
                                  definitions=known_streams())
-        source = RegistrySource(streams_handle, list(stream_names) or None)
+        source = DatabaseSource(streams_handle, list(stream_names) or None)
     names = list(stream_names) or (list(source.stream_names()) if source is not None else None)
     start_from: dict[Any, int] = {}
     if starts and names is None:
@@ -114,44 +114,29 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
         if limit is not None and printed["facts"] >= limit:
             done.set()
 
-    client: Any
-    watch = HubWatch("tail", give_up_after)
-    if settings.redis_url is not None:
-        from streamrep.replication.transport.redis import RedisReplication, describe_url
+    where = settings.where
+    watch = LinkWatch("tail", where, "start the hub (streamrep serve) or fix --connect"
+                      if settings.redis_url is None
+                      else "start the Redis server or fix --redis (replication.redis.url)", give_up_after)
+    gaps = {"told": False}
 
-        gaps = {"told": False}
+    def unfilled_gap(stream: str, instance: str, from_token: int, to_token: int) -> None:
+        if not gaps["told"]:
+            gaps["told"] = True
+            click.echo(f"tail: missed facts of {stream}/{instance} after token {from_token} "
+                       f"(it is at {to_token}) and cannot fetch them without --db; going on "
+                       "from there (counted in streamrep_replication_client_gaps_unfilled)", err=True)
 
-        def unfilled_gap(stream: str, instance: str, from_token: int, to_token: int) -> None:
-            if not gaps["told"]:
-                gaps["told"] = True
-                click.echo(f"tail: missed facts of {stream}/{instance} after token {from_token} "
-                           f"(it is at {to_token}) and cannot fetch them without --db; "
-                           "going on from there", err=True)
-
-        assert server_name is not None
-        client = RedisReplication(
-            settings.redis_url, server_name=server_name, instance_name=name, handler=handler,
-            source=source, streams=stream_names or None, start_from=start_from,
-            on_unfilled_gap=unfilled_gap, ping_interval=settings.connection.ping_interval,
-            ping_timeout=settings.connection.ping_timeout)
-        where = f"Redis {describe_url(settings.redis_url)} channel {server_name}"
-        # The transport logs each failed attempt; giving up names the server.
-        watch.unreachable = f"no connection to Redis at {describe_url(settings.redis_url)}"
-        watch.fix = "start the Redis server or fix --redis (replication.redis.url)"
-    else:
-        client = ReplicationClient(
-            host, port, client_name=name, server_name=server_name, handler=handler, source=source,
-            security=peer_security_from_context(config_path, name),
-            settings=settings.connection,
-            streams=stream_names or None, start_from=start_from, on_retry=watch.retrying,
-        )
-        where = f"{host}:{port}"
+    security = None if settings.redis_url is not None else peer_security_from_context(config_path, name)
+    client = open_link(settings.link(name, security), handler=handler, source=source,
+                       streams=stream_names or None, start_from=start_from,
+                       on_retry=watch.retrying, on_gap=unfilled_gap)
 
     def watch_link() -> None:
         while not done.is_set():
             if client.connected:
                 watch.connected()
-            elif watch.given_up():
+            elif watch.given_up() or client.refused_credentials:
                 done.set()
             gevent.sleep(0.1)
 
@@ -169,6 +154,8 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
             streams_handle.close()
         if database is not None:
             database.close()
+    if client.refused_credentials:
+        raise watch.failure("cannot follow", client.refusal, credentials=True)
     if watch.given_up():
-        raise watch.failure()
+        raise watch.failure(refusal=client.refusal)
     click.echo(f"tail: {printed['facts']} facts", err=True)

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import signal
-import sys
 import time
 from typing import Any, Callable
 
 import click
 
 from streamrep.cli._common import freeze_startup_heap, peer_settings, use_cooperative_sockets
-from streamrep.cli._hubwatch import HubWatch
-from streamrep.cli.exits import ExitCode
+from streamrep.cli._linkwatch import LinkWatch
 from streamrep.cli._security import peer_security_from_context, peer_security_options
+from streamrep.cli.exits import CommandFailed, ExitCode
 from streamrep.cli.options import config_option
 from streamrep.streams.builtin import ACCOUNT_DATA, CACHES, RECEIPTS, TO_DEVICE
 
@@ -48,37 +47,27 @@ def _fact_writer(streams: Any, stream: str, instance: str, rows_per_fact: int) -
               help="Facts per second (0: as fast as possible).")
 @click.option("--rows-per-fact", type=click.IntRange(min=1), default=1, show_default=True,
               help="Rows per fact (to_device only: one per recipient).")
-@click.option("--server-name", default=None, help="Expected SERVER name of the hub.")
+@click.option("--server-name", default=None, help="The deployment's name (the hub's SERVER; the Redis channel).")
 @click.option("--announce-timeout", type=float, default=600.0, show_default=True,
-              help="Seconds to wait for the hub once everything is persisted.")
-def write(config_path: str | None, connect: str | None, redis_url: str | None, db: str | None, instance_name: str, stream: str, count: int, rate: float,
-          rows_per_fact: int, server_name: str | None, announce_timeout: float) -> None:
+              help="Seconds to wait, once everything is persisted, until the hub (or Redis) "
+                   "accepted every fact.")
+def write(config_path: str | None, connect: str | None, redis_url: str | None, db: str | None,
+          instance_name: str, stream: str, count: int, rate: float, rows_per_fact: int,
+          server_name: str | None, announce_timeout: float) -> None:
     """Persist COUNT synthetic facts on STREAM as INSTANCE-NAME and announce them.
 
-    Facts keep being persisted while the hub is unreachable; on reconnection the
-    writer announces its position and the hub fills in what it missed from the
-    database. Exits 0 once every fact is persisted and announced.
+    Facts keep being persisted while the hub is unreachable; once connected the
+    writer announces everything committed since the hub's last confirmation. Exits 0
+    once every fact is persisted and the hub (or Redis) accepted its announcement;
+    a refusal is one line with its own status.
 
-    With ``--redis`` there is no hub: the writer publishes its facts itself and
-    readers fill what they missed from the database.
+    With ``--redis`` there is no hub: the writer publishes its facts itself.
     """
     settings = peer_settings(config_path, connect, db, server_name, redis_url)
     if settings.redis_url is not None:
         if settings.server_name is None:
             raise click.UsageError("--redis needs --server-name NAME (the deployment's Redis channel)")
         use_cooperative_sockets()
-    import gevent
-    import gevent.event
-
-    from streamrep.db import open_database
-    from streamrep.errors import (DatabaseUnavailableError, WriterLeaseHeldError,
-                                  WriterLeaseLostError)
-    from streamrep.idgen import WriterLease
-    from streamrep.replication import ReplicationClient
-    from streamrep.replication.registry_source import RegistrySource
-    from streamrep.streams import Streams
-
-    host, port, server_name = settings.host, settings.port, settings.server_name
     if settings.database is None:
         raise click.UsageError("give --db URL (or --config FILE)")
     writers = settings.stream_writers.get(stream)
@@ -87,115 +76,105 @@ def write(config_path: str | None, connect: str | None, redis_url: str | None, d
                                f"(its writers: {', '.join(writers)})")
     if stream not in WRITABLE_STREAMS:
         raise click.BadParameter(f"{stream} (writable: {', '.join(WRITABLE_STREAMS)})", param_hint="--stream")
-    database = open_database(settings.database)
-    # One process per writer instance: a second one is refused here, naming the first.
-    # Once lost, the lease refuses the next stream ID (WriterLeaseLostError below).
-    lease = WriterLease(database, instance_name, [stream], ttl=settings.writer_lease_ttl)
-    try:
-        lease.acquire()
-    except (WriterLeaseHeldError, DatabaseUnavailableError) as exc:
-        database.close()
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(ExitCode.LEASE_HELD if isinstance(exc, WriterLeaseHeldError)
-                 else ExitCode.DATABASE_UNAVAILABLE)
-    streams = Streams(database, instance_name, {stream: writers or [instance_name]})
-    lease.guard([streams.generator(stream)])
-    source = RegistrySource(streams, [stream])
-    persist = _fact_writer(streams, stream, instance_name, rows_per_fact)
-    announced = {"upto": source.current_token(stream, instance_name)}
+    security = None if settings.redis_url is not None else peer_security_from_context(config_path, instance_name)
+    watch = LinkWatch("write", settings.where,
+                      "start the hub (streamrep serve) or fix --connect" if settings.redis_url is None
+                      else "start the Redis server or fix --redis (replication.redis.url)")
+    _Writer(settings, instance_name, stream, writers, watch, security).run(
+        count, rate, rows_per_fact, announce_timeout)
 
-    positions = lambda: [(stream, instance_name, streams.current_token(stream, instance_name))]  # noqa: E731
-    client: Any
-    watch = HubWatch("write")
-    if settings.redis_url is not None:
-        from streamrep.replication.transport.redis import RedisReplication
 
-        assert server_name is not None
-        client = RedisReplication(
-            settings.redis_url, server_name=server_name, instance_name=instance_name,
-            writer_positions=positions, ping_interval=settings.connection.ping_interval,
-            ping_timeout=settings.connection.ping_timeout)
-    else:
-        client = ReplicationClient(
-            host, port, client_name=instance_name, server_name=server_name,
-            security=peer_security_from_context(config_path, instance_name),
-            settings=settings.connection, writer_positions=positions, on_retry=watch.retrying,
-        )
+class _Writer:
+    """One run of ``write``: the lease, the streams, the link and its announcer."""
 
-    def announce_upto(position: int) -> None:
-        start = announced["upto"]
-        if not client.connected:
-            # The next connection announces the position instead.
-            announced["upto"] = max(start, position)
-            return
-        while start < position:
-            rows, limited = source.updates(stream, instance_name, start, position, 5000)
-            if not rows:
-                break
-            client.announce(stream, instance_name, rows)
-            # Moved only past what was sent: a read that fails leaves the rest to
-            # the next advance (or the final one below), so no fact stays behind.
-            start = announced["upto"] = rows[-1][0]
-            if not limited:
-                break
-        announced["upto"] = max(announced["upto"], position)
+    def __init__(self, settings: Any, instance: str, stream: str, writers: list[str] | None,
+                 watch: LinkWatch, security: Any) -> None:
+        from streamrep.db import open_database
+        from streamrep.idgen import WriterLease
+        from streamrep.replication import Announcer, open_link
+        from streamrep.streams import Streams
 
-    def on_advance(stream_name: str, instance: str, visible: list[int], position: int) -> None:
-        if stream_name != stream or instance != instance_name:
-            return
+        self.instance, self.stream, self.watch = instance, stream, watch
+        assert settings.database is not None
+        self.database = open_database(settings.database)
+        # One process per writer instance: a second one is refused, naming the first.
+        # Once lost, the lease refuses the next stream ID (WriterLeaseLostError).
+        self.lease = WriterLease(self.database, instance, [stream], ttl=settings.writer_lease_ttl)
         try:
-            announce_upto(position)
-        except Exception as exc:
-            click.echo(f"write: announcing up to token {position} failed ({exc}); "
-                       "retrying with the next fact", err=True)
+            self.lease.acquire()
+        except BaseException:
+            self.database.close()
+            raise
+        self.streams = Streams(self.database, instance, {stream: writers or [instance]})
+        self.lease.guard([self.streams.generator(stream)])
+        self.link = open_link(settings.link(instance, security), on_retry=watch.retrying)
+        self.announcer = Announcer(self.link, self.streams, [stream])
 
-    streams.add_listener(on_advance)
-    client.start()
-    freeze_startup_heap()
-    started = time.monotonic()
-    last_report = started
-    code = 0
-    # SIGTERM or SIGINT: stop after the current fact, announce, give the lease back
-    # (so a restarted writer starts at once) and exit.
-    stopping = gevent.event.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        gevent.signal_handler(signum, stopping.set)
-    try:
-        for i in range(count):
-            if stopping.is_set():
-                click.echo(f"write: stopped by a signal after {i} of {count} facts", err=True)
-                count = i
-                break
-            persist(i)
-            if rate > 0:
-                delay = started + (i + 1) / rate - time.monotonic()
-                stopping.wait(max(delay, 0))
-            else:
-                gevent.sleep(0)
-            now = time.monotonic()
-            if now - last_report >= 2:
-                last_report = now
-                click.echo(f"write: {i + 1}/{count} persisted, hub {'up' if client.connected else 'down'}", err=True)
-        persisted_at = time.monotonic()
-        announce_upto(streams.current_token(stream, instance_name))
-        ok = client.flush(announce_timeout)
-        click.echo(
-            f"write: {count} facts persisted in {persisted_at - started:.2f}s"
-            f" up to token {streams.current_token(stream, instance_name)};"
-            f" {'announced' if ok else 'NOT announced (hub unreachable)'}",
-            err=True,
-        )
-        if not ok and settings.redis_url is None:
-            raise watch.failure(f"{count} facts persisted but not announced within "
-                                f"--announce-timeout {announce_timeout:g}s")
-        code = ExitCode.OK if ok else ExitCode.FAILED
-    except (WriterLeaseLostError, DatabaseUnavailableError) as exc:
-        click.echo(f"error: {exc}", err=True)
-        code = (ExitCode.LEASE_LOST if isinstance(exc, WriterLeaseLostError)
-                else ExitCode.DATABASE_UNAVAILABLE)
-    finally:
-        client.stop()
-        streams.close()
-        lease.release()
-        database.close()
-    sys.exit(code)
+    def run(self, count: int, rate: float, rows_per_fact: int, announce_timeout: float) -> None:
+        import gevent
+        import gevent.event
+
+        persist = _fact_writer(self.streams, self.stream, self.instance, rows_per_fact)
+        self.link.start()
+        freeze_startup_heap()
+        # SIGTERM or SIGINT: stop after the current fact, announce, give the lease back
+        # (so a restarted writer starts at once) and exit.
+        stopping = gevent.event.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            gevent.signal_handler(signum, stopping.set)
+        started = last_report = time.monotonic()
+        try:
+            for i in range(count):
+                if stopping.is_set():
+                    click.echo(f"write: stopped by a signal after {i} of {count} facts", err=True)
+                    count = i
+                    break
+                self.announcer.check()
+                persist(i)
+                if rate > 0:
+                    stopping.wait(max(started + (i + 1) / rate - time.monotonic(), 0))
+                else:
+                    gevent.sleep(0)
+                if time.monotonic() - last_report >= 2:
+                    last_report = time.monotonic()
+                    state = "connected" if self.link.connected else "not connected"
+                    click.echo(f"write: {i + 1}/{count} persisted, {state} to {self.watch.where}", err=True)
+            persisted_at = time.monotonic()
+        except BaseException as exc:
+            self._announce_committed(exc)
+            self._close()
+            raise
+        self._finish(count, persisted_at - started, announce_timeout)
+
+    def _announce_committed(self, exc: BaseException) -> None:
+        """Persisting failed (a full disk, a lost lease): announce what was committed
+        before, briefly, so readers get it now rather than at the next start."""
+        if isinstance(exc, Exception):
+            try:
+                self.announcer.flush(5.0)
+            except Exception:
+                pass
+
+    def _finish(self, count: int, seconds: float, announce_timeout: float) -> None:
+        token = self.streams.current_token(self.stream, self.instance)
+        try:
+            ok = self.announcer.flush(announce_timeout)
+        finally:
+            refusal, credentials = self.link.refusal, self.link.refused_credentials
+            self._close()
+        if not ok:
+            raise self.watch.failure(f"{count} facts persisted up to token {token} but not announced (not "
+                                     f"accepted within --announce-timeout {announce_timeout:g}s)",
+                                     refusal, credentials)
+        click.echo(f"write: {count} facts persisted in {seconds:.2f}s up to token {token}; "
+                   f"announced, and accepted by {self.watch.where}", err=True)
+
+    def _close(self) -> None:
+        self.announcer.stop()
+        self.link.stop()
+        self.streams.close()
+        self.lease.release()
+        self.database.close()
+
+
+__all__ = ["write", "WRITABLE_STREAMS", "CommandFailed", "ExitCode"]

@@ -183,7 +183,7 @@ class _Run:
         old.wait(10.0)
         old.stop()
         self.hub_restarts += 1
-        self.console.print(f"killed the hub (SIGKILL); starting it again",
+        self.console.print("killed the hub (SIGKILL); starting it again",
                            highlight=False, markup=False)
         return self._start_hub(f"hub-{self.hub_restarts + 1}")
 

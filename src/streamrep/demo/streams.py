@@ -4,7 +4,7 @@ The demo writes and follows every database-backed stream streamrep has
 (:func:`streamrep.catalogue.known_streams`): the built-in ``caches``,
 ``account_data``, ``to_device`` and ``receipts``, and the event store's ``events``
 and ``backfill``. Workers fill gaps from a
-:class:`~streamrep.replication.registry_source.RegistrySource` over them, exactly as
+:class:`~streamrep.replication.sources.database.DatabaseSource` over them, exactly as
 ``streamrep serve`` does, and the demo reads the truth through one.
 """
 
@@ -15,7 +15,7 @@ from typing import Mapping, Sequence
 from streamrep.catalogue import known_streams
 from streamrep.db import Database
 from streamrep.events.streams import EVENT_STORE_STREAMS
-from streamrep.replication.registry_source import RegistrySource
+from streamrep.replication.sources.database import DatabaseSource
 from streamrep.streams import Streams, StreamSet
 
 __all__ = ["EVENT_STREAMS", "demo_source", "demo_stream_set", "demo_streams",
@@ -51,7 +51,7 @@ def demo_streams(db: Database, instance_name: str,
 
 
 def demo_source(db: Database, writers: Mapping[str, Sequence[str]],
-                instance_name: str = "reader") -> RegistrySource:
+                instance_name: str = "reader") -> DatabaseSource:
     """The replication source of a demo process (its ``streams`` attribute is the
     :class:`Streams` handle; close that when done)."""
-    return RegistrySource(demo_streams(db, instance_name, writers), stream_names())
+    return DatabaseSource(demo_streams(db, instance_name, writers), stream_names())

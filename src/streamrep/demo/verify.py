@@ -9,6 +9,7 @@ from typing import Iterable, Mapping
 from streamrep.config import Config
 from streamrep.db import Database
 from streamrep.demo.streams import demo_source, stream_names
+from streamrep.replication.sources import pages
 
 __all__ = ["FactKey", "WorkerCheck", "check_worker", "read_facts"]
 
@@ -35,17 +36,10 @@ def read_facts(config: Config) -> dict[tuple[str, str], list[int]]:
         for stream in stream_names():
             for instance in config.writers_of(stream):
                 tokens: list[int] = []
-                start = 0
-                while True:
-                    rows, limited = source.updates(stream, instance, start, _END, _PAGE)
+                for rows in pages(source, stream, instance, 0, _END, _PAGE):
                     for token, _row in rows:
                         if not tokens or tokens[-1] != token:
                             tokens.append(token)
-                    if not limited or not rows:
-                        break
-                    # A page may end inside a fact; its token is counted already, and
-                    # the rest of its rows are skipped by starting after it.
-                    start = rows[-1][0]
                 facts[(stream, instance)] = tokens
         return facts
     finally:

@@ -49,8 +49,7 @@ from streamrep.demo.streams import demo_source, stream_names
 from streamrep.events import EventStore
 from streamrep.events.streams import BACKFILL_STREAM, EVENTS_STREAM, EventsStreamFollower
 from streamrep.logsetup import get_logger, setup_logging
-from streamrep.replication import ConnectionSettings, ReplicationClient
-from streamrep.replication.security import PeerSecurity
+from streamrep.replication import LinkSettings, open_link
 from streamrep.streams.builtin import CACHES
 
 log = get_logger("streamrep.demo.worker")
@@ -85,21 +84,8 @@ class DemoWorker:
         #: (time, events position) snapshots to pick "since" tokens from
         self._history: list[tuple[float, int]] = []
         self.source = demo_source(self.store.db, config.stream_writers, name)
-        self.client: Any
-        start_from = {stream: 0 for stream in stream_names()}
-        if config.redis is not None:
-            from streamrep.replication.transport.redis import RedisReplication
-
-            self.client = RedisReplication(
-                config.redis.url, server_name=config.server_name, instance_name=name,
-                handler=self.handle, source=self.source, start_from=start_from,
-                ping_interval=config.keepalive.ping_interval, ping_timeout=config.keepalive.timeout)
-        else:
-            self.client = ReplicationClient(
-                config.listen.host, config.listen.port, client_name=name,
-                server_name=config.server_name, handler=self.handle, source=self.source,
-                start_from=start_from, settings=ConnectionSettings.from_config(config),
-                security=PeerSecurity.from_config(config, name))
+        self.client = open_link(LinkSettings.from_config(config, name), handler=self.handle,
+                                source=self.source, start_from={stream: 0 for stream in stream_names()})
 
     # --- facts ---------------------------------------------------------------------
 

@@ -32,11 +32,11 @@ import signal
 import sys
 import time
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gevent
 import gevent.event
-import gevent.lock
 import gevent.queue
 import orjson
 
@@ -51,15 +51,12 @@ from streamrep.events import EventStore
 from streamrep.events.streams import EVENTS_STREAM
 from streamrep.idgen import WriterLease
 from streamrep.logsetup import get_logger, setup_logging
-from streamrep.replication import ConnectionSettings, ReplicationClient
-from streamrep.replication.security import PeerSecurity
+from streamrep.replication import Announcer, LinkSettings, open_link
 
 log = get_logger("streamrep.demo.writer")
 
 #: greenlets writing the registry streams concurrently
 CONCURRENCY = 4
-#: rows read back per round trip when announcing
-_ANNOUNCE_PAGE = 10_000
 
 
 class DemoWriter:
@@ -83,70 +80,22 @@ class DemoWriter:
             # Orderings from the registry's generators (their listeners announce them);
             # the store appends its cache invalidations to the caches stream itself.
             self.store = EventStore(self.db, streams=self.streams)
-        self._announce_lock = gevent.lock.RLock()
-        self.announced: dict[str, int] = {s: self._position(s) for s in self.own}
         self.visible: list[tuple[str, str, int, float]] = []
         self.written: Counter[str] = Counter()
         self.ops: Counter[str] = Counter()
-        self.client: Any
-        if config.redis is not None:
-            from streamrep.replication.transport.redis import RedisReplication
-
-            self.client = RedisReplication(
-                config.redis.url, server_name=config.server_name, instance_name=instance,
-                writer_positions=self._writer_positions,
-                ping_interval=config.keepalive.ping_interval, ping_timeout=config.keepalive.timeout)
-        else:
-            self.client = ReplicationClient(
-                config.listen.host, config.listen.port, client_name=instance,
-                server_name=config.server_name, writer_positions=self._writer_positions,
-                settings=ConnectionSettings.from_config(config),
-                security=PeerSecurity.from_config(config, instance))
-
-    # --- positions and announcing ------------------------------------------------------
+        self.client = open_link(LinkSettings.from_config(config, instance))
+        self.announcer = Announcer(self.client, self.streams, self.own)
 
     def _position(self, stream: str) -> int:
         return int(self.streams.current_token(stream, self.instance))
 
-    def _writer_positions(self) -> list[tuple[str, str, int]]:
-        return [(s, self.instance, self.announced[s]) for s in self.own]
-
-    def _rows(self, stream: str, from_token: int, upto: int) -> list[tuple[int, Any]]:
-        rows: list[tuple[int, Any]] = []
-        while from_token < upto:
-            page, limited = self.streams.get_updates_since(
-                stream, self.instance, from_token, upto, _ANNOUNCE_PAGE)
-            rows.extend(page)
-            if not limited or not page:
-                break
-            from_token = page[-1][0]
-        return rows
-
-    def announce(self, stream: str, position: int) -> None:
-        """Announce everything committed on *stream* up to *position*, in order."""
-        with self._announce_lock:
-            prev = self.announced[stream]
-            if position <= prev:
-                return
-            rows = self._rows(stream, prev, position)
-            now = time.time()
-            if rows:
-                self.client.announce(stream, self.instance,
-                                     [(t, orjson.dumps(row)) for t, row in rows])
-            if not rows or rows[-1][0] < position:
-                # Rolled back or replaced facts: the position moves without rows.
-                self.client.announce_position(stream, self.instance,
-                                              rows[-1][0] if rows else prev, position)
-            for token in sorted({t for t, _ in rows}):
-                self.visible.append((stream, self.instance, token, now))
-                self.written[stream] += 1
-            self.announced[stream] = position
-
     def _advanced(self, stream: str, instance: str, tokens: list[int], position: int) -> None:
         # The generators call this after each commit (or rollback) that moved this
-        # writer's position.
-        if instance == self.instance and stream in self.announced:
-            self.announce(stream, position)
+        # writer's position: when each fact became visible, for the lag figures.
+        if instance == self.instance and stream in self.own:
+            now = time.time()
+            self.visible.extend((stream, instance, token, now) for token in tokens)
+            self.written[stream] += len(tokens)
 
     # --- the workload ---------------------------------------------------------------
 
@@ -177,7 +126,7 @@ class DemoWriter:
 
     def status(self, kind: str = "status", **extra: Any) -> None:
         emit(kind, name=self.instance, written=dict(self.written), ops=dict(self.ops),
-             positions=[[s, self.instance, t] for s, t in sorted(self.announced.items())],
+             positions=[[s, self.instance, self._position(s)] for s in sorted(self.own)],
              connected=self.client.connected, **extra)
 
     def run(self, rate: float, duration: float, stop: gevent.event.Event) -> None:
@@ -224,15 +173,16 @@ class DemoWriter:
         for q in [events_queue] + [other_queue] * CONCURRENCY:
             q.put(None)
         gevent.joinall(consumers)
-        for stream in self.own:
-            self.announce(stream, self._position(stream))
-        flushed = self.client.flush(10.0)
-        self.streams.close()
-        self.client.stop()
+        try:
+            flushed = self.announcer.flush(10.0)
+        finally:
+            self.announcer.stop()
+            self.streams.close()
+            self.client.stop()
         if failures:
             raise failures[0]
         if not flushed:
-            log.warning("announcements_not_flushed",
+            log.warning("announcements_not_accepted", refusal=self.client.refusal, problem=self.client.problem,
                         note="the hub fills them from the database on its next connection")
 
 
@@ -277,8 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         emit("error", name=args.instance_name, message=f"{type(exc).__name__}: {exc}")
         code = 1
     with open(args.out, "wb") as fh:
-        for fact in writer.visible:
-            fh.write(orjson.dumps(fact) + b"\n")
+        fh.writelines(orjson.dumps(fact) + b"\n" for fact in writer.visible)
     writer.status("done")
     log.info("writer_finished", instance=args.instance_name, facts=len(writer.visible),
              **{f"ops_{label}": n for label, n in sorted(writer.ops.items())})

@@ -1,31 +1,45 @@
-"""Replication: the sans-IO protocol, its transports, and the reader's side.
+"""Replication: the sans-IO protocol, its transports, and both ends of a link.
 
-* :mod:`.protocol`: the protocol itself, sans-IO (sessions for a hub's peer, a
-  hub's client and a process on a bus; the actions a transport carries out).
-* :class:`ReplicationHub` (:mod:`.transport.tcp_hub`): the TCP server that publishes and relays.
-* :class:`ReplicationClient` (:mod:`.transport.tcp_client`): what a worker or writer embeds.
-* :class:`StreamFollower` (:mod:`.follower`): facts handed to the application, gaps filled.
-* :class:`StreamSource`, :class:`MemorySource` (:mod:`.source`): where rows are read.
-* :class:`ConnectionSettings` (:mod:`.protocol`): keepalive, queue and peer bounds.
+* :func:`open_link` (:mod:`.link`): a process's :class:`ReplicationLink` to the hub
+  or through Redis, chosen by its :class:`LinkSettings`; :class:`LinkRoles` says
+  what the process does on it.
+* :class:`Announcer` (:mod:`.announcer`): a writer's committed facts, announced.
+* :class:`StreamFollower` (:mod:`.follower`): a reader's facts handed to the
+  application, gaps filled from a catch-up source.
+* :class:`ReplicationHub` (:mod:`.transport.tcp_hub`): the TCP server that
+  publishes, relays and serves catch-up.
+* :mod:`.sources`: where missed rows come from (:class:`StreamSource`,
+  :class:`DatabaseSource`, :class:`MemorySource`).
+* :mod:`.protocol`: the protocol itself, sans-IO; :class:`ConnectionSettings`.
 """
 
 from __future__ import annotations
 
-from streamrep.replication.follower import StreamFollower
-from streamrep.replication.protocol import ConnectionSettings, DisconnectReason
-from streamrep.replication.source import MemorySource, StreamSource
+from streamrep.replication.announcer import Announcer, AnnouncerFailed
 from streamrep.replication.backoff import Backoff
-from streamrep.replication.transport.tcp_client import ReplicationClient
+from streamrep.replication.follower import StreamFollower
+from streamrep.replication.link import LinkRoles, LinkSettings, ReplicationLink, open_link
+from streamrep.replication.protocol import ConnectionSettings, DisconnectReason
+from streamrep.replication.sources import CatchUpSource, StreamSource
+from streamrep.replication.sources.database import DatabaseSource
+from streamrep.replication.sources.memory import MemorySource
 from streamrep.replication.transport.tcp_hub import DEFAULT_PORT, ReplicationHub
 
 __all__ = [
+    "Announcer",
+    "AnnouncerFailed",
     "Backoff",
+    "CatchUpSource",
     "ConnectionSettings",
     "DEFAULT_PORT",
+    "DatabaseSource",
     "DisconnectReason",
+    "LinkRoles",
+    "LinkSettings",
     "MemorySource",
-    "ReplicationClient",
     "ReplicationHub",
+    "ReplicationLink",
     "StreamFollower",
     "StreamSource",
+    "open_link",
 ]

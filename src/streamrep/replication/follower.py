@@ -12,9 +12,12 @@ protocol's :class:`~streamrep.replication.protocol.FollowerState`.
 * A fact whose token is not past the writer's position has been delivered
   already (a replay after a reconnect) and is dropped.
 * A ``POSITION`` whose ``prev_token`` is ahead of what this reader has seen
-  reveals a gap: the missed facts are read from the source (the database) and
-  delivered before the position moves. Without a source :meth:`on_position`
-  says so; the TCP client then resynchronises through the hub.
+  reveals a gap: the missed facts are read from the catch-up source (the
+  database, or a writer's replication API) and delivered before the position
+  moves. Without a source :meth:`on_position` says so; the TCP link then
+  resynchronises through the hub, and a link with nothing to resynchronise
+  from calls :meth:`skip_gap`, which logs the gap, counts it (:attr:`unfilled`,
+  exported as a metric) and tells the application before moving on.
 * A handler that raises leaves the position before its fact, so the fact comes
   again after the reconnect: a failing handler is retried, never skipped.
 """
@@ -22,10 +25,11 @@ protocol's :class:`~streamrep.replication.protocol.FollowerState`.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from typing import Any, Callable, Iterable, Mapping
 
 from streamrep.replication.protocol import Action, Fact, FillGap, FollowerState, GapUnfilled, group_facts
-from streamrep.replication.source import StreamSource
+from streamrep.replication.sources import CatchUpSource, pages
 
 __all__ = ["StreamFollower", "Handler", "group_facts", "FETCH_LIMIT"]
 
@@ -51,15 +55,19 @@ class StreamFollower:
     def __init__(
         self,
         handler: Handler,
-        source: StreamSource | None = None,
+        source: CatchUpSource | None = None,
         streams: Iterable[str] | None = None,
         start_from: Mapping[Any, int] | None = None,
+        on_gap: Callable[[str, str, int, int], None] | None = None,
     ) -> None:
         self.handler = handler
         self.source = source
+        self.on_gap = on_gap
         self.state = FollowerState(streams, start_from, can_fill=source is not None)
         #: facts delivered, for progress reports
         self.delivered = 0
+        #: gaps that could not be filled, per (stream, instance)
+        self.unfilled: Counter[tuple[str, str]] = Counter()
 
     @property
     def positions(self) -> dict[tuple[str, str], int]:
@@ -121,20 +129,24 @@ class StreamFollower:
         stream, instance = gap.stream, gap.instance
         from_token = gap.from_token
         try:
-            while from_token < gap.upto_token:
-                # Limited answers end at a whole stream ID (the source's contract).
-                rows, limited = source.updates(stream, instance, from_token, gap.upto_token, FETCH_LIMIT)
-                if not rows:
-                    break
+            for rows in pages(source, stream, instance, from_token, gap.upto_token, FETCH_LIMIT):
                 for fact in self.state.gap_facts(stream, instance, from_token, rows):
                     self.handler(stream, instance, fact.token, fact.rows)
                     self.delivered += 1
                     from_token = fact.token
-                if not limited:
-                    break
         except BaseException:
             self.state.rewind(stream, instance, from_token)
             raise
+
+    def skip_gap(self, gap: GapUnfilled) -> None:
+        """Move past a gap nothing can fill: log it, count it, tell ``on_gap``."""
+        self.unfilled[(gap.stream, gap.instance)] += 1
+        logger.warning("missed facts of %s/%s after token %s (the writer is at %s) and cannot fetch "
+                       "them: no catch-up source for this stream; going on from there",
+                       gap.stream, gap.instance, gap.from_token, gap.upto_token)
+        if self.on_gap is not None:
+            self.on_gap(gap.stream, gap.instance, gap.from_token, gap.upto_token)
+        self.state.skip_gap(gap)
 
     # --- feeding commands by hand (tests, embedding) -----------------------------------------
 

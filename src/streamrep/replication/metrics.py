@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from operator import attrgetter
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -24,15 +24,18 @@ __all__ = ["ReplicationMetrics", "serve_metrics"]
 class ReplicationMetrics(Collector):
     """Counters of one hub or client, exposed through :attr:`registry`.
 
-    ``positions`` and ``queue_depths`` are callables the owner supplies, read at
-    scrape time: ``() -> {(stream, instance): token}`` and
-    ``() -> {connection_name: queued_commands}``.
+    ``positions``, ``queue_depths`` and ``gaps`` are callables the owner supplies,
+    read at scrape time: ``() -> {(stream, instance): token}``,
+    ``() -> {connection_name: queued_commands}`` and ``() -> {(stream, instance):
+    gaps}`` (gaps a reader could not fill). :attr:`refused` counts what a hub or a
+    verifying reader refused, by reason.
     """
 
     def __init__(
         self,
         positions: Callable[[], dict[tuple[str, str], int]] | None = None,
         queue_depths: Callable[[], dict[str, int]] | None = None,
+        gaps: Callable[[], Mapping[tuple[str, str], int]] | None = None,
         prefix: str = "streamrep_replication",
     ) -> None:
         self.prefix = prefix
@@ -40,6 +43,8 @@ class ReplicationMetrics(Collector):
         self.commands_out: Counter[str] = Counter()
         self.disconnects: Counter[str] = Counter()
         self.connections_total = 0
+        self.refused: Counter[str] = Counter()
+        self._gaps = gaps
         self._positions = positions
         self._queue_depths = queue_depths
         self.registry = CollectorRegistry(auto_describe=False)
@@ -80,6 +85,18 @@ class ReplicationMetrics(Collector):
             disconnects.add_metric([reason], count)
         yield disconnects
         yield CounterMetricFamily(f"{p}_connections", "Connections accepted or made", value=self.connections_total)
+        refused = CounterMetricFamily(f"{p}_refused", "Commands refused (not accepted as facts), by reason",
+                                      labels=["reason"])
+        for reason, count in sorted(self.refused.items()):
+            refused.add_metric([reason], count)
+        yield refused
+        if self._gaps is not None:
+            gaps = CounterMetricFamily(f"{p}_gaps_unfilled",
+                                       "Gaps a reader found and could not fill, per stream and writer",
+                                       labels=["stream", "instance"])
+            for (stream, instance), count in sorted(self._gaps().items()):
+                gaps.add_metric([stream, instance], count)
+            yield gaps
         if self._positions is not None:
             positions = GaugeMetricFamily(
                 f"{p}_stream_position", "Latest token per stream and writer", labels=["stream", "instance"]

@@ -30,6 +30,11 @@ class ClientSession(Session):
     ``REPLICATE <stream> <token>``) instead of filling gaps itself. A gap such
     a reader cannot fill (:class:`GapUnfilled`) closes the session at once,
     so no later fact of the read moves a position past the missing ones.
+
+    The hub answers this process's own ``RDATA`` and ``POSITION`` with the
+    position it took for the writer (a ``POSITION`` naming this client's
+    instance, which is the only instance it may write as): those are
+    confirmations, gathered for :meth:`take_confirmed`, not facts to follow.
     """
 
     peer_side = SERVER_SIDE
@@ -43,6 +48,7 @@ class ClientSession(Session):
         self.server_name: str | None = None
         self.follower = follower
         self.resume_through_hub = resume_through_hub
+        self._confirmed: dict[tuple[str, str], int] = {}
 
     def greeting(self, writer_positions: Sequence[tuple[str, str, int]] = ()) -> list[Action]:
         """What the client sends on a new connection: ``NAME``, ``PING``, its
@@ -106,7 +112,17 @@ class ClientSession(Session):
                 row = command.row  # raises the wire format's own MalformedCommandError
             self.follower.rdata(command.stream_name, command.instance_name, command.token, row, out)
 
+    def take_confirmed(self) -> dict[tuple[str, str], int]:
+        """Positions of this process's writers the hub confirmed since the last call."""
+        confirmed, self._confirmed = self._confirmed, {}
+        return confirmed
+
     def on_POSITION(self, command: Any, out: list[Action]) -> None:
+        if command.instance_name == self.client_name:
+            key = (command.stream_name, command.instance_name)
+            if command.new_token > self._confirmed.get(key, -1):
+                self._confirmed[key] = command.new_token
+            return
         if self.follower is not None:
             before = len(out)
             self.follower.position(command.stream_name, command.instance_name, command.prev_token,

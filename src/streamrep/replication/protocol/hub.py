@@ -208,7 +208,9 @@ class HubState:
         readable = self.readable(stream)
         old = self.positions.get(key)
         if old is None:
-            old = 0 if readable else prev_token
+            # A writer the hub meets for the first time: known from now on, at the
+            # start of its rows (or where it says it was, without a database).
+            old = self.positions[key] = 0 if readable else prev_token
         if prev_token > old and readable:
             # The position moves now, so rows of this writer later in the same
             # read are relayed after the filled ones and none is published twice.

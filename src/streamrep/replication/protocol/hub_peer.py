@@ -52,6 +52,8 @@ class HubPeer(Session):
         self._pending_rows = 0
         self._claimed = False
         self._relay: dict[str, list[Any]] = {}
+        #: writers whose RDATA or POSITION this read took: answered with their position
+        self._acks: set[tuple[str, str]] = set()
 
     def greeting(self) -> list[Action]:
         """``SERVER <name>`` and ``PING``."""
@@ -103,11 +105,27 @@ class HubPeer(Session):
                 handler(item, out)
             if facts:
                 self._writer_facts(facts, out)
+            if self._acks and not self.closed:
+                if self._relay:
+                    self._flush_relay(out)
+                self._answer_writer(out)
         finally:
             # Facts gathered before a bad line passed every check and moved the
             # hub's positions: they go out whatever follows.
             if self._relay:
                 self._flush_relay(out)
+            self._acks.clear()
+
+    def _answer_writer(self, out: list[Action]) -> None:
+        """Tell the writer the position the hub took for each of its streams this
+        read touched: what its link counts as accepted (``confirmed``). Only on a
+        connection the hub keeps: a writer refused in this read hears the refusal."""
+        acks, self._acks = self._acks, set()
+        positions = self.hub.positions
+        data, count = C.position_lines((s, i, positions[(s, i)], positions[(s, i)])
+                                       for s, i in sorted(acks) if (s, i) in positions)
+        if count:
+            out.append(Send(data, count, "POSITION"))
 
     def _flush_relay(self, out: list[Action]) -> None:
         relay = self._relay
@@ -193,6 +211,7 @@ class HubPeer(Session):
         if waiting:
             self._pending_rows -= len(waiting)
         hub = self.hub
+        self._acks.add(key)
         pos = hub.positions.get(key)
         if pos is not None and token <= pos:
             return  # already published (the hub filled it from the database)
@@ -293,6 +312,7 @@ class HubPeer(Session):
         if waiting:
             self._pending_rows -= len(waiting)
         out.extend(hub.writer_position(stream, instance, prev_token, new_token))
+        self._acks.add((stream, instance))
 
     def on_USER_SYNC(self, command: Any, out: list[Action]) -> None:
         self.sync_instances.add(command.instance_id)

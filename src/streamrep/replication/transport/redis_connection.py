@@ -20,7 +20,7 @@ from typing import Any
 import hiredis
 from redis.connection import parse_url
 
-__all__ = ["Publisher", "Subscription", "SubscriptionLost", "encode_publish"]
+__all__ = ["Publisher", "RedisRefused", "Subscription", "SubscriptionLost", "encode_publish"]
 
 _RECV_BYTES = 1 << 18
 
@@ -34,6 +34,35 @@ def encode_publish(channel: str, messages: list[bytes]) -> bytes:
 
 class SubscriptionLost(Exception):
     """The subscribed connection is gone or refused us (the message says which)."""
+
+
+class RedisRefused(SubscriptionLost):
+    """Redis refused this process's credentials or rights (``WRONGPASS``, ``NOAUTH``,
+    ``NOPERM``): retrying will not help until the URL or the server's ACL changes.
+    *credentials*: it was the user or password, not a right."""
+
+    def __init__(self, message: str, credentials: bool = False) -> None:
+        super().__init__(message)
+        self.credentials = credentials
+
+
+#: Error prefixes that mean the credentials or the ACL, not the server's state.
+_REFUSALS = ("WRONGPASS", "NOAUTH", "NOPERM", "ERR invalid password", "ERR AUTH", "ERR Client sent AUTH")
+
+
+def _refusal(command: str, reply: Exception) -> SubscriptionLost:
+    """The exception for Redis's error *reply* to *command*."""
+    text = str(reply)
+    if text.startswith(_REFUSALS):
+        if command == "AUTH" or text.startswith(("WRONGPASS", "ERR invalid password", "ERR AUTH",
+                                                   "ERR Client sent AUTH")):
+            return RedisRefused(f"Redis refused the password: {text}; fix the user and password in the "
+                                "Redis URL (or the server's ACL)", credentials=True)
+        if text.startswith("NOAUTH"):
+            return RedisRefused(f"Redis asks for a password: {text}; put it in the Redis URL "
+                                "(redis://:PASSWORD@host:port)", credentials=True)
+        return RedisRefused(f"Redis refused {command}: {text}; grant it in the server's ACL")
+    return SubscriptionLost(f"Redis refused {command}: {text}")
 
 
 def _tls_context(options: dict[str, Any]) -> ssl.SSLContext:
@@ -88,7 +117,7 @@ class _Connection:
         while True:
             for reply in self._replies():
                 if isinstance(reply, hiredis.ReplyError):
-                    raise SubscriptionLost(f"Redis refused {args[0]}: {reply}")
+                    raise _refusal(args[0], reply)
                 return reply
 
     def _replies(self) -> list[Any]:
@@ -151,7 +180,7 @@ class Subscription(_Connection):
                 if isinstance(reply, list) and reply and reply[0] == b"subscribe":
                     confirmed += 1
                 elif isinstance(reply, hiredis.ReplyError):
-                    raise SubscriptionLost(f"Redis refused SUBSCRIBE: {reply}")
+                    raise _refusal("SUBSCRIBE", reply)
 
     def ping(self) -> None:
         """Ask for a ``pong`` (a subscribed connection answers it in the stream)."""
@@ -201,8 +230,14 @@ class Publisher(_Connection):
 
     def __init__(self, url: str, connect_timeout: float) -> None:
         super().__init__(url, connect_timeout)
-        #: commands sent whose answer has not arrived
-        self.unanswered = 0
+        #: commands sent, and answered, on this connection
+        self.sent = 0
+        self.answered = 0
+
+    @property
+    def unanswered(self) -> int:
+        """Commands sent whose answer has not arrived."""
+        return self.sent - self.answered
 
     def open(self) -> None:
         self._connect()
@@ -213,17 +248,19 @@ class Publisher(_Connection):
         sock = self._sock
         if sock is None:
             raise SubscriptionLost("not connected")
-        self.unanswered += count
+        self.sent += count
         sock.sendall(data)
 
     def ping(self) -> None:
         self.send(hiredis.pack_command(("PING",)), 1)
 
-    def take_answers(self, timeout: float) -> int:
-        """Wait up to *timeout* for answers; how many came. Raises on a refusal."""
+    def take_answers(self, timeout: float) -> tuple[int, str | None]:
+        """Wait up to *timeout* for answers: how many came, and Redis's refusal of
+        one of them (None: none refused)."""
         replies = self.read(timeout)
+        refusal = None
         for reply in replies:
             if isinstance(reply, hiredis.ReplyError):
-                raise SubscriptionLost(f"Redis refused a command: {reply}")
-        self.unanswered -= len(replies)
-        return len(replies)
+                refusal = str(reply)
+        self.answered += len(replies)
+        return len(replies), refusal

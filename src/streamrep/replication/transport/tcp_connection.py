@@ -94,6 +94,8 @@ class TcpConnection:
         self.decoder = C.new_decoder(settings.max_line_length)
         self.closed = False
         self.close_reason: str | None = None
+        #: what the peer's last ``ERROR`` said (None: it sent none)
+        self.refusal: str | None = None
         self._perform = perform if perform is not None else TcpConnection.perform_basic
         self._on_lost = on_lost
         self._in_flight = False
@@ -213,7 +215,8 @@ class TcpConnection:
         """Log a peer's ``ERROR``; True if *command* was one."""
         if command.NAME != "ERROR":
             return False
-        logger.warning("replication peer %s sent ERROR %s", self.name, C.error_message(command))
+        self.refusal = C.error_message(command)
+        logger.warning("replication peer %s sent ERROR %s", self.name, self.refusal)
         return True
 
     # --- reading -----------------------------------------------------------------------------

@@ -58,7 +58,7 @@ from streamrep.replication.protocol import (
 )
 from streamrep.replication.auth import HubGate
 from streamrep.replication.security import HubSecurity
-from streamrep.replication.source import StreamSource
+from streamrep.replication.sources import StreamSource, pages
 from streamrep.replication.transport.tcp_connection import TcpConnection
 
 __all__ = ["ReplicationHub", "HubConnection", "DEFAULT_PORT", "CATCH_UP_BATCH"]
@@ -407,6 +407,11 @@ class ReplicationHub:
         position) and move its position to *new_token* (default: the last row's)."""
         self.perform(None, self.state.publish_rows(stream, instance, rows, new_token))
 
+    def on_advance(self, stream: str, instance: str, visible: list[int], position: int) -> None:
+        """A ``Streams`` position listener: ``streams.add_listener(hub.on_advance)``
+        publishes the advances of this process's writers."""
+        self.writer_advanced(stream, instance, position)
+
     def writer_advanced(self, stream: str, instance: str, new_token: int) -> None:
         """A writer of this process (or one sharing its database) reached
         *new_token*: publish its rows since the last published position."""
@@ -422,14 +427,9 @@ class ReplicationHub:
         try:
             if source is None:
                 raise StreamrepError(f"no database to read {stream} from")
-            while last < gap.upto_token:
-                rows, limited = source.updates(stream, instance, last, gap.upto_token, CATCH_UP_BATCH)
-                if not rows:
-                    break
+            for rows in pages(source, stream, instance, last, gap.upto_token, CATCH_UP_BATCH):
                 self.perform(None, state.fill_rows(gap, last, rows))
                 last = rows[-1][0]
-                if not limited:
-                    break
         except Exception as exc:
             state.fill_failed(gap, last)
             logger.warning("reading %s/%s from the database failed: %s", stream, instance, exc)
@@ -492,26 +492,29 @@ class ReplicationHub:
                 continue  # the wait yielded: look again for newer rows
             for instance, upto in behind:
                 start = sent.get(instance, from_token)
-                while start < upto and not conn.closed:
-                    # Limited answers end at a whole stream ID (the source's contract).
-                    rows, limited = source.updates(stream, instance, start, upto, CATCH_UP_BATCH)
-                    if rows:
-                        # In pieces that fit the queue, even when one fact is larger
-                        # than the whole bound.
-                        lines = C.rdata_line_list(stream, instance, rows)
-                        piece = max(1, queue.max_commands // 2)
-                        for i in range(0, len(lines), piece):
-                            chunk = lines[i : i + piece]
-                            if not queue.wait_for_room(len(chunk), timeout=wait):
-                                self._too_slow(conn)
-                                return
-                            if not conn.send_lines(b"".join(chunk), len(chunk), "RDATA"):
-                                return
-                        start = last_row[instance] = rows[-1][0]
-                    if not limited or not rows:
-                        break
+                # Limited pages end at a whole stream ID (the source's contract).
+                for rows in pages(source, stream, instance, start, upto, CATCH_UP_BATCH):
+                    if not self._send_catch_up_rows(conn, stream, instance, rows):
+                        return
+                    last_row[instance] = rows[-1][0]
                     gevent.sleep(0)  # one peer's long catch-up never holds the others
                 sent[instance] = upto
+
+    def _send_catch_up_rows(self, conn: HubConnection, stream: str, instance: str,
+                            rows: list[tuple[int, bytes]]) -> bool:
+        """Queue one page of catch-up rows, in pieces that fit the queue even when one
+        fact is larger than the whole bound; False when the peer is gone or too slow."""
+        queue = conn.queue
+        lines = C.rdata_line_list(stream, instance, rows)
+        piece = max(1, queue.max_commands // 2)
+        for i in range(0, len(lines), piece):
+            chunk = lines[i : i + piece]
+            if not queue.wait_for_room(len(chunk), timeout=self.settings.ping_timeout):
+                self._too_slow(conn)
+                return False
+            if not conn.send_lines(b"".join(chunk), len(chunk), "RDATA"):
+                return False
+        return True
 
     def _too_slow(self, conn: TcpConnection) -> None:
         if not conn.closed:

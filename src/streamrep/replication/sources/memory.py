@@ -1,55 +1,14 @@
-"""Where replication reads stream rows from: the :class:`StreamSource` protocol.
-
-The hub reads its writers' new rows and serves catch-up from one; a worker
-fills gaps from one. Rows are ``(token, row_json)`` pairs in token order, the
-JSON being exactly what an ``RDATA`` line carries, so the hub relays without
-re-encoding and a worker decodes database rows and wire rows the same way.
-:class:`MemorySource` keeps streams in memory (for streams that are never
-persisted, and for embedding without a database);
-:class:`streamrep.replication.registry_source.RegistrySource` reads the
-database-backed stream registry.
-"""
+"""Streams held in memory: a complete :class:`~streamrep.replication.sources.StreamSource`
+for streams that are never persisted, and for embedding without a database."""
 
 from __future__ import annotations
 
 import bisect
-from typing import Any, Protocol, Sequence
+from typing import Any, Sequence
 
 import orjson
 
-__all__ = ["StreamSource", "MemorySource"]
-
-
-class StreamSource(Protocol):
-    """Read access to streams, by stream and writer."""
-
-    def stream_names(self) -> Sequence[str]:
-        """Names of every stream."""
-        ...
-
-    def writers(self, stream: str) -> Sequence[str]:
-        """Instances known to have written (or to write) *stream*."""
-        ...
-
-    def current_token(self, stream: str, instance: str) -> int:
-        """The writer's persisted position: every fact up to it is readable."""
-        ...
-
-    def stored_token(self, stream: str, instance: str) -> int:
-        """The largest token of *instance* in *stream* that the database holds (0
-        if none): its largest row, or its persisted position on a stream several
-        writers share when that is further. No fact of that writer can be past it."""
-        ...
-
-    def updates(
-        self, stream: str, instance: str, from_token: int, upto_token: int, limit: int
-    ) -> tuple[list[tuple[int, bytes]], bool]:
-        """Rows of *instance* with ``from_token < token <= upto_token``, token order.
-
-        About *limit* rows: when more remain the flag is True and the rows end at a
-        whole token (rows sharing a token are never split, so the answer may exceed
-        *limit* by the rest of the last token's rows)."""
-        ...
+__all__ = ["MemorySource"]
 
 
 class MemorySource:

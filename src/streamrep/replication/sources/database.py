@@ -1,6 +1,6 @@
-"""The database-backed :class:`~streamrep.replication.source.StreamSource`.
+"""The database as a :class:`~streamrep.replication.sources.StreamSource`.
 
-:class:`RegistrySource` reads rows through :class:`streamrep.streams.Streams`
+:class:`DatabaseSource` reads rows through :class:`streamrep.streams.Streams`
 (``get_updates_since``) and encodes them once as the JSON ``RDATA`` carries.
 Writer positions come from the database, so a restarted hub starts from what is
 really persisted:
@@ -18,7 +18,8 @@ In-memory streams (``typing``) are included only where this process writes them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from streamrep.errors import UnknownStreamError
 from streamrep.idgen.single import stored_token_query
@@ -31,10 +32,10 @@ else:
 
     _core_wire = _impl.load("wire")
 
-__all__ = ["RegistrySource"]
+__all__ = ["DatabaseSource"]
 
 
-class RegistrySource:
+class DatabaseSource:
     """Streams of one database as a replication source (see module docstring)."""
 
     def __init__(self, streams: Streams, names: Sequence[str] | None = None) -> None:
@@ -119,11 +120,3 @@ class RegistrySource:
         out: list[tuple[int, bytes]] = [(int(token), encode(row)) for token, row in rows]
         return out, limited
 
-
-def hub_listener(hub: Any) -> Any:
-    """A ``Streams`` position listener that publishes this process's advances on *hub*."""
-
-    def listener(stream: str, instance: str, visible: list[int], position: int) -> None:
-        hub.writer_advanced(stream, instance, position)
-
-    return listener
