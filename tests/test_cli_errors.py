@@ -274,3 +274,32 @@ def test_state_export_takes_output_and_the_old_out(workdir: Path) -> None:
         assert (workdir / flag.strip("-") / "state_groups" / "part-00000.parquet").exists()
     helped = run("state", "export", "--help", cwd=workdir)
     assert "--output" in helped.stdout and "--out " not in helped.stdout
+def test_write_refused_by_the_hub_says_so_with_its_own_status(workdir: Path) -> None:
+    """A writer the hub refuses (here: not a configured writer of the stream) never
+    reports its facts as announced: one line quoting the hub, status REFUSED."""
+    import gevent
+
+    from streamrep.replication import ReplicationHub
+    from streamrep.replication.sources.memory import MemorySource
+
+    hub = ReplicationHub("example.com", MemorySource(), port=0, stream_writers={"caches": ["w1"]})
+    hub.start()
+    try:
+        job = gevent.get_hub().threadpool.spawn(
+            run, "write", "--db", f"sqlite:///{workdir}/w.db", "--connect", f"127.0.0.1:{hub.address[1]}",
+            "--instance-name", "w2", "--stream", "caches", "--count", "3", "--announce-timeout", "2",
+            cwd=workdir)
+        proc = job.get(timeout=60)
+    finally:
+        hub.stop()
+    line = assert_one_line(proc, ExitCode.REFUSED, "streamrep write", "3 facts persisted", "not announced",
+                           "refused this process", "w2 is not a configured writer of caches")
+    assert "announced, and accepted" not in proc.stderr, line
+
+
+def test_announcing_str_rows_fails_at_the_call() -> None:
+    from streamrep.replication import LinkSettings, open_link
+
+    link = open_link(LinkSettings("w1", "example.com", hub=("127.0.0.1", 1)))
+    with pytest.raises(TypeError, match="bytes row_json"):
+        link.announce("caches", "w1", [(1, '["c",["k"],1]')])  # type: ignore[list-item]

@@ -204,3 +204,28 @@ def test_repair_covers_registered_streams_never_started(pg_url: str) -> None:
     assert "caches: sequence cache_invalidation_stream_seq moved from 0 to 40" in result.output
     assert db.fetchval("SELECT nextval('cache_invalidation_stream_seq')") == 41
     db.close()
+
+
+def test_a_failing_position_listener_stops_the_writer_at_its_next_reservation(tmp_path: Any) -> None:
+    """A listener's error is never only logged: the fact that triggered it is
+    committed, and the next stream ID is refused with the error as the cause."""
+    from streamrep.db import open_database
+    from streamrep.errors import ListenerFailedError
+    from streamrep.streams import Streams
+
+    db = open_database(f"sqlite:///{tmp_path}/l.db")
+    streams = Streams(db, "w1")
+    try:
+        def bad_listener(stream: str, instance: str, visible: list[int], position: int) -> None:
+            raise TypeError("rows must be bytes")
+
+        streams.add_listener(bad_listener)
+        token = streams.add_cache_invalidation("c", ["k"])
+        assert streams.current_token("caches", "w1") == token
+        with pytest.raises(ListenerFailedError, match="rows must be bytes") as info:
+            streams.add_cache_invalidation("c", ["k2"])
+        assert isinstance(info.value.__cause__, TypeError)
+        assert streams.current_token("caches", "w1") == token
+    finally:
+        streams.close()
+        db.close()

@@ -48,9 +48,10 @@ def test_a_second_writer_with_the_same_name_refuses_to_start(
     _wait(lambda: len(worker.lines) >= 20, "the first writer's first facts")
     second = _write(started, cwd, db, port, "writer1", 100, 1000)
     assert second.proc.wait(TIMEOUT) == ExitCode.LEASE_HELD
-    errors = [line for line in _stderr(second).splitlines() if line.startswith("error:")]
+    errors = [line for line in _stderr(second).splitlines() if line.startswith("streamrep write: error:")]
     assert len(errors) == 1, _stderr(second)
     assert "writer writer1 is already running" in errors[0]
+    assert errors[0].endswith("then start this one again")
     assert f"pid {first.proc.pid}, since " in errors[0]
     assert "Traceback" not in _stderr(second)
     assert first.proc.wait(TIMEOUT) == 0

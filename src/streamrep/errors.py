@@ -83,6 +83,12 @@ class SequenceMismatchError(StreamrepError):
     """
 
 
+class ListenerFailedError(StreamrepError):
+    """A position listener of this writer failed (its exception is the cause): the
+    writer reserves no further stream ID, since what it commits might never be
+    announced."""
+
+
 class StreamIdError(StreamrepError, ValueError):
     """A stream ID used out of turn: tracked twice, completed twice or never tracked,
     or at or behind the position it should be ahead of."""

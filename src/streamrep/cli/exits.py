@@ -141,8 +141,7 @@ def describe(exc: BaseException, command: str = "streamrep") -> Failure:
                        f"{_one_line(exc)}; check that the file's directory exists and is "
                        "writable, or give another --db sqlite:///PATH")
     if isinstance(exc, WriterLeaseHeldError):
-        return Failure(ExitCode.LEASE_HELD, f"{_one_line(exc)}; stop that process first, or "
-                       "use another --instance-name")
+        return Failure(ExitCode.LEASE_HELD, _one_line(exc))  # it names the holder and the fix
     if isinstance(exc, WriterLeaseLostError):
         return Failure(ExitCode.LEASE_LOST, f"{_one_line(exc)}; check that no other process "
                        "runs as this instance, then start it again")

@@ -21,7 +21,7 @@ import gevent
 import gevent.event
 
 from streamrep import resources
-from streamrep.errors import NotAWriterError
+from streamrep.errors import ListenerFailedError, NotAWriterError
 from streamrep.idgen.tracking import CompletionTracker, WriterPositions
 
 if TYPE_CHECKING:
@@ -59,6 +59,8 @@ class IdGenerator(abc.ABC):
         self._sign = -1 if negative else 1
         self._lock = threading.Lock()  # tracker updates; never held across I/O
         self._listeners: list[PositionListener] = []
+        #: the first exception a position listener raised (see :meth:`_reserve_counted`)
+        self.listener_failure: Exception | None = None
         self._advanced = gevent.event.Event()
         self._tracker: CompletionTracker = CompletionTracker(0)
         self._positions: WriterPositions = WriterPositions({w: 0 for w in self.writers})
@@ -140,6 +142,12 @@ class IdGenerator(abc.ABC):
     def _reserve_counted(self, count: int) -> list[int]:
         if self.write_guard is not None:
             self.write_guard()
+        failure = self.listener_failure
+        if failure is not None:
+            raise ListenerFailedError(
+                f"stream {self.stream_name}: a position listener failed ({type(failure).__name__}: "
+                f"{failure}); the facts committed before it are in the database, and a restarted "
+                "writer announces them") from failure
         tracked = self._reserve(count)
         if resources.ENABLED:
             resources.acquired("stream ID in flight", len(tracked))
@@ -161,9 +169,12 @@ class IdGenerator(abc.ABC):
         for listener in list(self._listeners):
             try:
                 listener(self.stream_name, self.instance_name, visible, position)
-            except Exception:
+            except Exception as exc:
+                # Never only logged: the next reservation raises it (ListenerFailedError).
                 logger.exception("stream %s: position listener %r failed",
                                  self.stream_name, listener)
+                if self.listener_failure is None:
+                    self.listener_failure = exc
         self._wake_waiters()
 
     def _wake_waiters(self) -> None:

@@ -28,8 +28,10 @@ import logging
 from collections import Counter
 from typing import Any, Callable, Iterable, Mapping
 
-from streamrep.replication.protocol import Action, Fact, FillGap, FollowerState, GapUnfilled, group_facts
-from streamrep.replication.sources import CatchUpSource, pages
+import orjson
+
+from streamrep.replication.protocol import Action, Fact, FillGap, FollowerState, GapUnfilled, Refused, group_facts
+from streamrep.replication.sources import CatchUpSource, StreamSource, pages
 
 __all__ = ["StreamFollower", "Handler", "group_facts", "FETCH_LIMIT"]
 
@@ -47,9 +49,17 @@ class StreamFollower:
 
     *streams* limits which streams are followed (None: all). *start_from* gives
     where to start for a writer seen for the first time: a token per stream or
-    per ``(stream, instance)``; without one the reader starts at the writer's
-    current position. ``state`` is the protocol's bookkeeping, shared with the
-    transport's session.
+    per ``(stream, instance)``; without one the reader starts "from now on":
+    with a database (a :class:`~streamrep.replication.sources.StreamSource`) at
+    every writer's position there when it starts (:meth:`resolve_start`), and
+    writers it meets later from their first fact; without one at the position
+    each writer's first ``POSITION`` gives. ``state`` is the protocol's
+    bookkeeping, shared with the transport's session.
+
+    *verify*: check every ``RDATA`` and ``POSITION`` against the database and
+    deliver the stored rows (a bus where anyone may publish, see
+    :class:`~streamrep.replication.protocol.FollowerState`); refusals are logged
+    once per writer and reason, and counted in :attr:`refused`.
     """
 
     def __init__(
@@ -59,15 +69,37 @@ class StreamFollower:
         streams: Iterable[str] | None = None,
         start_from: Mapping[Any, int] | None = None,
         on_gap: Callable[[str, str, int, int], None] | None = None,
+        *,
+        verify: bool = False,
     ) -> None:
         self.handler = handler
         self.source = source
         self.on_gap = on_gap
-        self.state = FollowerState(streams, start_from, can_fill=source is not None)
+        if verify and not isinstance(source, StreamSource):
+            raise ValueError("verifying needs a database source (a StreamSource)")
+        stored = source.stored_token if verify and isinstance(source, StreamSource) else None
+        self.state = FollowerState(streams, start_from, can_fill=source is not None, verify=stored)
         #: facts delivered, for progress reports
         self.delivered = 0
         #: gaps that could not be filled, per (stream, instance)
         self.unfilled: Counter[tuple[str, str]] = Counter()
+        #: commands not taken as facts, per reason (verifying readers)
+        self.refused: Counter[str] = Counter()
+        self._refusals_logged: set[tuple[str, str, str]] = set()
+
+    def resolve_start(self) -> None:
+        """Make "from now on" exact before the first connection: with a database and
+        no *start_from*, start every writer at its position there now, and writers
+        met later from their first fact (none of their facts can predate this)."""
+        source = self.source
+        state = self.state
+        if state.start_from or state.positions or not isinstance(source, StreamSource):
+            return
+        for stream in source.stream_names():
+            if state.follows(stream):
+                for instance in source.writers(stream):
+                    state.start_from[(stream, instance)] = source.current_token(stream, instance)
+        state.new_writers_from = 0
 
     @property
     def positions(self) -> dict[tuple[str, str], int]:
@@ -113,6 +145,9 @@ class StreamFollower:
                 elif kind is FillGap:
                     assert isinstance(action, FillGap)
                     self._fill(action)
+                elif kind is Refused:
+                    assert isinstance(action, Refused)
+                    self._refused(action.stream, action.instance, action.reason)
                 else:
                     rest.append(action)
             except BaseException:
@@ -128,8 +163,11 @@ class StreamFollower:
         assert source is not None, "FillGap needs a source"
         stream, instance = gap.stream, gap.instance
         from_token = gap.from_token
+        expect = gap.expect
         try:
             for rows in pages(source, stream, instance, from_token, gap.upto_token, FETCH_LIMIT):
+                if expect:
+                    self._compare(stream, instance, expect, rows)
                 for fact in self.state.gap_facts(stream, instance, from_token, rows):
                     self.handler(stream, instance, fact.token, fact.rows)
                     self.delivered += 1
@@ -137,6 +175,28 @@ class StreamFollower:
         except BaseException:
             self.state.rewind(stream, instance, from_token)
             raise
+
+    def _compare(self, stream: str, instance: str, expect: dict[int, list[bytes]],
+                 rows: list[tuple[int, bytes]]) -> None:
+        """Rows heard on the bus that differ from the stored rows of their fact: the
+        stored ones are delivered; the difference is refused. A fact whose rows are
+        no longer stored (a later fact replaced them) proves nothing either way."""
+        stored: dict[int, list[bytes]] = {}
+        for token, row_json in rows:
+            if token in expect:
+                stored.setdefault(token, []).append(row_json)
+        for token, row_jsons in stored.items():
+            heard = expect[token]
+            if heard != row_jsons and [orjson.loads(r) for r in heard] != [orjson.loads(r) for r in row_jsons]:
+                self._refused(stream, instance, f"token {token}: the rows heard differ from the stored ones")
+
+    def _refused(self, stream: str, instance: str, reason: str) -> None:
+        kind = "rows differ from the database" if "differ" in reason else "token past the database"
+        self.refused[kind] += 1
+        if (stream, instance, kind) not in self._refusals_logged:
+            self._refusals_logged.add((stream, instance, kind))
+            logger.warning("refused what the bus said of %s/%s: %s (delivered what the database holds; "
+                           "logged once per writer)", stream, instance, reason)
 
     def skip_gap(self, gap: GapUnfilled) -> None:
         """Move past a gap nothing can fill: log it, count it, tell ``on_gap``."""

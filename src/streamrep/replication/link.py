@@ -209,14 +209,19 @@ class LinkBase(abc.ABC):
 
     #: set by :meth:`run` and :meth:`stop`
     _stop_requested: gevent.event.Event
+    #: a reader with a database checks what it hears against it (a bus anyone can
+    #: publish on), rather than trusting an authenticated hub
+    verifies_what_it_hears = False
 
     def __init__(self, settings: LinkSettings, roles: LinkRoles) -> None:
         from streamrep.replication.follower import StreamFollower
+        from streamrep.replication.sources import StreamSource
 
         self.settings = settings
         self.roles = roles
         self.follower: StreamFollower | None = (
-            StreamFollower(roles.handler, roles.source, roles.streams, roles.start_from, roles.on_gap)
+            StreamFollower(roles.handler, roles.source, roles.streams, roles.start_from, roles.on_gap,
+                           verify=self.verifies_what_it_hears and isinstance(roles.source, StreamSource))
             if roles.handler is not None else None)
         self.writer_positions = roles.writer_positions
         #: called in the link's greenlet once each new connection has been greeted
@@ -293,6 +298,11 @@ class LinkBase(abc.ABC):
     def _unconfirmed(self) -> dict[tuple[str, str], int]:
         confirmed = self._confirmed
         return {key: token for key, token in self._announced.items() if confirmed.get(key, -1) < token}
+
+    def _confirm(self, stream: str, instance: str, token: int) -> None:
+        key = (stream, instance)
+        if token > self._confirmed.get(key, -1):
+            self._confirmed[key] = token
 
     def _noted(self, stream: str, instance: str, token: int) -> None:
         key = (stream, instance)

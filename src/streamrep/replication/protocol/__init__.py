@@ -48,7 +48,7 @@ One module per concept:
 from __future__ import annotations
 
 from streamrep.replication.protocol.actions import (
-    Action, CatchUp, Close, DisconnectReason, Fact, FillGap, GapUnfilled, Publish, Received, Relay, Send,
+    Action, CatchUp, Close, Confirmed, DisconnectReason, Fact, FillGap, GapUnfilled, Publish, Received, Refused, Relay, Send,
 )
 from streamrep.replication.protocol.bus import BusSession
 from streamrep.replication.protocol.client import ClientSession
@@ -68,6 +68,8 @@ __all__ = [
     "Fact",
     "FillGap",
     "GapUnfilled",
+    "Refused",
+    "Confirmed",
     "CatchUp",
     "Received",
     "Close",

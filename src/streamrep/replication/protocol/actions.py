@@ -11,7 +11,7 @@ from typing import Any, Union
 
 __all__ = [
     "DisconnectReason", "Send", "Publish", "Relay", "Fact", "FillGap", "GapUnfilled",
-    "CatchUp", "Received", "Close", "Action",
+    "Refused", "Confirmed", "CatchUp", "Received", "Close", "Action",
 ]
 
 
@@ -76,14 +76,17 @@ class Fact:
 @dataclass(slots=True)
 class FillGap:
     """Read *instance*'s rows of *stream* with ``from_token < token <= upto_token``
-    from the database and feed them back. On the hub, *then_token* (when set) is
-    the position to publish once the rows are out."""
+    from the catch-up source and feed them back. On the hub, *then_token* (when set)
+    is the position to publish once the rows are out. *expect*: the ``RDATA`` lines
+    this fill stands in for (a reader that verifies what it hears against its
+    database), ``token -> [row_json]``, to compare with the stored rows."""
 
     stream: str
     instance: str
     from_token: int
     upto_token: int
     then_token: int | None = None
+    expect: dict[int, list[bytes]] | None = None
 
 
 @dataclass(slots=True)
@@ -94,6 +97,25 @@ class GapUnfilled:
     instance: str
     from_token: int
     upto_token: int
+
+
+@dataclass(slots=True)
+class Refused:
+    """A command a verifying reader did not take as a fact (*reason* says why);
+    positions did not move."""
+
+    stream: str
+    instance: str
+    reason: str
+
+
+@dataclass(slots=True)
+class Confirmed:
+    """The far end accepted writer *instance*'s facts on *stream* up to *token*."""
+
+    stream: str
+    instance: str
+    token: int
 
 
 @dataclass(slots=True)
@@ -120,4 +142,4 @@ class Close:
     error: str | None = None
 
 
-Action = Union[Send, Publish, Relay, Fact, FillGap, GapUnfilled, CatchUp, Received, Close]
+Action = Union[Send, Publish, Relay, Fact, FillGap, GapUnfilled, Refused, Confirmed, CatchUp, Received, Close]

@@ -27,11 +27,13 @@ class BusSession(Session):
     not a configured writer of the stream are dropped (nobody can be
     disconnected on a bus) and counted in :attr:`refused`.
 
-    A writer's rows count only once one of its ``POSITION`` commands arrived on
-    the current subscription (:meth:`announce` starts one): rows published while
-    this process was not subscribed are unknown to it, and that ``POSITION``
-    fills everything up to it from the database, whereas the first rows heard
-    would otherwise move the position past them.
+    Without a database to check them against, a writer's rows count only once one
+    of its ``POSITION`` commands arrived on the current subscription
+    (:meth:`announce` starts one): rows published while this process was not
+    subscribed are unknown to it, and that ``POSITION`` reveals the gap, whereas
+    the first rows heard would otherwise move the position past them. A reader
+    that verifies (``follower.verify``) fills every fact from its database up
+    to what it hears, so it needs no such ``POSITION``.
     """
 
     peer_side = None
@@ -92,7 +94,7 @@ class BusSession(Session):
         follower = self.follower
         for item in _group_rdata(commands):
             if type(item) is tuple:
-                if (follower is not None and (item[0], item[1]) in self.heard
+                if (follower is not None and (follower.verify is not None or (item[0], item[1]) in self.heard)
                         and self._allowed(item[0], item[1])):
                     follower.rdata_run(item[0], item[1], item[2], item[3], out)
                 continue

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import orjson
 
 from streamrep.replication import commands as C
-from streamrep.replication.protocol.actions import Action, DisconnectReason, GapUnfilled, Received, Send
+from streamrep.replication.protocol.actions import Action, Confirmed, DisconnectReason, GapUnfilled, Received, Send
 from streamrep.replication.protocol.reader import FollowerState
 from streamrep.replication.protocol.session import Session
 from streamrep.replication.protocol.settings import ConnectionSettings
@@ -34,7 +34,7 @@ class ClientSession(Session):
     The hub answers this process's own ``RDATA`` and ``POSITION`` with the
     position it took for the writer (a ``POSITION`` naming this client's
     instance, which is the only instance it may write as): those are
-    confirmations, gathered for :meth:`take_confirmed`, not facts to follow.
+    :class:`Confirmed`, not facts to follow.
     """
 
     peer_side = SERVER_SIDE
@@ -48,7 +48,6 @@ class ClientSession(Session):
         self.server_name: str | None = None
         self.follower = follower
         self.resume_through_hub = resume_through_hub
-        self._confirmed: dict[tuple[str, str], int] = {}
 
     def greeting(self, writer_positions: Sequence[tuple[str, str, int]] = ()) -> list[Action]:
         """What the client sends on a new connection: ``NAME``, ``PING``, its
@@ -112,16 +111,9 @@ class ClientSession(Session):
                 row = command.row  # raises the wire format's own MalformedCommandError
             self.follower.rdata(command.stream_name, command.instance_name, command.token, row, out)
 
-    def take_confirmed(self) -> dict[tuple[str, str], int]:
-        """Positions of this process's writers the hub confirmed since the last call."""
-        confirmed, self._confirmed = self._confirmed, {}
-        return confirmed
-
     def on_POSITION(self, command: Any, out: list[Action]) -> None:
         if command.instance_name == self.client_name:
-            key = (command.stream_name, command.instance_name)
-            if command.new_token > self._confirmed.get(key, -1):
-                self._confirmed[key] = command.new_token
+            out.append(Confirmed(command.stream_name, command.instance_name, command.new_token))
             return
         if self.follower is not None:
             before = len(out)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import orjson
 
 from streamrep.replication import commands as C
-from streamrep.replication.protocol.actions import Action, Fact, FillGap, GapUnfilled
+from streamrep.replication.protocol.actions import Action, Fact, FillGap, GapUnfilled, Refused
 
 __all__ = ["FollowerState", "group_facts"]
 
@@ -33,19 +33,38 @@ class FollowerState:
     ``RDATA`` ``batch`` rows wait for the row with the token; a fact at or below
     the writer's position is a replay and is dropped; a ``POSITION`` whose
     ``prev_token`` is past the position is a gap: :class:`FillGap` when the
-    reader has a database (*can_fill*), :class:`GapUnfilled` otherwise.
+    reader has a catch-up source (*can_fill*), :class:`GapUnfilled` otherwise.
+
+    Where a writer starts: its position once it has one, else *start_from* (a
+    token per ``(stream, instance)`` or per stream), else *new_writers_from*: 0
+    for a reader whose start is defined (resumed from a cursor, or from its
+    database's positions), so a writer it meets later is followed from its
+    first fact; None for a reader "from now on" with nothing to resume, which
+    starts each writer where its first ``POSITION`` says it is.
+
+    *verify* ``(stream, instance) -> stored token`` makes every ``RDATA`` and
+    ``POSITION`` a notification checked against the database the reader fills
+    from (a bus where anyone may publish): a token past what the database holds
+    is :class:`Refused` and moves nothing; anything else becomes a
+    :class:`FillGap` up to it, carrying the rows heard (``expect``) so the
+    transport can compare them with the stored ones. The stored token is read
+    again only when a token passes the last value read.
 
     Positions move when the actions are made; a transport whose handler fails
     calls :meth:`rewind` with the actions it did not finish.
     """
 
     def __init__(self, streams: Iterable[str] | None = None, start_from: Mapping[Any, int] | None = None,
-                 can_fill: bool = False) -> None:
+                 can_fill: bool = False, *, new_writers_from: int | None = None,
+                 verify: Callable[[str, str], int] | None = None) -> None:
         self.streams = frozenset(streams) if streams is not None else None
         self.start_from: dict[Any, int] = dict(start_from or {})
         self.can_fill = can_fill
+        self.new_writers_from = new_writers_from
+        self.verify = verify
         self.positions: dict[tuple[str, str], int] = {}
         self._pending: dict[tuple[str, str], list[Any]] = {}
+        self._stored: dict[tuple[str, str], int] = {}
 
     def follows(self, stream: str) -> bool:
         return self.streams is None or stream in self.streams
@@ -58,6 +77,8 @@ class FollowerState:
         base = self.start_from.get(key)
         if base is None:
             base = self.start_from.get(key[0])
+            if base is None:
+                return self.new_writers_from
         return base
 
     def connection_lost(self) -> None:
@@ -85,7 +106,7 @@ class FollowerState:
         key = (stream, instance)
         if token is None:
             waiting = self._pending.get(key)
-            rows = _rdata_rows(commands)
+            rows = list(commands) if self.verify is not None else _rdata_rows(commands)
             if waiting is None:
                 self._pending[key] = rows
             else:
@@ -95,6 +116,11 @@ class FollowerState:
         pos = self.positions.get(key)
         base = pos if pos is not None else self.base(key)
         if base is not None and token <= base:
+            return
+        if self.verify is not None:
+            heard = [c.row_json for c in pending] if pending else []
+            heard.extend(c.row_json for c in commands)
+            self._verified(stream, instance, base, token, heard, out)
             return
         if pending:
             pending.extend(_rdata_rows(commands))
@@ -118,6 +144,12 @@ class FollowerState:
         key = (stream, instance)
         self._pending.pop(key, None)
         base = self.base(key)
+        if self.verify is not None and base is not None:
+            # Only the database says where the writer is: fill up to the position
+            # if the database holds it, whatever prev_token claims.
+            if new_token > base:
+                self._verified(stream, instance, base, new_token, None, out)
+            return
         if base is None:
             self.positions[key] = new_token
             return
@@ -130,6 +162,33 @@ class FollowerState:
             self.positions[key] = new_token
         elif key not in self.positions:
             self.positions[key] = base
+
+    def _verified(self, stream: str, instance: str, base: int | None, token: int, heard: list[bytes] | None,
+                  out: list[Action]) -> None:
+        """A writer said it reached *token* (with the rows *heard* of that fact, or
+        none for a ``POSITION``): fill up to it from the database, or refuse it."""
+        key = (stream, instance)
+        assert self.verify is not None
+        if token > self._stored.get(key, -1):
+            self._stored[key] = self.verify(stream, instance)
+            if token > self._stored[key]:
+                out.append(Refused(stream, instance, f"token {token} is past what the database holds "
+                                                     f"({self._stored[key]})"))
+                return
+        start = base if base is not None else token - 1
+        last = out[-1] if out else None
+        if (type(last) is FillGap and last.stream == stream and last.instance == instance
+                and last.upto_token == start):
+            last.upto_token = token  # one database read for consecutive facts of a writer
+            gap = last
+        else:
+            gap = FillGap(stream, instance, start, token)
+            out.append(gap)
+        if heard is not None:
+            if gap.expect is None:
+                gap.expect = {}
+            gap.expect[token] = heard
+        self.positions[key] = token
 
     def gap_facts(self, stream: str, instance: str, after: int, rows: Sequence[tuple[int, bytes]]) -> list[Fact]:
         """Facts of database rows ``(token, row_json)`` filling a gap, past *after*

@@ -17,7 +17,7 @@ same way.
 
 from __future__ import annotations
 
-from typing import Iterator, Protocol, Sequence
+from typing import Iterator, Protocol, Sequence, runtime_checkable
 
 __all__ = ["CatchUpSource", "StreamSource", "pages", "Rows"]
 
@@ -43,6 +43,7 @@ class CatchUpSource(Protocol):
         ...
 
 
+@runtime_checkable
 class StreamSource(CatchUpSource, Protocol):
     """A database's streams: rows, and every writer's position."""
 

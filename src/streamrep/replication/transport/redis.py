@@ -97,6 +97,8 @@ class RedisLink(LinkBase):
     and are ignored).
     """
 
+    verifies_what_it_hears = True
+
     def __init__(self, settings: LinkSettings, roles: LinkRoles | None = None) -> None:
         if settings.redis_url is None or not settings.server_name:
             raise ValueError("a Redis link needs settings.redis_url and settings.server_name")
@@ -147,6 +149,8 @@ class RedisLink(LinkBase):
                 "the Redis transport needs cooperative sockets: call gevent.monkey.patch_all() "
                 "at the very start of the program")
         if self._greenlet is None or self._greenlet.dead:
+            if self.follower is not None:
+                self.follower.resolve_start()
             self._greenlet = gevent.spawn(self._run)
         return self._greenlet
 
@@ -444,7 +448,7 @@ class RedisLink(LinkBase):
                 answered, refusal = publisher.take_answers(_POLL_SECONDS)
                 if refusal is not None:
                     self._refused_publish(refusal)
-                self._confirm(publisher.answered)
+                self._confirm_answered(publisher.answered)
                 now = time.monotonic()
                 if answered or publisher.unanswered == 0:
                     waiting_since = None
@@ -458,14 +462,12 @@ class RedisLink(LinkBase):
         finally:
             self._publisher = None
 
-    def _confirm(self, answered: int) -> None:
+    def _confirm_answered(self, answered: int) -> None:
         """Every batch whose commands Redis answered confirms the positions it carried."""
         in_flight = self._in_flight
-        confirmed = self._confirmed
         while in_flight and in_flight[0][0] <= answered:
-            for key, token in in_flight.popleft()[1].items():
-                if token > confirmed.get(key, -1):
-                    confirmed[key] = token
+            for (stream, instance), token in in_flight.popleft()[1].items():
+                self._confirm(stream, instance, token)
 
     def _refused_publish(self, refusal: str) -> None:
         """Redis refused a ``PUBLISH``. A process that writes no stream may only be

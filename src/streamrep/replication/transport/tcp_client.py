@@ -38,7 +38,7 @@ from streamrep.replication import commands as C
 from streamrep.replication.auth import AUTH_FAILED, PeerGate
 from streamrep.replication.link import LinkBase, LinkRoles, LinkSettings, check_rows
 from streamrep.replication.metrics import ReplicationMetrics
-from streamrep.replication.protocol import Action, ClientSession, DisconnectReason, GapUnfilled
+from streamrep.replication.protocol import Action, ClientSession, Confirmed, DisconnectReason, GapUnfilled
 from streamrep.replication.security import PeerSecurity
 from streamrep.replication.transport.tcp_connection import TcpConnection
 
@@ -229,14 +229,14 @@ class TcpLink(LinkBase):
     def perform(self, conn: TcpConnection, actions: list[Action]) -> None:
         """Facts and gaps go to the follower; the rest is sending, closing and
         handing relayed commands to ``on_command``."""
-        session = conn.session
-        if isinstance(session, ClientSession):
-            self._confirmed.update(session.take_confirmed())
         follower = self.follower
         if follower is not None:
             actions = follower.run(actions)
         for index, action in enumerate(actions):
-            if type(action) is GapUnfilled:
+            if type(action) is Confirmed:
+                assert isinstance(action, Confirmed)
+                self._confirm(action.stream, action.instance, action.token)
+            elif type(action) is GapUnfilled:
                 assert isinstance(action, GapUnfilled)
                 conn.perform_basic(actions[:index], self.roles.on_command)
                 # No database to fill it from: reconnect, and the hub streams what
