@@ -303,3 +303,84 @@ def test_announcing_str_rows_fails_at_the_call() -> None:
     link = open_link(LinkSettings("w1", "example.com", hub=("127.0.0.1", 1)))
     with pytest.raises(TypeError, match="bytes row_json"):
         link.announce("caches", "w1", [(1, '["c",["k"],1]')])  # type: ignore[list-item]
+
+
+# SQLite then refuses to grow the file past 60 pages (about 240 KB): a full disk, as
+# the writer sees one.
+_SMALL_SQLITE = """
+import sqlite3
+_connect = sqlite3.connect
+def _small(*args, **kwargs):
+    conn = _connect(*args, **kwargs)
+    conn.execute("PRAGMA max_page_count=60")
+    return conn
+sqlite3.connect = _small
+"""
+
+
+def test_write_on_a_full_disk_announces_what_it_committed_and_says_so(workdir: Path) -> None:
+    import gevent
+
+    from streamrep.replication import ReplicationHub
+    from streamrep.replication.sources.memory import MemorySource
+
+    hub = ReplicationHub("example.com", MemorySource(), port=0)
+    hub.start()
+    try:
+        job = gevent.get_hub().threadpool.spawn(
+            run, "write", "--db", f"sqlite:///{workdir}/w.db", "--connect", f"127.0.0.1:{hub.address[1]}",
+            "--instance-name", "w1", "--stream", "to_device", "--rows-per-fact", "20", "--count", "100000",
+            cwd=workdir, prelude=_SMALL_SQLITE)
+        proc = job.get(timeout=120)
+        announced = hub.positions.get(("to_device", "w1"), 0)
+    finally:
+        hub.stop()
+    assert_one_line(proc, ExitCode.DISK_FULL, "streamrep write", "disk is full", "free disk space")
+    import sqlite3
+
+    conn = sqlite3.connect(f"{workdir}/w.db")
+    try:
+        committed = conn.execute("SELECT MAX(stream_id) FROM device_inbox").fetchone()[0]
+    finally:
+        conn.close()
+    # Every fact committed before the disk filled up was announced to the hub (the
+    # one that failed completed too, rolled back: the position passes it, no rows).
+    assert committed and committed <= announced <= committed + 1, (announced, committed)
+
+
+def _deployment_db(workdir: Path, server_name: str) -> str:
+    """A database that belongs to *server_name*, as its hub or a writer leaves it."""
+    from streamrep.db import deployment, open_database
+
+    url = f"sqlite:///{workdir}/{server_name}.db"
+    db = open_database(url)
+    try:
+        deployment.claim(db, server_name)
+    finally:
+        db.close()
+    return url
+
+
+def test_tail_refuses_another_deployments_database(workdir: Path) -> None:
+    other = _deployment_db(workdir, "other.example")
+    proc = run("tail", "--redis", "redis://127.0.0.1:1", "--server-name", "mine.example", "--db", other,
+               "--give-up-after", "1", cwd=workdir)
+    assert_one_line(proc, ExitCode.DEPLOYMENT_MISMATCH, "streamrep tail", "'other.example'",
+                    "not 'mine.example'")
+
+
+def test_tail_never_creates_a_database(workdir: Path) -> None:
+    typo = workdir / "deploymnet.db"
+    proc = run("tail", "--redis", "redis://127.0.0.1:1", "--server-name", "mine.example",
+               "--db", f"sqlite:///{typo}", "--give-up-after", "1", cwd=workdir)
+    assert_one_line(proc, ExitCode.BAD_PATH, "streamrep tail", "no database at", str(typo))
+    assert not typo.exists()
+
+
+def test_serve_and_write_refuse_another_deployments_database(workdir: Path) -> None:
+    other = _deployment_db(workdir, "other.example")
+    proc = run("serve", "--db", other, "--server-name", "mine.example", "--listen", free_address(), cwd=workdir)
+    assert_one_line(proc, ExitCode.DEPLOYMENT_MISMATCH, "streamrep serve", "'other.example'")
+    proc = run("write", "--db", other, "--server-name", "mine.example", "--connect", "127.0.0.1:1",
+               "--instance-name", "w1", "--stream", "caches", "--count", "1", cwd=workdir)
+    assert_one_line(proc, ExitCode.DEPLOYMENT_MISMATCH, "streamrep write", "'other.example'")

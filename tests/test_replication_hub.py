@@ -3,6 +3,7 @@ relaying, keepalive, bad input and shutdown."""
 
 from __future__ import annotations
 
+import pathlib
 import time
 from typing import Iterator
 
@@ -325,3 +326,43 @@ def test_legacy_replicate_all_from_a_token(hub: ReplicationHub, source: MemorySo
         'RDATA events main 6 ["$e6","!r","m",null,null]',
         "POSITION events main 6 6",
     ]
+
+
+def test_facts_nobody_announces_are_published_from_the_database(tmp_path: pathlib.Path) -> None:
+    """A writer whose announcements never reach the hub (refused, crashed right after
+    committing, or never connected at all) still has its committed facts published:
+    the hub finds them in its database."""
+    import orjson
+
+    from streamrep.db import open_database
+    from streamrep.replication import DatabaseSource
+    from streamrep.streams import Streams
+
+    url = f"sqlite:///{tmp_path}/deployment.db"
+    hub_db, writer_db = open_database(url), open_database(url)
+    hub_streams = Streams(hub_db, "main")
+    writer = Streams(writer_db, "writer1", {"caches": ["writer1"]})
+    writer.add_cache_invalidation("get_user_by_id", ["@early:x"])  # before the hub starts
+    hub = ReplicationHub("hub.example", DatabaseSource(hub_streams), port=0,
+                         settings=ConnectionSettings(database_poll_interval=0.1))
+    hub.start()
+    worker = _connect(hub)
+    try:
+        worker.send("NAME worker\nREPLICATE\n")
+        assert "POSITION caches writer1 1 1" in worker.lines_until(lambda l: l == "POSITION caches writer1 1 1")
+        tokens = [writer.add_cache_invalidation("get_user_by_id", [f"@u{n}:x"]) for n in range(3)]
+        got = [worker.lines_until(lambda l: l.startswith("RDATA"))[-1] for _ in tokens]
+        assert [line.split(" ", 4)[3] for line in got] == [str(t) for t in tokens]
+        assert [orjson.loads(line.split(" ", 4)[4])[1] for line in got] == [[f"@u{n}:x"] for n in range(3)]
+        # A writer the hub never heard of is found too (within ten polls).
+        newcomer = Streams(writer_db, "writer2", {"account_data": ["writer2"]})
+        token = newcomer.add_account_data("@a:x", "m.t", {"n": 1})
+        line = worker.lines_until(lambda l: l.startswith("RDATA"))[-1]
+        assert line.startswith(f"RDATA account_data writer2 {token} "), line
+    finally:
+        worker.close()
+        hub.stop()
+        hub_streams.close()
+        writer.close()
+        hub_db.close()
+        writer_db.close()

@@ -24,7 +24,8 @@ from streamrep.cli.exits import ExitCode
 from streamrep.config import load_config, redis_url_for_display
 from streamrep.errors import ConfigError
 from streamrep.replication.transport.redis_format import EchoFilter, channel_for, channels
-from support.redis_server import own_redis_server, shared_redis_url, unique_server_name, wait_subscribed
+from support.redis_server import (deployment_database, own_redis_server, shared_redis_url, unique_server_name,
+                                  wait_subscribed)
 
 # --- the format (sans-IO) ------------------------------------------------------------
 
@@ -184,7 +185,7 @@ def _tail(url: str, server: str, db: str | None, limit: int, out: pathlib.Path, 
           ) -> subprocess.Popen[bytes]:
     args = ["tail", "--redis", url, "--server-name", server, "--from", "0", "--limit", str(limit), *extra]
     if db is not None:
-        args += ["--db", db]
+        args += ["--db", deployment_database(db, server)]
     return _streamrep(out.with_suffix(".err"), *args, out=out)
 
 

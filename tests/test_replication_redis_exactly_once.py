@@ -22,7 +22,7 @@ from typing import Iterator
 import orjson
 import pytest
 
-from support.redis_server import shared_redis_url, unique_server_name, wait_subscribed
+from support.redis_server import deployment_database, shared_redis_url, unique_server_name, wait_subscribed
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +51,7 @@ def _streamrep(err: pathlib.Path, out: pathlib.Path, *args: str) -> subprocess.P
 def _tail(tmp: pathlib.Path, name: str, url: str, server: str, db: str | None) -> subprocess.Popen[bytes]:
     args = ["tail", "--redis", url, "--server-name", server, "--name", name]
     if db is not None:
-        args += ["--db", db]
+        args += ["--db", deployment_database(db, server)]
     return _streamrep(tmp / f"{name}.err", tmp / f"{name}.out", *args)
 
 

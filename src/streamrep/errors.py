@@ -62,6 +62,15 @@ class DatabaseUnavailableError(DatabaseConfigError):
     than the retry budget (``reconnect_timeout``); the message names what failed."""
 
 
+class DatabaseMissingError(DatabaseConfigError):
+    """A process that only reads was given a database that does not exist: it never
+    creates one (a typo would otherwise give it an empty database to read)."""
+
+
+class DeploymentMismatchError(StreamrepError):
+    """The database belongs to another deployment (another server name)."""
+
+
 class WriterLeaseHeldError(StreamrepError):
     """Another live process holds the writer lease of this instance on a stream; the
     message names the holder (host, pid, since when)."""

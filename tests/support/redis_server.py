@@ -202,3 +202,16 @@ def wait_subscribed(url: str, channel: str, subscribers: int, timeout: float = 6
                    for path in logs)
     raise AssertionError(f"{subscribers} subscribers did not appear on {channel} in {timeout:g}s "
                          f"({seen} did){said}")
+
+
+def deployment_database(url: str, server_name: str) -> str:
+    """Make sure the deployment's database exists and belongs to *server_name*, as its
+    hub or first writer leaves it: readers are given an existing database."""
+    from streamrep.db import deployment, open_database
+
+    db = open_database(url)
+    try:
+        deployment.claim(db, server_name)
+    finally:
+        db.close()
+    return url

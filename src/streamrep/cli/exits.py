@@ -11,6 +11,7 @@ printed only with ``--log-level debug``. docs/operations.md lists the table.
 from __future__ import annotations
 
 import enum
+import errno
 import importlib.metadata
 import logging
 import re
@@ -19,7 +20,8 @@ import sys
 import traceback
 from dataclasses import dataclass
 
-from streamrep.errors import (ConfigError, DatabaseConfigError, DatabaseUnavailableError,
+from streamrep.errors import (ConfigError, DatabaseConfigError, DatabaseMissingError, DatabaseUnavailableError,
+                              DeploymentMismatchError,
                               SchemaVersionError, SequenceMismatchError, StateCorruptionError,
                               StateVerificationError, StreamrepError, WriterLeaseHeldError,
                               WriterLeaseLostError)
@@ -65,6 +67,8 @@ class ExitCode(enum.IntEnum):
     #: the far end refused this process's credentials (Redis password, shared secret,
     #: client certificate)
     AUTHENTICATION = 15
+    #: the database belongs to another deployment (its recorded server name differs)
+    DEPLOYMENT_MISMATCH = 16
     #: a bug in streamrep: the report asks for the traceback
     INTERNAL = 70
 
@@ -119,12 +123,31 @@ def _is_unreachable_postgres(exc: BaseException) -> bool:
             and getattr(exc, "pgcode", None) is None)
 
 
+def _disk_full(exc: BaseException) -> str | None:
+    """What says the disk (or the database's size limit) is full, in *exc* or its
+    causes: SQLite's SQLITE_FULL, PostgreSQL's disk_full (53100), ENOSPC."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, sqlite3.OperationalError) and "disk is full" in str(seen):
+            return _one_line(seen)
+        if getattr(seen, "pgcode", None) == "53100":
+            return _one_line(seen)
+        if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
+            return _one_line(seen)
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def describe(exc: BaseException, command: str = "streamrep") -> Failure:
     """The one-line report and exit status of *exc*, raised by *command*."""
     if isinstance(exc, CommandFailed):
         return Failure(exc.code, _one_line(exc))
     if isinstance(exc, ConfigError):
         return Failure(ExitCode.USAGE, "; ".join(exc.problems))
+    if isinstance(exc, DatabaseMissingError):
+        return Failure(ExitCode.BAD_PATH, _one_line(exc))
+    if isinstance(exc, DeploymentMismatchError):
+        return Failure(ExitCode.DEPLOYMENT_MISMATCH, _one_line(exc))
     if isinstance(exc, DatabaseUnavailableError):
         return Failure(ExitCode.DATABASE_UNAVAILABLE,
                        f"{_one_line(exc)}; start the database server or fix the URL (--db, or "
@@ -133,6 +156,11 @@ def describe(exc: BaseException, command: str = "streamrep") -> Failure:
         return Failure(ExitCode.DATABASE_UNAVAILABLE,
                        f"cannot connect to PostgreSQL: {_one_line(exc)}; start the database "
                        "server or fix the URL (--db)")
+    full = _disk_full(exc)
+    if full is not None:
+        return Failure(ExitCode.DISK_FULL,
+                       f"the database cannot grow: {full}; free disk space (or raise the database's "
+                       "size limit), then run the command again: what was committed before is kept")
     if isinstance(exc, sqlite3.OperationalError) and "unable to open" in str(exc):
         return Failure(ExitCode.BAD_PATH, f"cannot open the SQLite database: {_one_line(exc)}; "
                        "check that the path in --db exists and is writable")

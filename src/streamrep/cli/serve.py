@@ -14,6 +14,7 @@ from streamrep.cli._common import freeze_startup_heap, use_cooperative_sockets
 from streamrep.cli._security import SERVE_FLAGS, hub_security, serve_security_options
 from streamrep.cli.options import config_from_click, config_option
 from streamrep.config import DEFAULT_INSTANCE, DEFAULT_LISTEN
+from streamrep.db import deployment
 
 
 def working_directory_database() -> str:
@@ -79,6 +80,11 @@ def serve(ctx: click.Context, /, config_path: str | None, db: str, listen: str, 
     security = hub_security(config)
     setup_logging(config.logging.level, config.logging.format)
     database = open_database(config.database)
+    try:
+        deployment.claim(database, config.server_name)
+    except BaseException:
+        database.close()
+        raise
     streams = Streams(database, config.instance_name,
                       {name: list(ws) for name, ws in config.stream_writers.items()},
                       definitions=served_streams(config))
@@ -122,6 +128,11 @@ def _serve_redis(config: Any) -> None:
 
     setup_logging(config.logging.level, config.logging.format)
     database = open_database(config.database)
+    try:
+        deployment.claim(database, config.server_name)
+    except BaseException:
+        database.close()
+        raise
     instance = config.instance_name
     streams = Streams(database, instance, {name: list(ws) for name, ws in config.stream_writers.items()},
                       definitions=served_streams(config))

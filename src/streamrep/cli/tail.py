@@ -80,11 +80,12 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
     source = None
     database = streams_handle = None
     if db is not None:
-        from streamrep.db import open_database
+        from streamrep.db.deployment import open_existing
         from streamrep.replication.sources.database import DatabaseSource
         from streamrep.streams import Streams
 
-        database = open_database(db)
+        # A reader never creates a database, and refuses another deployment's.
+        database = open_existing(db, settings.server_name)
         # A reader: the writers come from the configuration (or are this process's
         # own name when there is none, which only matters for writing).
         streams_handle = Streams(database, name, settings.stream_writers,

@@ -89,7 +89,7 @@ class _Writer:
 
     def __init__(self, settings: Any, instance: str, stream: str, writers: list[str] | None,
                  watch: LinkWatch, security: Any) -> None:
-        from streamrep.db import open_database
+        from streamrep.db import deployment, open_database
         from streamrep.idgen import WriterLease
         from streamrep.replication import Announcer, open_link
         from streamrep.streams import Streams
@@ -97,6 +97,12 @@ class _Writer:
         self.instance, self.stream, self.watch = instance, stream, watch
         assert settings.database is not None
         self.database = open_database(settings.database)
+        if settings.server_name is not None:
+            try:
+                deployment.claim(self.database, settings.server_name)
+            except BaseException:
+                self.database.close()
+                raise
         # One process per writer instance: a second one is refused, naming the first.
         # Once lost, the lease refuses the next stream ID (WriterLeaseLostError).
         self.lease = WriterLease(self.database, instance, [stream], ttl=settings.writer_lease_ttl)

@@ -38,6 +38,7 @@ from rich.console import Console
 
 from streamrep.catalogue import known_streams
 from streamrep.config import Config, load_config, redis_url_for_display
+from streamrep.db import deployment
 from streamrep.demo.processes import Child, StatusLine, free_port, wait_for_port
 from streamrep.demo.report import Progress, Summary, WorkerResult, render_summary
 from streamrep.demo.streams import demo_writers
@@ -107,11 +108,16 @@ def write_config(path: str, db_url: str, port: int, writers: list[str],
                 data["instance_map"].setdefault(name, {}).update(entry)
         else:
             data[key] = value
+    found = deployment.recorded(db_url)
     if redis_url is not None:
         data["replication"] = {"redis": {"url": redis_url}}
         # The server name is the Redis channel: one of its own per run, so runs
         # sharing a Redis server never hear each other.
         data["server_name"] = f"demo-{os.urandom(4).hex()}.example"
+    if found is not None:
+        # A database belongs to one deployment: a run on a database of an earlier
+        # run is that deployment again.
+        data["server_name"] = found.server_name
     with open(path, "w", encoding="utf-8") as fh:
         fh.write("# written by streamrep demo\n")
         yaml.safe_dump(data, fh, sort_keys=False)

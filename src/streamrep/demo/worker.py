@@ -44,6 +44,7 @@ import orjson
 from streamrep.caches import CacheRegistry, LruCache
 from streamrep.catalogue import known_streams
 from streamrep.config import Config, load_config
+from streamrep.db import deployment
 from streamrep.demo.processes import emit
 from streamrep.demo.streams import demo_source, stream_names
 from streamrep.events import EventStore
@@ -68,6 +69,7 @@ class DemoWorker:
         self.name = name
         self.rng = random.Random(seed)
         self.store = EventStore(config.database)
+        deployment.check(self.store.db, config.server_name)
         self.events_follower = EventsStreamFollower(self.store)
         self.caches = CacheRegistry()
         self.room_members: LruCache[frozenset[str]] = LruCache("room_members", 10_000)

@@ -42,7 +42,7 @@ import orjson
 
 from streamrep.catalogue import known_streams
 from streamrep.config import Config, load_config
-from streamrep.db import Database
+from streamrep.db import Database, deployment
 from streamrep.demo.processes import emit
 from streamrep.demo.streams import EVENT_STREAMS, demo_streams, stream_names
 from streamrep.demo.workload import DEFAULT_ROOM_VERSION, Op, Workload
@@ -67,6 +67,7 @@ class DemoWriter:
         self.instance = instance
         self.workload = workload
         self.db = Database.open(config.database)
+        deployment.claim(self.db, config.server_name)
         self.streams = demo_streams(self.db, instance, config.stream_writers)
         self.own = [s for s in stream_names() if instance in config.writers_of(s)]
         # One process per writer instance (WriterLeaseHeldError names the other one).

@@ -106,6 +106,24 @@ class HubState:
             out.append(Relay(C.encode_one(C.clear_user_sync(instance_id)), "CLEAR_USER_SYNC"))
         return out
 
+    def unattended(self) -> list[tuple[str, str]]:
+        """Writers the hub publishes from its database with nobody announcing them: not
+        its own (their advances are published as they happen), with no live
+        connection, on a stream it can read. A writer that committed and then lost its
+        connection (or was refused, or crashed) has its facts published this way."""
+        live = self._writer_peers
+        writers = self.stream_writers
+        out = []
+        for stream, instance in self.positions:
+            if instance in self.own_instances or not self._readable(stream):
+                continue
+            if writers is not None and instance not in writers.get(stream, ()):
+                continue  # not a writer of this stream: the hub refuses its facts
+            peer = live.get(instance)
+            if peer is None or peer.closed:
+                out.append((stream, instance))
+        return out
+
     def is_writer(self, instance: str) -> bool:
         if self.stream_writers is None:
             return True

@@ -22,14 +22,16 @@ class ConnectionSettings:
     """Tunables shared by every connection of one hub or client.
 
     ``handshake_timeout``: a hub peer that has sent no valid ``NAME`` by then is
-    closed. ``max_pending_rows``: ``batch`` rows one peer may hold back before the
+    closed. ``database_poll_interval``: how often the hub looks in its database for
+    facts of writers that nobody announces (0: never). ``max_pending_rows``: ``batch`` rows one peer may hold back before the
     row with their token (default: ``max_queued_commands``, since a larger fact
     could not be queued to any reader anyway). ``max_connections`` and
     ``max_connections_per_host``: the hub's limits on peers.
     """
 
     __slots__ = ("ping_interval", "ping_timeout", "max_queued_commands", "max_line_length",
-                 "handshake_timeout", "max_pending_rows", "max_connections", "max_connections_per_host")
+                 "handshake_timeout", "max_pending_rows", "max_connections", "max_connections_per_host",
+                 "database_poll_interval")
 
     def __init__(
         self,
@@ -41,6 +43,7 @@ class ConnectionSettings:
         max_pending_rows: int | None = None,
         max_connections: int = 1000,
         max_connections_per_host: int = 200,
+        database_poll_interval: float = 5.0,
     ) -> None:
         if ping_interval <= 0 or ping_timeout <= 0 or handshake_timeout <= 0:
             raise ValueError("ping_interval, ping_timeout and handshake_timeout must be positive")
@@ -52,6 +55,7 @@ class ConnectionSettings:
         self.max_pending_rows = max_pending_rows if max_pending_rows is not None else max_queued_commands
         self.max_connections = max_connections
         self.max_connections_per_host = max_connections_per_host
+        self.database_poll_interval = database_poll_interval
 
     @classmethod
     def from_config(cls, config: Config) -> ConnectionSettings:

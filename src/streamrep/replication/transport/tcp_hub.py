@@ -155,6 +155,7 @@ class ReplicationHub:
         self._host, self._port = host, port
         self._listener: socket.socket | None = None
         self._acceptor: Greenlet | None = None
+        self._watcher: Greenlet | None = None
         self._metrics_listen = metrics_listen
         self._metrics_server: Any = None
         self._refusals_logged: set[tuple[str, str]] = set()
@@ -196,10 +197,19 @@ class ReplicationHub:
             return str(host), int(port)
         return self._host, self._port
 
-    def load_positions(self) -> None:
-        """Read every writer's persisted position from the source."""
+    def load_positions(self, only_new: bool = False) -> None:
+        """Read every writer's persisted position from the source (*only_new*: of
+        writers the hub does not know yet, which start at 0 and are then published
+        from the database like any writer nobody announces)."""
         source = self.source
         if source is None:
+            return
+        known = self.state.positions
+        if only_new:
+            for stream in source.stream_names():
+                for instance in source.writers(stream):
+                    if (stream, instance) not in known and instance != self.instance_name:
+                        self.state.load_positions([(stream, instance, 0)])
             return
         self.state.load_positions(
             (stream, instance, source.current_token(stream, instance))
@@ -216,6 +226,8 @@ class ReplicationHub:
         listener.listen(128)
         self._listener = listener
         self._acceptor = gevent.spawn(self._accept_loop, listener)
+        if self.source is not None and self.settings.database_poll_interval > 0:
+            self._watcher = gevent.spawn(self._watch_database)
         if self._metrics_listen is not None:
             self._metrics_server = serve_metrics(self.metrics, *self._metrics_listen)
         logger.info("replication hub %s listening on %s:%s", self.server_name, *self.address)
@@ -232,6 +244,8 @@ class ReplicationHub:
             return
         if self._acceptor is not None:
             self._acceptor.kill(block=False)
+        if self._watcher is not None:
+            self._watcher.kill(block=False)
         if self._listener is not None:
             self._listener.close()
         closing = list(self.connections)
@@ -411,6 +425,25 @@ class ReplicationHub:
         """A ``Streams`` position listener: ``streams.add_listener(hub.on_advance)``
         publishes the advances of this process's writers."""
         self.writer_advanced(stream, instance, position)
+
+    def _watch_database(self) -> None:
+        """Every ``database_poll_interval`` seconds, publish what writers nobody
+        announces have committed (see :meth:`HubState.unattended`); every tenth time
+        also look for writers the hub has never heard of. A fact a writer committed
+        is published even if that writer never announces it."""
+        source = self.source
+        assert source is not None
+        rounds = 0
+        while not self.stopped.is_set():
+            gevent.sleep(self.settings.database_poll_interval)
+            rounds += 1
+            try:
+                if rounds % 10 == 0:
+                    self.load_positions(only_new=True)
+                for stream, instance in self.state.unattended():
+                    self.writer_advanced(stream, instance, source.current_token(stream, instance))
+            except Exception as exc:
+                logger.warning("looking for unannounced facts in the database failed: %s", exc)
 
     def writer_advanced(self, stream: str, instance: str, new_token: int) -> None:
         """A writer of this process (or one sharing its database) reached
