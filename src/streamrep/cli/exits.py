@@ -107,11 +107,13 @@ def _extra_providing(module: str) -> str | None:
 
 
 def _cause(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
-    seen = exc
-    while seen is not None:
+    seen: BaseException | None = exc
+    visited: set[int] = set()
+    while seen is not None and id(seen) not in visited:  # a chain may loop back
+        visited.add(id(seen))
         if isinstance(seen, kind):
             return seen
-        seen = seen.__cause__ or seen.__context__  # type: ignore[assignment]
+        seen = seen.__cause__ or seen.__context__
     return None
 
 
@@ -127,7 +129,9 @@ def _disk_full(exc: BaseException) -> str | None:
     """What says the disk (or the database's size limit) is full, in *exc* or its
     causes: SQLite's SQLITE_FULL, PostgreSQL's disk_full (53100), ENOSPC."""
     seen: BaseException | None = exc
-    while seen is not None:
+    visited: set[int] = set()
+    while seen is not None and id(seen) not in visited:  # a chain may loop back
+        visited.add(id(seen))
         if isinstance(seen, sqlite3.OperationalError) and "disk is full" in str(seen):
             return _one_line(seen)
         if getattr(seen, "pgcode", None) == "53100":
