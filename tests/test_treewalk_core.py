@@ -238,3 +238,49 @@ def test_bad_input_is_refused_the_same_way(impl_kind: str) -> None:
     tables = string_tables(1, 1, 1000)
     with pytest.raises(ValueError, match="outside its string table"):
         walk.digest_groups(array("q", [-1, 0]), offsets, keys, events, None, 1000, *tables)
+
+
+def test_a_key_twice_in_one_delta_names_the_group(impl_kind: str) -> None:
+    from streamrep.errors import StateCorruptionError
+
+    walk: ModuleType = core_module("treewalk", impl_kind)
+    offsets, keys, events = array("q", [0, 1, 3]), array("q", [4, 9, 9]), array("q", [5, 6, 7])
+    with pytest.raises(StateCorruptionError, match="group index 1 has key 9 twice in its delta") as caught:
+        walk.StateWalk(array("q", [-1, 0]), offsets, keys, events)
+    assert caught.value.groups == (1,) and caught.value.key == 9  # type: ignore[attr-defined]
+
+
+def test_sparse_keys_walk_in_key_order(impl_kind: str) -> None:
+    """Keys anywhere in int64 (more distinct keys than the first hash table
+    holds) come out of a walk sorted by key, with their events."""
+    walk: ModuleType = core_module("treewalk", impl_kind)
+    rng = random.Random(7)
+    keys = rng.sample(range(1, 1 << 62), 3000)
+    offsets = array("q", [0, 2000, 3000])
+    events = array("q", range(3000))
+    walker = walk.StateWalk(array("q", [-1, 0]), offsets, array("q", keys), events)
+    groups, out_keys, out_events = walker.next_states(10_000)
+    assert list(groups) == [0] * 2000 + [1] * 3000
+    assert list(out_keys) == sorted(keys[:2000]) + sorted(keys)
+    event_of = dict(zip(keys, range(3000)))
+    assert list(out_events) == [event_of[k] for k in out_keys]
+
+
+def test_string_interner_numbers_strings_as_they_first_arrive(impl_kind: str) -> None:
+    walk: ModuleType = core_module("treewalk", impl_kind)
+    interner = walk.StringInterner()
+    rng = random.Random(3)
+    words = [f"@user{rng.randrange(5000)}:example.org" for _ in range(20_000)] + ["", "é"]
+    expected: dict[str, int] = {}
+    got: list[int] = []
+    for lo in range(0, len(words), 7000):
+        column = pa.array(words[lo:lo + 7000], pa.large_string())
+        got += list(interner.intern(column.buffers()[1], column.buffers()[2]))
+        for w in words[lo:lo + 7000]:
+            expected.setdefault(w, len(expected))
+    assert got == [expected[w] for w in words]
+    assert len(interner) == len(expected)
+    offsets, data = interner.table()
+    table = pa.Array.from_buffers(pa.large_string(), len(expected), [None, pa.py_buffer(offsets),
+                                                                     pa.py_buffer(data)])
+    assert table.to_pylist() == list(expected)

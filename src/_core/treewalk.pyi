@@ -12,6 +12,7 @@ __all__ = [
     "plan_compression",
     "rows_hash",
     "group_rows_hashes",
+    "StringInterner",
 ]
 
 DIGEST_VERSION: int
@@ -63,3 +64,9 @@ def group_rows_hashes(
     state_keys: Any,
     event_ids: Any,
 ) -> array[int]: ...
+
+class StringInterner:
+    def __init__(self) -> None: ...
+    def __len__(self) -> int: ...
+    def intern(self, offsets: Any, data: Any) -> array[int]: ...
+    def table(self) -> tuple[bytes, bytes]: ...

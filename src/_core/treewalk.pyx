@@ -11,12 +11,13 @@ the GIL.
 from cpython cimport array
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport malloc, realloc, free, qsort
-from libc.string cimport memcpy, memset
+from libc.string cimport memcmp, memcpy, memset
 
 import array as _pyarray
 
 from streamrep._core.compress import level_radices
 from streamrep._core.state cimport Int64s, raw_flags
+from streamrep.errors import StateCorruptionError
 
 __all__ = [
     "DIGEST_VERSION",
@@ -27,6 +28,7 @@ __all__ = [
     "plan_compression",
     "rows_hash",
     "group_rows_hashes",
+    "StringInterner",
 ]
 
 DIGEST_VERSION = 2
@@ -332,6 +334,242 @@ cdef void* _alloc(Py_ssize_t count, size_t size) except NULL:
     return p
 
 
+cdef inline uint64_t _mix64(uint64_t x) noexcept nogil:
+    x ^= x >> 33
+    x *= <uint64_t>0xff51afd7ed558ccd
+    x ^= x >> 33
+    x *= <uint64_t>0xc4ceb9fe1a85ec53
+    x ^= x >> 33
+    return x
+
+
+cdef Py_ssize_t _dense_keys(const int64_t* keys, Py_ssize_t rows, int64_t* dense,
+                            int64_t* key_values) except -1:
+    """Number each distinct key of *keys* by its rank (into *dense*, per row)
+    and list them in order (into *key_values*); returns how many there are."""
+    cdef Py_ssize_t cap = 1024, count = 0, x, r
+    cdef uint64_t mask, h
+    cdef int64_t k
+    cdef int64_t* slot = <int64_t*>_alloc(cap, sizeof(int64_t))
+    cdef int64_t* grown
+    cdef KeyRow* ranked = NULL
+    cdef int64_t* rank = NULL
+    try:
+        with nogil:
+            for x in range(cap):
+                slot[x] = -1
+            mask = cap - 1
+            for x in range(rows):
+                k = keys[x]
+                h = _mix64(<uint64_t>k) & mask
+                while slot[h] != -1 and key_values[slot[h]] != k:
+                    h = (h + 1) & mask
+                if slot[h] == -1:
+                    slot[h] = count
+                    key_values[count] = k
+                    count += 1
+                    if 2 * count > cap:
+                        # Grow the table and put the distinct keys back.
+                        free(slot)
+                        slot = NULL
+                        cap *= 2
+                        slot = <int64_t*>malloc(cap * sizeof(int64_t))
+                        if slot == NULL:
+                            with gil:
+                                raise MemoryError()
+                        mask = cap - 1
+                        for r in range(cap):
+                            slot[r] = -1
+                        for r in range(count):
+                            h = _mix64(<uint64_t>key_values[r]) & mask
+                            while slot[h] != -1:
+                                h = (h + 1) & mask
+                            slot[h] = r
+                        h = _mix64(<uint64_t>k) & mask
+                        while key_values[slot[h]] != k:
+                            h = (h + 1) & mask
+                dense[x] = slot[h]
+        free(slot)
+        slot = NULL
+        ranked = <KeyRow*>_alloc(count, sizeof(KeyRow))
+        rank = <int64_t*>_alloc(count, sizeof(int64_t))
+        with nogil:
+            for r in range(count):
+                ranked[r].key = key_values[r]
+                ranked[r].row = r
+            qsort(ranked, count, sizeof(KeyRow), _cmp_key_row)
+            for r in range(count):
+                key_values[r] = ranked[r].key
+                rank[ranked[r].row] = r
+            for x in range(rows):
+                dense[x] = rank[dense[x]]
+    finally:
+        free(slot); free(ranked); free(rank)
+    return count
+
+
+cdef Py_ssize_t _twice_in_delta(const int64_t* offsets, Py_ssize_t n, const int64_t* dense,
+                                Py_ssize_t key_count) except -2:
+    """The first group index whose delta has a key twice, or -1."""
+    cdef int64_t* seen = <int64_t*>_alloc(key_count, sizeof(int64_t))
+    cdef Py_ssize_t i, x, bad = -1
+    with nogil:
+        for x in range(key_count):
+            seen[x] = -1
+        for i in range(n):
+            for x in range(offsets[i], offsets[i + 1]):
+                if seen[dense[x]] == i:
+                    bad = i
+                    break
+                seen[dense[x]] = i
+            if bad != -1:
+                break
+    free(seen)
+    return bad
+
+
+
+# --- interning strings -------------------------------------------------------------
+
+
+cdef class StringInterner:
+    """Strings to dense IDs (0, 1, ...) in the order they first arrive.
+
+    Holds each distinct string once (its bytes, an offset and a hash) and an
+    open-addressing table of their IDs, so interning a column costs one hash
+    and probe per row and memory grows with the distinct strings only.
+    """
+    cdef unsigned char* data
+    cdef Py_ssize_t data_len
+    cdef Py_ssize_t data_cap
+    cdef int64_t* starts        # count + 1 offsets into data
+    cdef uint64_t* hashes       # per ID
+    cdef Py_ssize_t count
+    cdef Py_ssize_t id_cap
+    cdef int64_t* slot
+    cdef Py_ssize_t slot_cap
+
+    def __cinit__(self):
+        cdef Py_ssize_t x
+        self.data_cap = 4096
+        self.data = <unsigned char*>_alloc(self.data_cap, 1)
+        self.id_cap = 1024
+        self.starts = <int64_t*>_alloc(self.id_cap + 1, sizeof(int64_t))
+        self.hashes = <uint64_t*>_alloc(self.id_cap, sizeof(uint64_t))
+        self.starts[0] = 0
+        self.slot_cap = 2048
+        self.slot = <int64_t*>_alloc(self.slot_cap, sizeof(int64_t))
+        for x in range(self.slot_cap):
+            self.slot[x] = -1
+
+    def __dealloc__(self):
+        free(self.data); free(self.starts); free(self.hashes); free(self.slot)
+
+    def __len__(self):
+        return self.count
+
+    cdef int grow(self, Py_ssize_t length) except -1 nogil:
+        """Room for one more string of *length* bytes (and its ID)."""
+        cdef void* p
+        cdef Py_ssize_t cap, x, r
+        cdef uint64_t mask, h
+        if self.data_len + length > self.data_cap:
+            cap = self.data_cap
+            while self.data_len + length > cap:
+                cap *= 2
+            p = realloc(self.data, cap)
+            if p == NULL:
+                with gil:
+                    raise MemoryError()
+            self.data = <unsigned char*>p
+            self.data_cap = cap
+        if self.count + 1 > self.id_cap:
+            cap = self.id_cap * 2
+            p = realloc(self.starts, (cap + 1) * sizeof(int64_t))
+            if p == NULL:
+                with gil:
+                    raise MemoryError()
+            self.starts = <int64_t*>p
+            p = realloc(self.hashes, cap * sizeof(uint64_t))
+            if p == NULL:
+                with gil:
+                    raise MemoryError()
+            self.hashes = <uint64_t*>p
+            self.id_cap = cap
+        if 2 * (self.count + 1) > self.slot_cap:
+            cap = self.slot_cap * 2
+            p = malloc(cap * sizeof(int64_t))
+            if p == NULL:
+                with gil:
+                    raise MemoryError()
+            free(self.slot)
+            self.slot = <int64_t*>p
+            self.slot_cap = cap
+            mask = cap - 1
+            for x in range(cap):
+                self.slot[x] = -1
+            for r in range(self.count):
+                h = self.hashes[r] & mask
+                while self.slot[h] != -1:
+                    h = (h + 1) & mask
+                self.slot[h] = r
+        return 0
+
+    cdef int64_t one(self, const unsigned char* text, Py_ssize_t length) except -1 nogil:
+        cdef uint64_t h = 14695981039346656037ULL, mask
+        cdef Py_ssize_t x
+        cdef int64_t found
+        for x in range(length):
+            h = (h ^ text[x]) * 1099511628211ULL
+        h = _mix64(h)
+        mask = self.slot_cap - 1
+        x = h & mask
+        while True:
+            found = self.slot[x]
+            if found == -1:
+                break
+            if (self.hashes[found] == h and self.starts[found + 1] - self.starts[found] == length
+                    and (length == 0 or memcmp(self.data + self.starts[found], text, length) == 0)):
+                return found
+            x = (x + 1) & mask
+        self.grow(length)
+        found = self.count
+        if length:
+            memcpy(self.data + self.data_len, text, length)
+        self.data_len += length
+        self.starts[found + 1] = self.data_len
+        self.hashes[found] = h
+        self.count += 1
+        mask = self.slot_cap - 1
+        x = h & mask
+        while self.slot[x] != -1:
+            x = (x + 1) & mask
+        self.slot[x] = found
+        return found
+
+    def intern(self, offsets, data):
+        """The ID of each string of an ``(offsets, data)`` pair (int64 offsets
+        of m+1 entries into UTF-8 *data*, as an Arrow large_string holds
+        them), as an ``array('q')``; new strings get the next IDs."""
+        cdef _Strings table = _Strings((offsets, data), "strings")
+        cdef Py_ssize_t i, m = table.count
+        cdef array.array out = array.clone(_INT64_TEMPLATE, m, zero=False)
+        cdef int64_t* o = <int64_t*>out.data.as_voidptr
+        cdef const unsigned char* base = table.ptr
+        cdef const int64_t* at = table.offsets.ptr
+        with nogil:
+            for i in range(m):
+                o[i] = self.one(base + at[i] if base != NULL else base, at[i + 1] - at[i])
+        return out
+
+    def table(self):
+        """``(offsets, data)`` of the interned strings in ID order: int64
+        offsets of len(self)+1 entries and the UTF-8 bytes."""
+        return (bytes((<char*>self.starts)[:(self.count + 1) * sizeof(int64_t)]),
+                bytes((<char*>self.data)[:self.data_len]))
+
+
+
 cdef class _Forest:
     """Parents, children (CSR), CSR deltas with dense key IDs."""
     cdef Py_ssize_t n
@@ -358,7 +596,8 @@ cdef class _Forest:
         cdef Int64s keys = Int64s(delta_keys, "delta_keys")
         cdef Py_ssize_t i, x, n
         cdef int64_t p, last
-        cdef KeyRow* sorted_rows
+        cdef Py_ssize_t bad
+        cdef int64_t k
         self.parent_buf = Int64s(parents, "parents")
         self.offset_buf = Int64s(delta_offsets, "delta_offsets")
         self.event_buf = Int64s(delta_events, "delta_events")
@@ -384,25 +623,23 @@ cdef class _Forest:
             if self.events[x] < 0:
                 raise ValueError(f"delta_events[{x}] = {self.events[x]} is negative")
 
-        # Dense key IDs in key order.
+        # Dense key IDs in key order: keys are hashed to IDs in arrival order
+        # (a table of the distinct keys, not of the rows), then only the
+        # distinct keys are sorted and the rows renumbered.
         self.dense = <int64_t*>_alloc(self.rows, sizeof(int64_t))
         self.key_values = <int64_t*>_alloc(self.rows, sizeof(int64_t))
-        sorted_rows = <KeyRow*>_alloc(self.rows, sizeof(KeyRow))
-        try:
-            with nogil:
-                for x in range(self.rows):
-                    sorted_rows[x].key = keys.ptr[x]
-                    sorted_rows[x].row = x
-                qsort(sorted_rows, self.rows, sizeof(KeyRow), _cmp_key_row)
-                self.key_count = 0
-                for x in range(self.rows):
-                    if self.key_count == 0 or sorted_rows[x].key != last:
-                        last = sorted_rows[x].key
-                        self.key_values[self.key_count] = last
-                        self.key_count += 1
-                    self.dense[sorted_rows[x].row] = self.key_count - 1
-        finally:
-            free(sorted_rows)
+        self.key_count = _dense_keys(keys.ptr, self.rows, self.dense, self.key_values)
+        bad = _twice_in_delta(self.offsets, n, self.dense, self.key_count)
+        if bad != -1:
+            k = -1
+            for x in range(self.offsets[bad], self.offsets[bad + 1]):
+                for i in range(self.offsets[bad], x):
+                    if self.dense[i] == self.dense[x]:
+                        k = self.key_values[self.dense[x]]
+            exc = StateCorruptionError(f"group index {bad} has key {k} twice in its delta")
+            exc.groups = (bad,)
+            exc.key = k
+            raise exc
         self.child_start = <int64_t*>_alloc(n + 1, sizeof(int64_t))
         self.child_list = <int64_t*>_alloc(n, sizeof(int64_t))
         self.roots = <int64_t*>_alloc(n, sizeof(int64_t))

@@ -35,6 +35,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from streamrep._pure.compress import DEFAULT_CANDIDATES, DEFAULT_MAX_DEPTH, level_radices
 from streamrep._pure.state import _bytes_flags, _int64s
+from streamrep.errors import StateCorruptionError
 
 __all__ = [
     "DIGEST_VERSION",
@@ -45,6 +46,7 @@ __all__ = [
     "plan_compression",
     "rows_hash",
     "group_rows_hashes",
+    "StringInterner",
 ]
 
 #: Version of the state digest encoding (order-independent sum of entry hashes).
@@ -142,6 +144,15 @@ class _Forest:
         self.key_values = sorted(set(self.keys))
         rank = {k: r for r, k in enumerate(self.key_values)}
         self.dense = [rank[k] for k in self.keys]
+        for i in range(n):
+            seen: set[int] = set()
+            for x in range(self.offsets[i], self.offsets[i + 1]):
+                if self.keys[x] in seen:
+                    exc = StateCorruptionError(f"group index {i} has key {self.keys[x]} twice in its delta")
+                    exc.groups = (i,)  # type: ignore[attr-defined]
+                    exc.key = self.keys[x]  # type: ignore[attr-defined]
+                    raise exc
+                seen.add(self.keys[x])
         self._link(self.parent)
         reached = len(self.roots)
         stack = list(self.roots)
@@ -616,3 +627,40 @@ def plan_compression(
             out_events.append(e)
         out_offsets.append(len(out_keys))
     return array("q", new_parent), array("q", new_depth), out_offsets, out_keys, out_events
+
+
+class StringInterner:
+    """Strings to dense IDs (0, 1, ...) in the order they first arrive."""
+
+    def __init__(self) -> None:
+        self._ids: dict[bytes, int] = {}
+        self._data = bytearray()
+        self._starts = [0]
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def intern(self, offsets: Any, data: Any) -> array[int]:
+        """The ID of each string of an ``(offsets, data)`` pair (int64 offsets
+        of m+1 entries into UTF-8 *data*, as an Arrow large_string holds
+        them), as an ``array('q')``; new strings get the next IDs."""
+        bounds = _int64s(offsets, "strings offsets")
+        blob = bytes(memoryview(data if data is not None else b"").cast("B"))
+        for i in range(len(bounds) - 1):
+            if bounds[i] < 0 or bounds[i + 1] < bounds[i] or bounds[i + 1] > len(blob):
+                raise ValueError(f"strings offsets at index {i} are outside the string data")
+        out = array("q")
+        for i in range(len(bounds) - 1):
+            text = blob[bounds[i]:bounds[i + 1]]
+            found = self._ids.get(text)
+            if found is None:
+                found = self._ids[text] = len(self._ids)
+                self._data += text
+                self._starts.append(len(self._data))
+            out.append(found)
+        return out
+
+    def table(self) -> tuple[bytes, bytes]:
+        """``(offsets, data)`` of the interned strings in ID order: int64
+        offsets of len(self)+1 entries and the UTF-8 bytes."""
+        return array("q", self._starts).tobytes(), bytes(self._data)
