@@ -34,28 +34,21 @@ group's full state digest is compared with the one it had before.
 from __future__ import annotations
 
 import argparse
-import base64
-import hashlib
 import os
-import random
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
 
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-
 from reconstruct_state_forest import run_measured  # noqa: E402
+from support.big_room import Shape, generate, write_parquet  # noqa: E402
 
 from streamrep.spark.tables import SCHEMAS  # noqa: E402
 
@@ -79,125 +72,6 @@ INDEXES = (
     "CREATE INDEX ON event_to_state_groups (state_group)",
     "ANALYZE",
 )
-
-
-@dataclass(frozen=True)
-class Shape:
-    """What to generate."""
-
-    members: int = 100_000
-    groups: int = 10_000
-    big_rooms: int = 1
-    small_rooms: int = 0
-    fork_rate: float = 0.02
-    snapshot_interval: int = 100
-    seed: int = 1
-
-
-def _event_id(n: int) -> str:
-    # Room versions 4+ use 43 characters of URL-safe base64 of a hash.
-    return "$" + base64.urlsafe_b64encode(hashlib.sha256(n.to_bytes(8, "big")).digest()).decode()[:43]
-
-
-class _Room:
-    """One room's state and recent groups while generating."""
-
-    def __init__(self, room_id: str, members: int, events: Iterator[int]) -> None:
-        self.room_id = room_id
-        self.state: dict[tuple[str, str], str] = {}
-        for key in (("m.room.create", ""), ("m.room.power_levels", ""), ("m.room.join_rules", ""),
-                    ("m.room.name", ""), ("m.room.history_visibility", "")):
-            self.state[key] = _event_id(next(events))
-        for m in range(members):
-            self.state[("m.room.member", f"@user{m}:example.org")] = _event_id(next(events))
-        self.joined = members
-        self.left: list[int] = []
-        self.recent: list[tuple[int, int]] = []  # (group, deltas since its snapshot)
-
-
-def generate(shape: Shape) -> Iterator[tuple[str, list[tuple[object, ...]]]]:
-    """``(table, rows)`` pieces of the four tables, rooms interleaved as they
-    would be in a live deployment's group IDs."""
-    rng = random.Random(shape.seed)
-    counter = iter(range(1, 1 << 62))
-    rooms = [(_Room(f"!big{r}:example.org", shape.members, counter), shape.groups)
-             for r in range(shape.big_rooms)]
-    rooms += [(_Room(f"!small{r}:example.org", rng.randint(20, 60), counter), 40)
-              for r in range(shape.small_rooms)]
-    remaining = [groups for _, groups in rooms]
-    live = [i for i in range(len(rooms))]
-    next_group = 1
-    while live:
-        pick = rng.choice(live)
-        room = rooms[pick][0]
-        remaining[pick] -= 1
-        if remaining[pick] == 0:
-            live.remove(pick)
-        gid = next_group
-        next_group += 1
-        event = _event_id(next(counter))
-        yield "state_groups", [(gid, room.room_id, event)]
-        yield "event_to_state_groups", [(event, gid)]
-        if not room.recent:
-            yield "state_groups_state", [(gid, room.room_id, t, s, e) for (t, s), e in room.state.items()]
-            room.recent = [(gid, 0)]
-            continue
-        parent, hops = room.recent[-1]
-        if len(room.recent) > 2 and rng.random() < shape.fork_rate:
-            parent, hops = room.recent[-rng.randint(2, min(5, len(room.recent)))]
-        key = _next_change(room, rng)
-        room.state[key] = event
-        if hops >= shape.snapshot_interval:
-            yield "state_groups_state", [(gid, room.room_id, t, s, e) for (t, s), e in room.state.items()]
-            room.recent.append((gid, 0))
-        else:
-            yield "state_group_edges", [(gid, parent)]
-            yield "state_groups_state", [(gid, room.room_id, key[0], key[1], event)]
-            room.recent.append((gid, hops + 1))
-        del room.recent[:-8]
-
-
-def _next_change(room: _Room, rng: random.Random) -> tuple[str, str]:
-    """The key of the room's next state event: mostly memberships."""
-    roll = rng.random()
-    if roll < 0.02:
-        return ("m.room.power_levels", "")
-    if roll < 0.35:  # a new member joins
-        room.joined += 1
-        return ("m.room.member", f"@user{room.joined - 1}:example.org")
-    if roll < 0.55 and room.left:  # a rejoin
-        return ("m.room.member", f"@user{room.left.pop(rng.randrange(len(room.left)))}:example.org")
-    member = rng.randrange(room.joined)
-    if roll < 0.8:  # a leave: the member's key now holds the leave event
-        room.left.append(member)
-    return ("m.room.member", f"@user{member}:example.org")  # or a profile change
-
-
-def write_parquet(shape: Shape, directory: str, batch_rows: int = 500_000) -> dict[str, int]:
-    """The tables as one Parquet file each under *directory*; row counts."""
-    os.makedirs(directory, exist_ok=True)
-    writers = {name: pq.ParquetWriter(os.path.join(directory, f"{name}.parquet"), schema,
-                                      compression="zstd") for name, schema in SCHEMAS.items()}
-    pending: dict[str, list[tuple[object, ...]]] = {name: [] for name in SCHEMAS}
-    counts = {name: 0 for name in SCHEMAS}
-
-    def flush(name: str) -> None:
-        rows = pending[name]
-        if rows:
-            columns = list(zip(*rows))
-            writers[name].write_table(pa.table(
-                [pa.array(c, f.type) for c, f in zip(columns, SCHEMAS[name])], schema=SCHEMAS[name]))
-            counts[name] += len(rows)
-            pending[name] = []
-
-    for name, rows in generate(shape):
-        pending[name].extend(rows)
-        if len(pending[name]) >= batch_rows:
-            flush(name)
-    for name in SCHEMAS:
-        flush(name)
-        writers[name].close()
-    return counts
 
 
 def load_postgres(shape: Shape, url: str) -> dict[str, int]:
@@ -298,9 +172,16 @@ def compare(shape: Shape, args: argparse.Namespace) -> None:
 
     try:
         clock = time.perf_counter()
-        template = server.create()
-        counts = load_postgres(shape, server.url(template))
-        print(f"database: {counts} (generated and loaded in {time.perf_counter() - clock:.0f} s); "
+        if args.database:
+            template = args.database
+            counts = {name: _sql(server.url(template), f"SELECT count(*) FROM {name}") for name in SCHEMAS}
+        else:
+            template = server.create()
+            counts = load_postgres(shape, server.url(template))
+            if args.keep_database:
+                server.names.remove(template)
+                print(f"kept the generated database as {template} (give it to --database)", flush=True)
+        print(f"database: {counts} (ready in {time.perf_counter() - clock:.0f} s); "
               f"longest chain {_sql(server.url(template), LONGEST_CHAIN_SQL)} groups", flush=True)
         spark_conf = ["--conf", f"spark.jars={args.jdbc_jar}"] if args.jdbc_jar else []
         wall, peak, _, _ = run_measured(cli + ["spark", "reconstruct", "--single-process", "--db",
@@ -320,9 +201,14 @@ def compare(shape: Shape, args: argparse.Namespace) -> None:
 
         if args.compressor_python and not args.skip_reference:
             url = server.url(server.create(template))
+            # The reference takes one chunk per call and room: a room of N
+            # groups needs ceil(N / 500) of them, so fewer chunks than that
+            # sum leave rooms (or all of them) untouched.
+            chunks = _sql(url, "SELECT sum(ceil(n / 500.0)) FROM (SELECT count(*) AS n FROM state_groups "
+                               "GROUP BY room_id) AS rooms") + 1
             code = ("import synapse_auto_compressor as c; c.compress_state_events_table("
                     f"db_url={url!r}, chunk_size=500, default_levels='100,50,25', "
-                    f"number_of_chunks={counts['state_groups'] // 500 + 100})")
+                    f"number_of_chunks={chunks})")
             wall, peak, _, _ = run_measured([args.compressor_python, "-c", code], env)
             totals["reference"] = wall
             report("synapse-auto-compressor 0.1.2", "compress", wall, peak,
@@ -377,6 +263,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--parquet", default=None, help="write the tables as Parquet here")
     parser.add_argument("--only-generate", action="store_true", help="write --parquet and stop")
+    parser.add_argument("--database", default=None,
+                        help="compare on this already loaded database (kept) instead of generating one")
+    parser.add_argument("--keep-database", action="store_true", help="keep the generated database")
     parser.add_argument("--dsn", default=os.environ.get("STREAMREP_TEST_DSN",
                                                         "postgresql://postgres@127.0.0.1:5432/test"))
     parser.add_argument("--compressor-python", default=default_compressor_python())

@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 
 from streamrep import _impl
 from streamrep.errors import StateCorruptionError
+from streamrep.spark.interned import parents_within
 
 if TYPE_CHECKING:
     from streamrep._pure import state as _core_state
@@ -48,6 +49,7 @@ __all__ = [
     "assign_trees",
     "expand_partition",
     "expand_table",
+    "expand_groups",
     "write_partition",
     "WRITTEN_SCHEMA",
 ]
@@ -290,6 +292,17 @@ class _Interned:
         self.keys = type_ids * self.stride + key_ids
         self.event_ids = _int64_numpy(encoded.indices)
 
+    @classmethod
+    def of(cls, types: pa.Array, state_keys: pa.Array, events: pa.Array, keys: np.ndarray,
+           event_ids: np.ndarray) -> "_Interned":
+        """From string tables (``types`` and ``state_keys`` in bytewise order)
+        and the rows' interned IDs."""
+        self = cls.__new__(cls)
+        self.types, self.state_keys, self.events = types, state_keys, events
+        self.stride = max(1, len(state_keys))
+        self.keys, self.event_ids = keys, event_ids
+        return self
+
     def key_text(self, key: int) -> str:
         t = self.types[key // self.stride].as_py()
         s = self.state_keys[key % self.stride].as_py()
@@ -336,45 +349,44 @@ def walk_digests(parents: np.ndarray, offsets: np.ndarray, keys: np.ndarray, eve
     return counts, hex_array
 
 
-def _checked_batch(group_ids: np.ndarray, prev_ids: np.ndarray, offsets: np.ndarray,
-                   interned: _Interned) -> np.ndarray:
-    """Check a batch with the core (duplicates, missing prevs, cycles, a key twice
-    in a delta) and return each group's prev as a batch index (-1: root)."""
-    n = len(group_ids)
-    try:
-        _core_state.expand_groups(group_ids, prev_ids, offsets, interned.keys, interned.event_ids,
-                                  np.zeros(n, dtype=np.uint8))
-    except StateCorruptionError as exc:
-        key = getattr(exc, "key", None)
-        if key is None:
-            raise
-        named = tuple(getattr(exc, "groups", ()))
-        err = StateCorruptionError(
-            f"state group {named[0]} has key {interned.key_text(key)} more than once "
-            "in state_groups_state"
-        )
-        err.groups = named  # type: ignore[attr-defined]
-        raise err from None
-    order = np.argsort(group_ids, kind="stable")
-    parents = np.full(n, -1, dtype=np.int64)
-    has_prev = prev_ids != -1
-    parents[has_prev] = order[np.searchsorted(group_ids[order], prev_ids[has_prev])]
-    return parents
-
-
 def _expand_segment(segment: pa.Table, digest: bool) -> Iterator[pa.RecordBatch]:
     """Walk one closed batch of whole trees (group IDs unique within it)."""
     g_all = _int64_numpy(segment.column("state_group"))
-    n_rows = len(g_all)
-    if n_rows == 0:
+    if len(g_all) == 0:
         return
     starts = np.flatnonzero(np.r_[True, g_all[1:] != g_all[:-1]])
     group_ids = g_all[starts]
     prev_ids = _int64_numpy(segment.column("prev_state_group"), fill=-1)[starts]
     wanted = _bool_numpy(segment.column("wanted"))[starts]
     offsets, interned = _delta_rows(segment, starts)
-    parents = _checked_batch(group_ids, prev_ids, offsets, interned)
+    # Rows come sorted by (root, piece, state_group): number each tree piece.
+    roots = _int64_numpy(segment.column("root"))[starts]
+    pieces = _int64_numpy(segment.column("piece"))[starts]
+    tree = np.cumsum(np.r_[True, (roots[1:] != roots[:-1]) | (pieces[1:] != pieces[:-1])]) - 1
+    parents = parents_within(tree, group_ids, prev_ids)
+    yield from expand_groups(group_ids, parents, wanted, offsets, interned, digest)
 
+
+def expand_groups(group_ids: np.ndarray, parents: np.ndarray, wanted: np.ndarray, offsets: np.ndarray,
+                  interned: _Interned, digest: bool) -> Iterator[pa.RecordBatch]:
+    """Digests or full states of the wanted groups of a batch of whole trees
+    (*parents*: batch indices, -1 for a root; deltas as CSR *offsets* into
+    *interned*)."""
+    try:
+        yield from _walk_groups(group_ids, parents, wanted, offsets, interned, digest)
+    except StateCorruptionError as exc:
+        named = tuple(int(group_ids[i]) for i in getattr(exc, "groups", ()) if 0 <= i < len(group_ids))
+        key = getattr(exc, "key", None)
+        if key is None or not named:
+            raise
+        err = StateCorruptionError(f"state group {named[0]} has key {interned.key_text(key)} more than "
+                                   "once in state_groups_state")
+        err.groups = named  # type: ignore[attr-defined]
+        raise err from None
+
+
+def _walk_groups(group_ids: np.ndarray, parents: np.ndarray, wanted: np.ndarray, offsets: np.ndarray,
+                 interned: _Interned, digest: bool) -> Iterator[pa.RecordBatch]:
     if digest:
         counts, hexes = walk_digests(parents, offsets, interned.keys, interned.event_ids, wanted,
                                      interned)
@@ -418,9 +430,9 @@ def _dictionary_column(ids: np.ndarray, strings: pa.Array) -> pa.DictionaryArray
     used = np.zeros(len(strings), dtype=np.bool_)
     used[ids] = True
     if used.all():
-        return pa.DictionaryArray.from_arrays(ids.astype(np.int32), strings)
+        return pa.DictionaryArray.from_arrays(ids.astype(np.int32), strings.cast(pa.string()))
     renumber = np.cumsum(used, dtype=np.int32) - 1
-    return pa.DictionaryArray.from_arrays(renumber[ids], strings.filter(pa.array(used)))
+    return pa.DictionaryArray.from_arrays(renumber[ids], strings.filter(pa.array(used)).cast(pa.string()))
 
 
 def _segments(table: pa.Table) -> Iterator[pa.Table]:

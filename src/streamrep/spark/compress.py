@@ -37,7 +37,6 @@ from streamrep.errors import StateCorruptionError, StateVerificationError
 from streamrep.spark.batches import (
     TOPOLOGY_SCHEMA,
     _bool_numpy,
-    _checked_batch,
     _delta_rows,
     _int64_numpy,
     _Interned,
@@ -48,6 +47,7 @@ from streamrep.spark.batches import (
     walk_digests,
     whole_tables,
 )
+from streamrep.spark.interned import parents_within
 
 if TYPE_CHECKING:
     from streamrep._pure import treewalk as _core_walk
@@ -67,6 +67,8 @@ __all__ = [
     "OUTPUT_TABLES",
     "assign_units",
     "compress_units",
+    "compress_batch",
+    "GroupBatch",
     "write_units",
 ]
 
@@ -289,10 +291,49 @@ def assign_units(topology: pa.Table, split_threshold: int = 200_000) -> pa.Table
 
 @dataclass
 class UnitsOutput:
-    """The tables one batch of units produces, and its report."""
+    """What one batch of units reports, and its output tables as pieces of a
+    bounded number of rows (produced as they are written)."""
 
-    tables: dict[str, pa.Table]
     report: dict[str, int]
+    pieces: Iterator[dict[str, pa.Table]]
+
+    @property
+    def tables(self) -> dict[str, pa.Table]:
+        """Every piece's tables, concatenated (small batches and tests)."""
+        found: dict[str, list[pa.Table]] = {}
+        for piece in self.pieces:
+            for name, table in piece.items():
+                found.setdefault(name, []).append(table)
+        return {name: pa.concat_tables(tables) for name, tables in found.items()}
+
+
+@dataclass
+class GroupBatch:
+    """One row per group of a batch of whole units, sorted by ``unit, state_group``."""
+
+    unit: np.ndarray
+    groups: np.ndarray
+    prevs: np.ndarray  # group IDs, -1 for none
+    home: np.ndarray
+    fixed: np.ndarray
+    referenced: np.ndarray
+    children: np.ndarray
+    room_ids: pa.Array
+    group_events: pa.Array
+
+    @classmethod
+    def from_table(cls, head: pa.Table) -> "GroupBatch":
+        """From rows of :data:`UNITS_SCHEMA` columns, one per group."""
+        return cls(
+            _int64_numpy(head.column("unit")), _int64_numpy(head.column("state_group")),
+            _int64_numpy(head.column("prev_state_group"), fill=-1), _bool_numpy(head.column("home")),
+            _bool_numpy(head.column("fixed")), _bool_numpy(head.column("referenced")),
+            _int64_numpy(head.column("children")), head.column("room_id").combine_chunks(),
+            head.column("group_event_id").combine_chunks())
+
+
+#: Rows per output piece (bounds the strings materialised at once).
+PIECE_ROWS = 262_144
 
 
 def _rows_hashes(offsets: np.ndarray, keys: np.ndarray, events: np.ndarray, idx: np.ndarray,
@@ -309,9 +350,9 @@ def _strings(interned: _Interned, keys: np.ndarray, events: np.ndarray) -> list[
     stride = interned.stride
     type_ids = keys // stride
     return [
-        interned.types.take(pa.array(type_ids)),
-        interned.state_keys.take(pa.array(keys - type_ids * stride)),
-        interned.events.take(pa.array(events)),
+        interned.types.take(pa.array(type_ids)).cast(pa.string()),
+        interned.state_keys.take(pa.array(keys - type_ids * stride)).cast(pa.string()),
+        interned.events.take(pa.array(events)).cast(pa.string()),
     ]
 
 
@@ -324,164 +365,82 @@ def compress_units(segment: pa.Table, options: CompressOptions) -> UnitsOutput:
     units_all = _int64_numpy(segment.column("unit"))
     g_all = _int64_numpy(segment.column("state_group"))
     starts = np.flatnonzero(np.r_[True, (g_all[1:] != g_all[:-1]) | (units_all[1:] != units_all[:-1])])
-    n = len(starts)
-    unit = units_all[starts]
-    groups = g_all[starts]
-    prevs = _int64_numpy(segment.column("prev_state_group"), fill=-1)[starts]
-    home = _bool_numpy(segment.column("home"))[starts]
-    fixed = _bool_numpy(segment.column("fixed"))[starts]
-    referenced = _bool_numpy(segment.column("referenced"))[starts]
-    children = _int64_numpy(segment.column("children"))[starts]
-    head = segment.take(pa.array(starts))
-    room_ids = head.column("room_id").combine_chunks()
-    group_events = head.column("group_event_id").combine_chunks()
-
-    # Prev groups as batch indices, looked up within the unit.
-    span = int(groups.max() - groups.min() + 1) if n else 1
-    base = int(groups.min()) if n else 0
-    unit_rank = unit - (int(unit.min()) if n else 0)
-    if n and (int(unit_rank.max()) + 1) * span >= (1 << 62):
-        raise StateCorruptionError("state group IDs span too wide a range to compress in one batch")
-    composite = unit_rank * span + (groups - base)
-    parent = np.full(n, -1, dtype=np.int64)
-    has_prev = prevs != -1
-    wanted_keys = unit_rank[has_prev] * span + (prevs[has_prev] - base)
-    found = np.searchsorted(composite, wanted_keys)
-    found_ok = (found < n) & (composite[np.minimum(found, n - 1)] == wanted_keys) if n else found
-    if not np.all(found_ok):
-        bad = groups[has_prev][~found_ok]
-        shown = ", ".join(str(g) for g in bad[:10].tolist())
-        err = StateCorruptionError(f"state groups whose prev group is not in their unit: {shown}")
-        err.groups = tuple(int(g) for g in bad)  # type: ignore[attr-defined]
-        raise err
-    parent[has_prev] = found
-
+    batch = GroupBatch.from_table(segment.select(UNITS_SCHEMA.names).take(pa.array(starts)))
+    del units_all, g_all
+    parent = parents_within(batch.unit, batch.groups, batch.prevs)
     offsets, interned = _delta_rows(segment, starts)
-    local = np.arange(n, dtype=np.int64)
+    return compress_batch(batch, parent, offsets, interned, options)
+
+
+def _plan(batch: GroupBatch, parent: np.ndarray, offsets: np.ndarray, interned: _Interned,
+          options: CompressOptions) -> tuple[np.ndarray, ...]:
+    """The core's plan (new parents, depths, offsets, keys, events); a key twice
+    in one delta is reported with its group and key."""
     try:
-        _checked_batch(local, parent, offsets, interned)
+        planned = _core_walk.plan_compression(
+            parent, batch.unit, offsets, interned.keys, interned.event_ids, batch.fixed.view(np.uint8),
+            options.max_depth, options.candidates,
+        )
     except StateCorruptionError as exc:
-        named = tuple(int(groups[i]) for i in getattr(exc, "groups", ()) if 0 <= i < n)
-        message = str(exc)
-        if "more than once in state_groups_state" in message and named:
-            message = f"state group {named[0]} has key {message.split(' has key ', 1)[1]}"
-        else:
-            message = f"{exc} (batch indices; state groups {', '.join(str(g) for g in named[:10])})"
-        err = StateCorruptionError(message)
+        named = tuple(int(batch.groups[i]) for i in getattr(exc, "groups", ()) if 0 <= i < len(batch.groups))
+        key = getattr(exc, "key", None)
+        if key is None or not named:
+            raise
+        err = StateCorruptionError(f"state group {named[0]} has key {interned.key_text(key)} more than "
+                                   "once in state_groups_state")
         err.groups = named  # type: ignore[attr-defined]
         raise err from None
+    n = len(batch.groups)
+    return tuple(np.frombuffer(a, dtype=np.int64) if len(a) else np.zeros(0, np.int64)
+                 for a in planned) if n else (np.zeros(0, np.int64),) * 2 + (
+                     np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
 
-    new_parent_a, depth_a, new_off_a, new_keys_a, new_events_a = _core_walk.plan_compression(
-        parent, unit, offsets, interned.keys, interned.event_ids, fixed.view(np.uint8),
-        options.max_depth, options.candidates,
-    )
-    new_parent = np.frombuffer(new_parent_a, dtype=np.int64) if n else np.zeros(0, np.int64)
-    depth = np.frombuffer(depth_a, dtype=np.int64) if n else np.zeros(0, np.int64)
-    new_offsets = np.frombuffer(new_off_a, dtype=np.int64)
-    new_keys = np.frombuffer(new_keys_a, dtype=np.int64) if len(new_keys_a) else np.zeros(0, np.int64)
-    new_events = np.frombuffer(new_events_a, dtype=np.int64) if len(new_events_a) else np.zeros(0, np.int64)
+
+def _unreferenced(batch: GroupBatch, new_parent: np.ndarray) -> np.ndarray:
+    """Groups no event references and no referenced group reaches through the
+    new prev pointers (fixed roots are always kept)."""
+    kept = batch.referenced | batch.fixed
+    frontier = np.flatnonzero(kept)
+    while len(frontier):
+        up = new_parent[frontier]
+        up = up[up >= 0]
+        up = up[~kept[up]]
+        kept[up] = True
+        frontier = np.unique(up)
+    unreferenced: np.ndarray = ~kept
+    return unreferenced
+
+
+def compress_batch(batch: GroupBatch, parent: np.ndarray, offsets: np.ndarray, interned: _Interned,
+                   options: CompressOptions) -> UnitsOutput:
+    """Plan and verify a batch of whole units given as interned CSR deltas
+    (*parent*: each group's prev as a batch index); the output comes in pieces."""
+    n = len(batch.groups)
+    new_parent, depth, new_offsets, new_keys, new_events = _plan(batch, parent, offsets, interned, options)
     old_sizes = np.diff(offsets)
     new_sizes = np.diff(new_offsets)
-    changed = (new_parent != parent) | (new_sizes != old_sizes)
-    changed &= ~fixed
-
-    # Groups to delete: not referenced, not reached from a referenced group
-    # through the new prev pointers (fixed roots are always kept).
-    unreferenced = np.zeros(n, dtype=np.bool_)
-    if options.find_unreferenced:
-        kept = referenced | fixed
-        frontier = np.flatnonzero(kept)
-        while len(frontier):
-            up = new_parent[frontier]
-            up = up[up >= 0]
-            up = up[~kept[up]]
-            kept[up] = True
-            frontier = np.unique(up)
-        unreferenced = ~kept
+    changed = ((new_parent != parent) | (new_sizes != old_sizes)) & ~batch.fixed
+    unreferenced = _unreferenced(batch, new_parent) if options.find_unreferenced else np.zeros(n, np.bool_)
     changed &= ~unreferenced
 
     # Verification: the full state of every changed group, walked in the old
     # and in the new tables.
-    verified = 0
+    digest_by_index = np.full(n, None, dtype=object)
     if changed.any():
-        _, old_digest = walk_digests(parent, offsets, interned.keys, interned.event_ids, changed,
-                                     interned)
-        _, new_digest = walk_digests(new_parent, new_offsets, new_keys, new_events, changed,
-                                     interned)
+        _, old_digest = walk_digests(parent, offsets, interned.keys, interned.event_ids, changed, interned)
+        _, new_digest = walk_digests(new_parent, new_offsets, new_keys, new_events, changed, interned)
         differ = _bool_numpy(pc.not_equal(old_digest, new_digest))
         if differ.any():
-            bad = groups[changed][differ]
+            bad = batch.groups[changed][differ]
             raise StateVerificationError(
                 f"the compressed tables give {len(bad)} state groups a different full state: "
                 + ", ".join(str(g) for g in bad[:20].tolist()),
                 tuple(int(g) for g in bad),
             )
-        verified = int(changed.sum())
-        digest_of_changed = np.asarray(new_digest.to_pylist(), dtype=object)
-    else:
-        digest_of_changed = np.zeros(0, dtype=object)
+        digest_by_index[np.flatnonzero(changed)] = np.asarray(new_digest.to_pylist(), dtype=object)
 
-    tables: dict[str, pa.Table] = {}
+    home = batch.home
     out_home = home & ~unreferenced
-    # New state_group_edges and state_groups_state of every kept group.
-    edge_rows = out_home & (new_parent >= 0)
-    tables["state_group_edges"] = pa.table(
-        [pa.array(groups[edge_rows]), pa.array(groups[new_parent[edge_rows]])], schema=EDGES_SCHEMA
-    )
-    row_owner = np.repeat(local, new_sizes)
-    row_keep = out_home[row_owner]
-    strings = _strings(interned, new_keys[row_keep], new_events[row_keep])
-    tables["state_groups_state"] = pa.table(
-        [pa.array(groups[row_owner[row_keep]]), room_ids.take(pa.array(row_owner[row_keep]))] + strings,
-        schema=NEW_STATE_SCHEMA,
-    )
-
-    # The change set.
-    listed = (changed & home) | (unreferenced & home)
-    idx = np.flatnonzero(listed)
-    is_delete = unreferenced[idx]
-    digest_by_index = np.full(n, None, dtype=object)
-    digest_by_index[np.flatnonzero(changed)] = digest_of_changed
-    new_prev_ids = np.where(new_parent[idx] >= 0, groups[np.maximum(new_parent[idx], 0)], -1)
-    tables["changes"] = pa.table(
-        [
-            pa.array(unit[idx]),
-            pa.array(groups[idx]),
-            pa.array(np.where(is_delete, "delete", "rewrite").tolist(), pa.string()),
-            room_ids.take(pa.array(idx)),
-            group_events.take(pa.array(idx)),
-            pa.array(prevs[idx], mask=prevs[idx] == -1),
-            pa.array(new_prev_ids, mask=(new_prev_ids == -1) | is_delete),
-            pa.array(old_sizes[idx]),
-            pa.array(np.where(is_delete, 0, new_sizes[idx])),
-            pa.array(children[idx]),
-            pa.array(np.where(is_delete, -1, depth[idx])),
-            pa.array(digest_by_index[idx].tolist(), pa.string()),
-            pa.array(_rows_hashes(offsets, interned.keys, interned.event_ids, idx, interned)),
-            pa.array(np.where(is_delete, 0, _rows_hashes(new_offsets, new_keys, new_events, idx,
-                                                           interned))),
-        ],
-        schema=CHANGES_SCHEMA,
-    )
-    old_owner = np.repeat(local, old_sizes)
-    old_take = listed[old_owner]
-    new_take = (changed & home)[row_owner]
-    old_strings = _strings(interned, interned.keys[old_take], interned.event_ids[old_take])
-    new_strings = _strings(interned, new_keys[new_take], new_events[new_take])
-    deletes = pa.table(
-        [pa.array(unit[old_owner[old_take]]), pa.array(groups[old_owner[old_take]]),
-         pa.array(["delete"] * int(old_take.sum()), pa.string()),
-         room_ids.take(pa.array(old_owner[old_take]))] + old_strings,
-        schema=CHANGE_ROWS_SCHEMA,
-    )
-    inserts = pa.table(
-        [pa.array(unit[row_owner[new_take]]), pa.array(groups[row_owner[new_take]]),
-         pa.array(["insert"] * int(new_take.sum()), pa.string()),
-         room_ids.take(pa.array(row_owner[new_take]))] + new_strings,
-        schema=CHANGE_ROWS_SCHEMA,
-    )
-    tables["change_rows"] = pa.concat_tables([deletes, inserts])
-
     old_depth = _pointer_jump(parent)[1]
     report = {
         "groups": int(home.sum()),
@@ -491,9 +450,70 @@ def compress_units(segment: pa.Table, options: CompressOptions) -> UnitsOutput:
         "rows_after": int(new_sizes[out_home].sum()),
         "max_depth_before": int(old_depth.max()) if n else 0,
         "max_depth_after": int(depth[~unreferenced].max()) if (~unreferenced).any() else 0,
-        "verified_groups": verified,
+        "verified_groups": int(changed.sum()),
     }
-    return UnitsOutput(tables, report)
+    listed = (changed & home) | (unreferenced & home)
+    idx = np.flatnonzero(listed)
+    is_delete = unreferenced[idx]
+    new_prev_ids = np.where(new_parent[idx] >= 0, batch.groups[np.maximum(new_parent[idx], 0)], -1)
+    changes = pa.table(
+        [
+            pa.array(batch.unit[idx]),
+            pa.array(batch.groups[idx]),
+            pa.array(np.where(is_delete, "delete", "rewrite").tolist(), pa.string()),
+            batch.room_ids.take(pa.array(idx)),
+            batch.group_events.take(pa.array(idx)),
+            pa.array(batch.prevs[idx], mask=batch.prevs[idx] == -1),
+            pa.array(new_prev_ids, mask=(new_prev_ids == -1) | is_delete),
+            pa.array(old_sizes[idx]),
+            pa.array(np.where(is_delete, 0, new_sizes[idx])),
+            pa.array(batch.children[idx]),
+            pa.array(np.where(is_delete, -1, depth[idx])),
+            pa.array(digest_by_index[idx].tolist(), pa.string()),
+            pa.array(_rows_hashes(offsets, interned.keys, interned.event_ids, idx, interned)),
+            pa.array(np.where(is_delete, 0, _rows_hashes(new_offsets, new_keys, new_events, idx,
+                                                           interned))),
+        ],
+        schema=CHANGES_SCHEMA,
+    )
+    edge_rows = out_home & (new_parent >= 0)
+    first = {
+        "state_group_edges": pa.table([pa.array(batch.groups[edge_rows]),
+                                       pa.array(batch.groups[new_parent[edge_rows]])], schema=EDGES_SCHEMA),
+        "changes": changes,
+    }
+    return UnitsOutput(report, _pieces(batch, interned, first, offsets, new_offsets, new_keys, new_events,
+                                       out_home, listed, changed & home))
+
+
+def _pieces(batch: GroupBatch, interned: _Interned, first: dict[str, pa.Table], offsets: np.ndarray,
+            new_offsets: np.ndarray, new_keys: np.ndarray, new_events: np.ndarray, out_home: np.ndarray,
+            listed: np.ndarray, rewritten: np.ndarray) -> Iterator[dict[str, pa.Table]]:
+    """The output tables a bounded number of rows at a time: the new delta rows
+    of every kept group, and the rows each listed group loses and gains."""
+    yield first
+    local = np.arange(len(batch.groups), dtype=np.int64)
+    new_owner = np.repeat(local, np.diff(new_offsets))
+    kept_rows = np.flatnonzero(out_home[new_owner])
+    for lo in range(0, len(kept_rows), PIECE_ROWS):
+        rows = kept_rows[lo:lo + PIECE_ROWS]
+        owner = new_owner[rows]
+        yield {"state_groups_state": pa.table(
+            [pa.array(batch.groups[owner]), batch.room_ids.take(pa.array(owner))]
+            + _strings(interned, new_keys[rows], new_events[rows]), schema=NEW_STATE_SCHEMA)}
+    del kept_rows
+    for op, owners, keys, events in (
+            ("delete", np.repeat(local, np.diff(offsets)), interned.keys, interned.event_ids),
+            ("insert", new_owner, new_keys, new_events)):
+        taken = np.flatnonzero((listed if op == "delete" else rewritten)[owners])
+        for lo in range(0, len(taken), PIECE_ROWS):
+            rows = taken[lo:lo + PIECE_ROWS]
+            owner = owners[rows]
+            yield {"change_rows": pa.table(
+                [pa.array(batch.unit[owner]), pa.array(batch.groups[owner]),
+                 pa.array(np.full(len(rows), op, dtype=object), pa.string()),
+                 batch.room_ids.take(pa.array(owner))] + _strings(interned, keys[rows], events[rows]),
+                schema=CHANGE_ROWS_SCHEMA)}
 
 
 #: Sorted rows a Spark task compresses at a time. Expanding every group's full
@@ -564,16 +584,17 @@ def write_units(batches: Iterable[pa.RecordBatch], output: str, part: str,
     try:
         for table in unit_batches(batches):
             produced = compress_units(table, options)
-            writer.write(produced.tables)
-            del table
-            # Hand the batch's Arrow buffers back to the system rather than
-            # keep them in the worker for the next one.
-            pa.default_memory_pool().release_unused()
+            for piece in produced.pieces:
+                writer.write(piece)
             for name, value in produced.report.items():
                 if name.startswith("max_"):
                     totals[name] = max(totals[name], value)
                 else:
                     totals[name] += value
+            del table, produced
+            # Hand the batch's Arrow buffers back to the system rather than
+            # keep them in the worker for the next one.
+            pa.default_memory_pool().release_unused()
     finally:
         writer.close()
     return pa.RecordBatch.from_arrays([pa.array([totals[n]], pa.int64()) for n in REPORT_SCHEMA.names],

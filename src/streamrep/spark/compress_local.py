@@ -5,9 +5,10 @@ Reads the topology (``state_groups``, ``state_group_edges`` and, when asked,
 rows a bucket of whole units at a time so memory stays bounded as the tables
 grow: one streaming pass over ``state_groups_state`` (Parquet/CSV files or
 ``COPY`` out of the database) writes each row into its bucket's scratch Parquet
-file, and each bucket is then read back alone, ordered by unit in numpy and
-handed in batches of whole units to
-:func:`streamrep.spark.compress.compress_units`. Inputs of a single bucket skip
+file, and each bucket is then read back alone,
+interned as it streams in (:mod:`streamrep.spark.interned`: integer columns,
+no strings per row) and handed in batches of whole units to
+:func:`streamrep.spark.compress.compress_batch`. Inputs of a single bucket skip
 the scratch files.
 """
 
@@ -22,20 +23,24 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from streamrep.spark.batches import _Interned
 from streamrep.spark.compress import (
     UNIT_TOPOLOGY_SCHEMA,
     CompressOptions,
     CompressResult,
+    GroupBatch,
     OutputWriter,
     assign_units,
-    compress_units,
+    compress_batch,
     finish_output,
 )
-from streamrep.spark.local import TreeRows, _int64, group_edges, read_columns
+from streamrep.spark.interned import InternedSlots, RowInterner, parents_within
+from streamrep.spark.local import _int64, group_edges, read_columns
 from streamrep.spark.options import Source, prepare_output
 from streamrep.spark.tables import SCHEMAS, iter_db_table, require_table, table_dataset
 
-__all__ = ["compress_local", "load_compress_tables", "unit_topology", "BUCKET_GROUPS"]
+__all__ = ["compress_local", "load_compress_tables", "unit_topology", "interned_bucket", "spill_buckets",
+           "BUCKET_GROUPS"]
 
 #: Rows of sorted unit data handed to the core per call.
 CHUNK_ROWS = 1_000_000
@@ -102,7 +107,9 @@ def _state_batches(source: Source) -> Iterator[pa.RecordBatch]:
     names = _STATE_SCHEMA.names
     if source.input_dir is not None:
         dataset = table_dataset(require_table(source.input_dir, "state_groups_state"))
-        for batch in dataset.to_batches(columns=names):
+        # One batch in flight: the scanner would otherwise read many ahead.
+        for batch in dataset.to_batches(columns=names, batch_size=_SPILL_ROWS, batch_readahead=0,
+                                        fragment_readahead=1, use_threads=False):
             yield batch if batch.schema == _STATE_SCHEMA else batch.cast(_STATE_SCHEMA)
         return
     assert source.db_url is not None
@@ -143,16 +150,12 @@ class _Spill:
         for writer in self.writers.values():
             writer.close()
 
-    def read(self, bucket: int) -> pa.Table:
-        if bucket not in self.writers:
-            return _STATE_SCHEMA.empty_table()
-        return pq.read_table(self.path(bucket))
 
 
-def _spill_state(source: Source, units: pa.Table, bucket: np.ndarray, spill: _Spill) -> None:
+def _spill_state(source: Source, slot_groups: np.ndarray, bucket: np.ndarray, spill: _Spill) -> None:
     """Write every delta row into the scratch file of each bucket holding its
     group (a split tree's root is in several units, maybe several buckets)."""
-    pairs = np.unique(np.stack([_int64(units.column("state_group")), bucket.astype(np.int64)]), axis=1)
+    pairs = np.unique(np.stack([slot_groups, bucket.astype(np.int64)]), axis=1)
     pair_groups, pair_buckets = pairs[0], pairs[1]  # sorted by group
     for batch in _state_batches(source):
         groups = _int64(batch.column("state_group"))
@@ -170,11 +173,63 @@ def _spill_state(source: Source, units: pa.Table, bucket: np.ndarray, spill: _Sp
             spill.add(int(row_bucket[start]), table.take(pa.array(row[start:end])))
 
 
+def bucket_rows(source: Source, spill: _Spill | None, bucket: int) -> Iterator[pa.RecordBatch]:
+    """The delta rows of one bucket, streamed (every row without a spill)."""
+    if spill is None:
+        yield from _state_batches(source)
+    elif bucket in spill.writers:
+        yield from pq.ParquetFile(spill.path(bucket)).iter_batches(batch_size=_SPILL_ROWS)
+
+
+def interned_bucket(source: Source, spill: _Spill | None, bucket: int, slot_groups: np.ndarray
+                    ) -> InternedSlots:
+    """The bucket's delta rows interned as they stream in, as CSR over its slots."""
+    interner = RowInterner(slot_groups)
+    for batch in bucket_rows(source, spill, bucket):
+        interner.add(batch)
+    return interner.finish()
+
+
+def spill_buckets(source: Source, output: str, slot_groups: np.ndarray, bucket: np.ndarray,
+                  count: int) -> _Spill | None:
+    """Scratch files of each bucket's delta rows, or None for a single bucket."""
+    if count <= 1:
+        return None
+    spill = _Spill(os.path.join(output, "_spill"), count)
+    try:
+        _spill_state(source, slot_groups, bucket, spill)
+        spill.close()
+    except BaseException:
+        shutil.rmtree(spill.folder, ignore_errors=True)
+        raise
+    return spill
+
+
+def _compress_bucket(mine: pa.Table, slots: InternedSlots, options: CompressOptions,
+                     writer: OutputWriter, result: CompressResult) -> None:
+    """Compress one bucket's units (*mine*, sorted by unit and group) in
+    batches of whole units of about :data:`CHUNK_ROWS` delta rows."""
+    batch_all = GroupBatch.from_table(mine)
+    unit_starts = np.flatnonzero(np.r_[True, batch_all.unit[1:] != batch_all.unit[:-1]])
+    for lo, hi in slots.spans(unit_starts, CHUNK_ROWS):
+        batch = GroupBatch.from_table(mine.slice(lo, hi - lo))
+        parent = parents_within(batch.unit, batch.groups, batch.prevs)
+        row_lo, row_hi = int(slots.offsets[lo]), int(slots.offsets[hi])
+        interned = _Interned.of(slots.types, slots.state_keys, slots.event_ids,
+                                slots.keys[row_lo:row_hi], slots.events[row_lo:row_hi])
+        produced = compress_batch(batch, parent, slots.offsets[lo:hi + 1] - row_lo, interned, options)
+        result.add(pa.table({k: [v] for k, v in produced.report.items()}))
+        for piece in produced.pieces:
+            writer.write(piece)
+        del produced, interned
+
+
 def compress_local(source: Source, options: CompressOptions, bucket_groups: int = 0) -> CompressResult:
     """Compress every room's state groups into ``options.output`` in this process.
 
     *bucket_groups* (default :data:`BUCKET_GROUPS`) bounds the groups whose
-    delta rows are in memory at once.
+    delta rows are in memory at once; those rows are held interned (about 20
+    bytes each), never as strings.
     """
     prepare_output(options.output, options.overwrite)
     result = CompressResult(options.output)
@@ -185,43 +240,35 @@ def compress_local(source: Source, options: CompressOptions, bucket_groups: int 
     clock = time.perf_counter()
     units = assign_units(unit_topology(tables), options.split_threshold)
     del tables
+    units = units.take(pa.array(np.lexsort((_int64(units.column("state_group")), _int64(units.column("unit"))))))
     bucket = _buckets(units, bucket_groups or BUCKET_GROUPS)
     count = int(bucket.max()) + 1 if len(bucket) else 1
     result.timings["units"] = time.perf_counter() - clock
 
     os.makedirs(options.output, exist_ok=True)
-    spill = _Spill(os.path.join(options.output, "_spill"), count) if count > 1 else None
+    clock = time.perf_counter()
+    spill = spill_buckets(source, options.output, _int64(units.column("state_group")), bucket, count)
+    if spill is not None:
+        result.timings["spill"] = time.perf_counter() - clock
     try:
-        clock = time.perf_counter()
-        if spill is not None:
-            _spill_state(source, units, bucket, spill)
-            spill.close()
-            result.timings["spill"] = time.perf_counter() - clock
-        clock = time.perf_counter()
+        read = work = 0.0
         writer = OutputWriter(options.output, "part-00000")
         try:
             for b in range(count):
-                if spill is None:
-                    state = read_columns(source, {"state_groups_state": _COLUMNS["state_groups_state"]})[
-                        "state_groups_state"]
-                    mine = units
-                else:
-                    state = spill.read(b)
-                    mine = units.filter(pa.array(bucket == b))
-                trees = mine.append_column("root", mine.column("unit")).append_column(
-                    "piece", pa.array(np.zeros(mine.num_rows, dtype=np.int32)))
-                rows = TreeRows(trees, state)
-                del state
-                for chunk in rows.chunks(CHUNK_ROWS):
-                    produced = compress_units(chunk, options)
-                    writer.write(produced.tables)
-                    result.add(pa.table({k: [v] for k, v in produced.report.items()}))
-                del rows, trees
+                clock = time.perf_counter()
+                mine = units if spill is None else units.filter(pa.array(bucket == b))
+                slots = interned_bucket(source, spill, b, _int64(mine.column("state_group")))
+                read += time.perf_counter() - clock
+                clock = time.perf_counter()
+                _compress_bucket(mine, slots, options, writer, result)
+                del slots
+                work += time.perf_counter() - clock
         finally:
             writer.close()
     finally:
         if spill is not None:
             shutil.rmtree(spill.folder, ignore_errors=True)
     finish_output(options.output)
-    result.timings["compress_verify_write"] = time.perf_counter() - clock
+    result.timings["intern"] = read
+    result.timings["compress_verify_write"] = work
     return result

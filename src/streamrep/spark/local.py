@@ -1,14 +1,16 @@
 """The single-process mode: the same pipeline as the Spark job, without Spark.
 
-Reads the tables with pyarrow (or streams them out of the database), assigns
-trees, joins and sorts the delta rows in Arrow, and feeds batches of whole trees
-to the compiled core, writing Parquet as it goes. Suits a few million groups on
+Reads the topology with pyarrow (or out of the database), assigns trees, then
+streams the delta rows a bucket of whole trees at a time, interning them as
+they come, and feeds batches of whole trees to the compiled core, writing
+Parquet as it goes. Suits a few million groups on
 one machine; the Spark job is for more.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from typing import Iterator
 
@@ -22,9 +24,11 @@ from streamrep.spark.batches import (
     OUTPUT_PARQUET_OPTIONS,
     STATE_OUTPUT_SCHEMA,
     TOPOLOGY_SCHEMA,
+    _Interned,
     assign_trees,
-    expand_table,
+    expand_groups,
 )
+from streamrep.spark.interned import InternedSlots, parents_within
 from streamrep.spark.options import ReconstructOptions, ReconstructResult, Source, prepare_output
 from streamrep.spark.tables import locate_table, read_db_table, read_table
 
@@ -34,14 +38,17 @@ __all__ = ["reconstruct_local", "load_tables", "read_columns", "build_topology",
 CHUNK_ROWS = 1_000_000
 
 
-def load_tables(source: Source, need_events: bool) -> dict[str, pa.Table]:
-    """The state tables as Arrow tables (only the columns the job uses)."""
+def load_tables(source: Source, need_events: bool, with_state: bool = True) -> dict[str, pa.Table]:
+    """The state tables as Arrow tables (only the columns the job uses;
+    ``state_groups_state`` unless *with_state* is False)."""
     columns = {
         "state_groups": ["id", "room_id"],
         "state_group_edges": ["state_group", "prev_state_group"],
         "state_groups_state": ["state_group", "type", "state_key", "event_id"],
         "event_to_state_groups": ["state_group"],
     }
+    if not with_state:
+        del columns["state_groups_state"]
     if not need_events:
         del columns["event_to_state_groups"]
     elif source.input_dir is not None and locate_table(source.input_dir, "event_to_state_groups") is None:
@@ -188,18 +195,62 @@ class TreeRows:
             lo = hi
 
 
+def _tree_buckets(trees: pa.Table, bucket_groups: int) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+    """*trees* sorted by ``(root, piece, state_group)``, each row's segment
+    (its ``(root, piece)``, numbered) and bucket (consecutive whole segments
+    of about *bucket_groups* groups)."""
+    roots = _int64(trees.column("root"))
+    pieces = _int64(trees.column("piece"))
+    groups = _int64(trees.column("state_group"))
+    order = np.lexsort((groups, pieces, roots))
+    trees = trees.take(pa.array(order))
+    roots, pieces = roots[order], pieces[order]
+    change = np.r_[True, (roots[1:] != roots[:-1]) | (pieces[1:] != pieces[:-1])] if len(roots) else \
+        np.zeros(0, np.bool_)
+    segment = np.cumsum(change) - 1
+    starts = np.flatnonzero(change)
+    bucket_of_segment = np.unique(starts // max(1, bucket_groups), return_inverse=True)[1]
+    return trees, segment, bucket_of_segment[segment] if len(segment) else segment
+
+
+def _expand_bucket(trees: pa.Table, segment: np.ndarray, slots: InternedSlots,
+                   digest: bool) -> Iterator[pa.RecordBatch]:
+    """Walk one bucket's trees (sorted, with their segments) in batches of
+    whole trees of about :data:`CHUNK_ROWS` delta rows."""
+    groups = _int64(trees.column("state_group"))
+    parents = parents_within(segment, groups, _int64(trees.column("prev_state_group")))
+    wanted = np.asarray(trees.column("wanted").combine_chunks().fill_null(False).to_numpy(zero_copy_only=False),
+                        dtype=np.bool_)
+    starts = np.flatnonzero(np.r_[True, segment[1:] != segment[:-1]]) if len(segment) else segment
+    for lo, hi in slots.spans(starts, CHUNK_ROWS):
+        row_lo, row_hi = int(slots.offsets[lo]), int(slots.offsets[hi])
+        interned = _Interned.of(slots.types, slots.state_keys, slots.event_ids,
+                                slots.keys[row_lo:row_hi], slots.events[row_lo:row_hi])
+        local = parents[lo:hi]
+        yield from expand_groups(groups[lo:hi], np.where(local >= 0, local - lo, -1), wanted[lo:hi],
+                                 slots.offsets[lo:hi + 1] - row_lo, interned, digest)
+
+
 def reconstruct_local(source: Source, options: ReconstructOptions) -> ReconstructResult:
-    """Reconstruct full states (or digests) into ``options.output`` in this process."""
+    """Reconstruct full states (or digests) into ``options.output`` in this process.
+
+    The delta rows are read once per bucket of whole trees (about
+    250,000 groups; scratch files when there are several) and held interned,
+    never as strings per row.
+    """
+    from streamrep.spark.compress_local import BUCKET_GROUPS, interned_bucket, spill_buckets
+
     prepare_output(options.output, options.overwrite)
     result = ReconstructResult(options.output, digest=options.digest)
     clock = time.perf_counter()
-    tables = load_tables(source, options.referenced_by_events)
+    tables = load_tables(source, options.referenced_by_events, with_state=False)
     result.timings["read"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
     trees = assign_trees(build_topology(tables, options), options.split_threshold)
-    tree_rows = TreeRows(trees, tables["state_groups_state"])
     del tables
+    trees, segment, bucket = _tree_buckets(trees, BUCKET_GROUPS)
+    count = int(bucket.max()) + 1 if len(bucket) else 1
     result.wanted_groups = int(pc.sum(trees.column("wanted")).as_py() or 0)
     result.timings["trees"] = time.perf_counter() - clock
 
@@ -207,19 +258,31 @@ def reconstruct_local(source: Source, options: ReconstructOptions) -> Reconstruc
     schema = DIGEST_SCHEMA if options.digest else STATE_OUTPUT_SCHEMA
     expand_time = write_time = 0.0
     path = os.path.join(options.output, "part-00000.parquet")
-    with pq.ParquetWriter(path, schema, **OUTPUT_PARQUET_OPTIONS) as writer:
-        for chunk in tree_rows.chunks():
-            batches = expand_table(chunk, options.digest)
-            while True:
+    groups = _int64(trees.column("state_group"))
+    spill = spill_buckets(source, options.output, groups, bucket, count)
+    try:
+        with pq.ParquetWriter(path, schema, **OUTPUT_PARQUET_OPTIONS) as writer:
+            for b in range(count):
                 clock = time.perf_counter()
-                batch = next(batches, None)
+                mine = np.flatnonzero(bucket == b) if spill is not None else np.arange(len(groups))
+                part = trees.take(pa.array(mine)) if spill is not None else trees
+                slots = interned_bucket(source, spill, b, groups[mine])
+                batches = _expand_bucket(part, segment[mine], slots, options.digest)
                 expand_time += time.perf_counter() - clock
-                if batch is None:
-                    break
-                clock = time.perf_counter()
-                writer.write_batch(batch)
-                write_time += time.perf_counter() - clock
-                result.rows += batch.num_rows
+                while True:
+                    clock = time.perf_counter()
+                    batch = next(batches, None)
+                    expand_time += time.perf_counter() - clock
+                    if batch is None:
+                        break
+                    clock = time.perf_counter()
+                    writer.write_batch(batch)
+                    write_time += time.perf_counter() - clock
+                    result.rows += batch.num_rows
+                del slots, batches
+    finally:
+        if spill is not None:
+            shutil.rmtree(spill.folder, ignore_errors=True)
     open(os.path.join(options.output, "_SUCCESS"), "w").close()
     result.timings["expand"] = expand_time
     result.timings["write"] = write_time
