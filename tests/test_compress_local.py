@@ -434,3 +434,37 @@ def test_a_million_row_room_compresses_under_a_memory_limit(tmp_path: Path) -> N
     assert (groups, before) == (10_000, counts["state_groups_state"])
     # Snapshots became deltas; every changed group was verified; chains stay bounded.
     assert after < before // 10 and verified > 0 and depth <= 99
+
+
+def test_sorted_rows_are_interned_in_runs_of_whole_units() -> None:
+    """The Spark workers' stream: rows sorted by unit and group, cut into runs
+    of whole units whatever the record batches, each decoding to its rows."""
+    import numpy as np
+    import pyarrow as pa
+
+    from streamrep.spark.interned import SortedRowInterner
+
+    rows = [(0, 1, "t", "a", "$1"), (0, 1, "t", "b", "$2"), (0, 2, None, None, None),
+            (1, 3, "t", "a", "$3"), (1, 4, "u", "", "$1"), (1, 4, "t", "b", "$2"),
+            (1, 5, "t", "a", "$4"), (2, 6, "t", "c", "$5"), (2, 7, "t", "a", "$1")]
+    table = pa.table({name: [r[i] for r in rows] for i, name in
+                      enumerate(["unit", "state_group", "type", "state_key", "event_id"])})
+    stream = SortedRowInterner(("unit", "state_group"), ["unit", "state_group"])
+    runs = list(stream.runs(iter(table.to_batches(max_chunksize=2)), run_rows=2))
+    got, units_seen = [], []
+    for heads, slots in runs:
+        units = heads.column("unit").to_pylist()
+        units_seen.append(sorted(set(units)))
+        groups = heads.column("state_group").to_pylist()
+        for s in range(len(groups)):
+            lo, hi = int(slots.offsets[s]), int(slots.offsets[s + 1])
+            if lo == hi:
+                got.append((units[s], groups[s], None, None, None))
+            for k, e in zip(slots.keys[lo:hi].tolist(), slots.events[lo:hi].tolist()):
+                got.append((units[s], groups[s], slots.types[k // slots.stride].as_py(),
+                            slots.state_keys[k % slots.stride].as_py(), slots.event_ids[e].as_py()))
+        assert list(slots.types.to_pylist()) == sorted(slots.types.to_pylist())
+        assert np.all(np.diff(slots.offsets) >= 0)
+    assert got == rows
+    # Runs end at unit boundaries only, and a unit is never split.
+    assert len(runs) > 1 and sum(len(u) for u in units_seen) == 3

@@ -45,9 +45,8 @@ from streamrep.spark.batches import (
     assign_trees,
     string_tables,
     walk_digests,
-    whole_tables,
 )
-from streamrep.spark.interned import parents_within
+from streamrep.spark.interned import SortedRowInterner, parents_within
 
 if TYPE_CHECKING:
     from streamrep._pure import treewalk as _core_walk
@@ -516,21 +515,9 @@ def _pieces(batch: GroupBatch, interned: _Interned, first: dict[str, pa.Table], 
                 schema=CHANGE_ROWS_SCHEMA)}
 
 
-#: Sorted rows a Spark task compresses at a time. Expanding every group's full
-#: state takes several times the rows' own size, and the two Python workers of
-#: ``local[2]`` run beside the JVM, so batches stay small.
-TASK_BATCH_ROWS = 200_000
-
-
-def unit_batches(batches: Iterable[pa.RecordBatch], batch_rows: int = TASK_BATCH_ROWS) -> Iterator[pa.Table]:
-    """Tables of whole units out of record batches sorted by ``unit, state_group``."""
-    return whole_tables(batches, _last_unit_start, batch_rows)
-
-
-def _last_unit_start(table: pa.Table) -> int:
-    """Where the rows of the last unit of *table* (sorted by unit) start."""
-    units = _int64_numpy(table.column("unit"))
-    return int(np.searchsorted(units, units[-1], side="left"))
+#: Delta rows a Spark task compresses at a time (whole units, so a larger
+#: unit goes alone).
+TASK_BATCH_ROWS = 1_000_000
 
 
 def _output_filesystem(output: str) -> tuple[Any, str]:
@@ -582,8 +569,14 @@ def write_units(batches: Iterable[pa.RecordBatch], output: str, part: str,
     totals = {name: 0 for name in REPORT_SCHEMA.names}
     writer = OutputWriter(output, part)
     try:
-        for table in unit_batches(batches):
-            produced = compress_units(table, options)
+        # Rows are interned as they arrive: a worker holds integer columns
+        # (about 20 bytes a row) of the units it compresses, never their strings.
+        stream = SortedRowInterner(("unit", "state_group"), UNITS_SCHEMA.names)
+        for heads, slots in stream.runs(iter(batches), TASK_BATCH_ROWS):
+            batch = GroupBatch.from_table(heads)
+            parent = parents_within(batch.unit, batch.groups, batch.prevs)
+            interned = _Interned.of(slots.types, slots.state_keys, slots.event_ids, slots.keys, slots.events)
+            produced = compress_batch(batch, parent, slots.offsets, interned, options)
             for piece in produced.pieces:
                 writer.write(piece)
             for name, value in produced.report.items():
@@ -591,7 +584,7 @@ def write_units(batches: Iterable[pa.RecordBatch], output: str, part: str,
                     totals[name] = max(totals[name], value)
                 else:
                     totals[name] += value
-            del table, produced
+            del heads, slots, produced, interned
             # Hand the batch's Arrow buffers back to the system rather than
             # keep them in the worker for the next one.
             pa.default_memory_pool().release_unused()

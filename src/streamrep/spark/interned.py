@@ -109,7 +109,8 @@ class RowInterner:
         self.types = _core_walk.StringInterner()
         self.state_keys = _core_walk.StringInterner()
         self.events = _core_walk.StringInterner()
-        self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        # Slot, type, state_key and event ID columns, one array per batch.
+        self._parts: tuple[list[np.ndarray], ...] = ([], [], [], [])
 
     def add(self, batch: pa.RecordBatch | pa.Table) -> None:
         """Intern one batch of ``state_group, type, state_key, event_id`` rows."""
@@ -139,16 +140,12 @@ class RowInterner:
             within = np.arange(len(row)) - np.repeat(np.cumsum(counts) - counts, counts)
             slot = self._order[np.repeat(lo, counts) + within].astype(np.int32)
             columns = [c[row] for c in columns]
-        self._parts.append((slot, columns[0], columns[1], columns[2]))
+        for part, column in zip(self._parts, [slot] + columns):
+            part.append(column)
 
     def finish(self) -> InternedSlots:
         """The rows in slot order (a slot's rows in arrival order) as CSR."""
-        parts, self._parts = self._parts, []
-        slot = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int32)
-        type_ids = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int32)
-        key_ids = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, np.int32)
-        event_ids = np.concatenate([p[3] for p in parts]) if parts else np.zeros(0, np.int32)
-        del parts
+        slot, type_ids, key_ids, event_ids = (_joined(part) for part in self._parts)
         if len(slot) > 1 and not bool(np.all(slot[1:] >= slot[:-1])):
             order = np.argsort(slot, kind="stable")
             slot = slot[order]
@@ -168,6 +165,13 @@ class RowInterner:
         del type_ids, key_ids
         events = event_ids.astype(np.int64)
         return InternedSlots(offsets, keys, events, types, state_keys, _table(self.events), stride)
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    """The arrays of *parts* as one, emptying the list (one column's copy at a time)."""
+    joined = np.concatenate(parts) if parts else np.zeros(0, np.int32)
+    parts.clear()
+    return joined
 
 
 def _bool(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -213,3 +217,91 @@ def parents_within(segment: np.ndarray, groups: np.ndarray, prevs: np.ndarray) -
         raise err
     parent[has_prev] = found
     return parent
+
+
+class SortedRowInterner:
+    """Rows already sorted by slot (one slot per new value of *slot_columns*),
+    interned as they come; rows whose ``type`` is null only mark their slot.
+
+    :meth:`runs` cuts the stream into runs of whole units (a unit is a value
+    of the first slot column) of about *run_rows* delta rows; each run has
+    its own string tables and comes with the first row of each of its slots.
+    """
+
+    def __init__(self, slot_columns: tuple[str, str], head_columns: list[str]) -> None:
+        self.slot_columns = slot_columns
+        self.head_columns = head_columns
+        self._start()
+
+    def _start(self) -> None:
+        self.types = _core_walk.StringInterner()
+        self.state_keys = _core_walk.StringInterner()
+        self.events = _core_walk.StringInterner()
+        self._parts: tuple[list[np.ndarray], ...] = ([], [], [], [])
+        self._heads: list[pa.Table] = []
+        self.slots = 0
+        self.rows = 0
+        self._last: tuple[int, int] | None = None
+
+    def runs(self, batches: Iterator[pa.RecordBatch], run_rows: int
+             ) -> Iterator[tuple[pa.Table, InternedSlots]]:
+        """``(heads, slots)`` of each run of whole units."""
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            if self.rows >= run_rows and self._last is not None:
+                units = _int64(batch.column(self.slot_columns[0]))
+                later = np.flatnonzero(units != self._last[0])
+                if len(later):
+                    cut = int(later[0])
+                    if cut:
+                        self._take(batch.slice(0, cut))
+                    yield self._finish()
+                    batch = batch.slice(cut)
+            self._take(batch)
+        if self.slots:
+            yield self._finish()
+
+    def _take(self, batch: pa.RecordBatch) -> None:
+        first = _int64(batch.column(self.slot_columns[0]))
+        second = _int64(batch.column(self.slot_columns[1]))
+        new = np.r_[True, (first[1:] != first[:-1]) | (second[1:] != second[:-1])]
+        if self._last is not None and (int(first[0]), int(second[0])) == self._last:
+            new[0] = False
+        slot = (self.slots + np.cumsum(new) - 1).astype(np.int32)
+        self._heads.append(pa.Table.from_batches([batch]).select(self.head_columns).filter(pa.array(new)))
+        self.slots += int(new.sum())
+        self._last = (int(first[-1]), int(second[-1]))
+        has_row = _bool(batch.column("type").is_valid())
+        rows = batch.filter(pa.array(has_row)) if not has_row.all() else batch
+        if rows.num_rows == 0:
+            return
+        for name in ("state_key", "event_id"):
+            if rows.column(name).null_count:
+                groups = _int64(rows.column(self.slot_columns[1]))
+                bad = np.unique(groups[~_bool(rows.column(name).is_valid())])
+                err = StateCorruptionError(f"state_groups_state rows with a null {name} in groups "
+                                           + ", ".join(str(g) for g in bad[:10].tolist()))
+                err.groups = tuple(int(g) for g in bad)  # type: ignore[attr-defined]
+                raise err
+        columns = [slot[has_row]] + [_intern(interner, _large(rows.column(name))) for interner, name in
+                                     ((self.types, "type"), (self.state_keys, "state_key"),
+                                      (self.events, "event_id"))]
+        for part, column in zip(self._parts, columns):
+            part.append(column)
+        self.rows += rows.num_rows
+
+    def _finish(self) -> tuple[pa.Table, InternedSlots]:
+        heads = pa.concat_tables(self._heads)
+        slot, type_ids, key_ids, event_ids = (_joined(part) for part in self._parts)
+        offsets = np.searchsorted(slot, np.arange(self.slots + 1), side="left").astype(np.int64)
+        del slot
+        types, type_rank = _ranked(_table(self.types))
+        state_keys, key_rank = _ranked(_table(self.state_keys))
+        stride = max(1, len(state_keys))
+        keys = type_rank[type_ids] * np.int64(stride) + key_rank[key_ids] if len(type_ids) else \
+            np.zeros(0, np.int64)
+        found = InternedSlots(offsets, keys, event_ids.astype(np.int64), types, state_keys,
+                              _table(self.events), stride)
+        self._start()
+        return heads, found
