@@ -354,7 +354,7 @@ def test_facts_nobody_announces_are_published_from_the_database(tmp_path: pathli
         got = [worker.lines_until(lambda l: l.startswith("RDATA"))[-1] for _ in tokens]
         assert [line.split(" ", 4)[3] for line in got] == [str(t) for t in tokens]
         assert [orjson.loads(line.split(" ", 4)[4])[1] for line in got] == [[f"@u{n}:x"] for n in range(3)]
-        # A writer the hub never heard of is found too (within ten polls).
+        # A writer the hub never heard of is found too.
         newcomer = Streams(writer_db, "writer2", {"account_data": ["writer2"]})
         token = newcomer.add_account_data("@a:x", "m.t", {"n": 1})
         line = worker.lines_until(lambda l: l.startswith("RDATA"))[-1]

@@ -174,3 +174,20 @@ def test_readers_joining_at_random_moments_print_an_unbroken_run_of_every_writer
             for writer, last in lasts.items():
                 _assert_unbroken(printed, writer, last, name == "first",
                                  f"round {round_number} reader {name} ({'db' if with_db else 'no db'})")
+
+
+def test_a_reader_with_a_database_gets_facts_nobody_announced(tmp_path: pathlib.Path) -> None:
+    """A writer that lost Redis for good (here: pointed at a Redis that is not there)
+    still commits; a reader with the deployment's database delivers those facts from
+    it within its poll interval, exactly once."""
+    url, server = shared_redis_url(), unique_server_name("silent")
+    db = f"sqlite:///{tmp_path}/deployment.db"
+    tail = _tail(tmp_path, "reader", url, server, db)
+    wait_subscribed(url, server, 1, logs=[tmp_path / "reader.err"])
+    writer = _streamrep(tmp_path / "w1.err", tmp_path / "w1.out", "write", "--redis", "redis://127.0.0.1:1",
+                        "--server-name", server, "--db", db, "--instance-name", "w1", "--stream", "caches",
+                        "--count", "50", "--announce-timeout", "1")
+    assert writer.wait(60) != 0  # its facts were never accepted by any Redis
+    _wait_printed(tmp_path / "reader.out", {("caches", "w1"): 50}, timeout=60)
+    _stop(tail, "tail")
+    _assert_unbroken(_printed(tmp_path / "reader.out"), ("caches", "w1"), 50, True, "reader")

@@ -190,6 +190,20 @@ class FollowerState:
             gap.expect[token] = heard
         self.positions[key] = token
 
+    def stored_positions(self, stored: Mapping[tuple[str, str], int]) -> list[Action]:
+        """A verifying reader's look at its database: fill every writer whose stored
+        position *stored* gives is past the reader's (facts nobody announced: their
+        writer crashed after committing, or lost its link). Writers it does not
+        follow yet start where :meth:`base` says."""
+        out: list[Action] = []
+        for (stream, instance), token in stored.items():
+            if not self.follows(stream):
+                continue
+            base = self.base((stream, instance))
+            if base is not None and token > base:
+                self._verified(stream, instance, base, token, None, out)
+        return out
+
     def gap_facts(self, stream: str, instance: str, after: int, rows: Sequence[tuple[int, bytes]]) -> list[Fact]:
         """Facts of database rows ``(token, row_json)`` filling a gap, past *after*
         (rows at or below it were delivered already)."""

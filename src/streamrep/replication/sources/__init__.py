@@ -47,8 +47,9 @@ class CatchUpSource(Protocol):
 class StreamSource(CatchUpSource, Protocol):
     """A database's streams: rows, and every writer's position."""
 
-    def writers(self, stream: str) -> Sequence[str]:
-        """Instances known to have written (or to write) *stream*."""
+    def writers(self, stream: str, after: int | None = None) -> Sequence[str]:
+        """Instances known to have written (or to write) *stream*; with *after*, only
+        those with rows past that token (a cheap look for newcomers)."""
         ...
 
     def current_token(self, stream: str, instance: str) -> int:

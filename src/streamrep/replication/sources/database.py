@@ -56,16 +56,20 @@ class DatabaseSource:
     def _multi_writer(self, stream: str) -> bool:
         return self.streams.definition(stream).sequence_name is not None and bool(self.db.is_postgres)
 
-    def writers(self, stream: str) -> Sequence[str]:
+    def writers(self, stream: str, after: int | None = None) -> Sequence[str]:
         definition = self.streams.definition(stream)
-        found: dict[str, None] = dict.fromkeys(self.streams.writers_of(stream))
+        found: dict[str, None] = dict.fromkeys(self.streams.writers_of(stream) if after is None else ())
         if definition.in_memory:
-            return list(found)
+            return list(dict.fromkeys(self.streams.writers_of(stream)))
         for table in definition.tables:
             if table.instance_column:
-                for (instance,) in self.db.fetchall(
-                    f"SELECT DISTINCT {table.instance_column} FROM {table.table}"
-                ):
+                sql = f"SELECT DISTINCT {table.instance_column} FROM {table.table}"
+                params: tuple[int, ...] = ()
+                if after is not None:
+                    # Stored IDs decrease on a negative stream: its tokens are their negations.
+                    sql += f" WHERE {table.id_column} {'<' if definition.negative else '>'} ?"
+                    params = (-after if definition.negative else after,)
+                for (instance,) in self.db.fetchall(sql, params):
                     found.setdefault(str(instance), None)
         if self._multi_writer(stream):
             for (instance,) in self.db.fetchall(

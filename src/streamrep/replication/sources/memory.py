@@ -45,8 +45,9 @@ class MemorySource:
     def stream_names(self) -> Sequence[str]:
         return list(self._streams)
 
-    def writers(self, stream: str) -> Sequence[str]:
-        return [inst for (s, inst) in self._positions if s == stream]
+    def writers(self, stream: str, after: int | None = None) -> Sequence[str]:
+        return [inst for (s, inst), token in self._positions.items()
+                if s == stream and (after is None or token > after)]
 
     def current_token(self, stream: str, instance: str) -> int:
         return self._positions.get((stream, instance), 0)

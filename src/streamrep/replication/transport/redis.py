@@ -50,6 +50,7 @@ from streamrep.replication import commands as C
 from streamrep.replication.link import LinkBase, LinkRoles, LinkSettings, check_rows
 from streamrep.replication.metrics import ReplicationMetrics
 from streamrep.replication.protocol import Action, BusSession, Close, FillGap, GapUnfilled, Received, Send
+from streamrep.replication.sources import StreamSource
 from streamrep.replication.transport.redis_connection import (
     Publisher, RedisRefused, Subscription, SubscriptionLost, encode_publish,
 )
@@ -258,6 +259,8 @@ class RedisLink(LinkBase):
         # itself suspended does not blame Redis.
         answer_due: float | None = None
         patience = connection.ping_timeout - connection.ping_interval
+        poll_every = connection.database_poll_interval
+        next_poll = last_ping + poll_every
         while True:
             if self._lost is not None:
                 raise _Lost(self._lost)
@@ -267,6 +270,9 @@ class RedisLink(LinkBase):
                 if lines:
                     self._received(decoder, lines)
             now = time.monotonic()
+            if poll_every > 0 and now >= next_poll and self._verifying():
+                self._poll_database()
+                next_poll = now + poll_every
             if answer_due is not None and now > answer_due:
                 raise _Lost(f"no answer from Redis for {connection.ping_timeout:g}s")
             if now - last_ping >= connection.ping_interval:
@@ -274,6 +280,28 @@ class RedisLink(LinkBase):
                 last_ping = now
                 if answer_due is None:
                     answer_due = now + patience
+
+    def _verifying(self) -> bool:
+        follower = self.follower
+        return follower is not None and follower.state.verify is not None
+
+    def _poll_database(self) -> None:
+        """A verifying reader delivers what its database holds of the writers it
+        follows even when nobody announces it (a writer that crashed after
+        committing, or lost its link for good), writers it never heard of included."""
+        follower = self.follower
+        source = self.source
+        assert follower is not None and isinstance(source, StreamSource)
+        keys = set(follower.positions)
+        reached: dict[str, int] = {}
+        for (stream, _instance), token in follower.positions.items():
+            reached[stream] = max(token, reached.get(stream, 0))
+        for stream in source.stream_names():
+            if follower.follows(stream):
+                # Only rows past what this reader reached on the stream: cheap.
+                keys.update((stream, instance) for instance in source.writers(stream, reached.get(stream, 0)))
+        stored = {key: source.current_token(*key) for key in keys}
+        self._carry_out(follower.state.stored_positions(stored))
 
     def _received(self, decoder: Any, lines: list[bytes]) -> None:
         echoes = self._echoes

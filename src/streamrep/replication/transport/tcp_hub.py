@@ -206,8 +206,12 @@ class ReplicationHub:
             return
         known = self.state.positions
         if only_new:
+            reached: dict[str, int] = {}
+            for (stream, _instance), token in known.items():
+                reached[stream] = max(token, reached.get(stream, 0))
             for stream in source.stream_names():
-                for instance in source.writers(stream):
+                # Only rows past what the hub reached on the stream: cheap.
+                for instance in source.writers(stream, reached.get(stream, 0)):
                     if (stream, instance) not in known and instance != self.instance_name:
                         self.state.load_positions([(stream, instance, 0)])
             return
@@ -428,18 +432,15 @@ class ReplicationHub:
 
     def _watch_database(self) -> None:
         """Every ``database_poll_interval`` seconds, publish what writers nobody
-        announces have committed (see :meth:`HubState.unattended`); every tenth time
-        also look for writers the hub has never heard of. A fact a writer committed
-        is published even if that writer never announces it."""
+        announces have committed (see :meth:`HubState.unattended`), writers the hub
+        has never heard of included. A fact a writer committed is published even if
+        that writer never announces it."""
         source = self.source
         assert source is not None
-        rounds = 0
         while not self.stopped.is_set():
             gevent.sleep(self.settings.database_poll_interval)
-            rounds += 1
             try:
-                if rounds % 10 == 0:
-                    self.load_positions(only_new=True)
+                self.load_positions(only_new=True)
                 for stream, instance in self.state.unattended():
                     self.writer_advanced(stream, instance, source.current_token(stream, instance))
             except Exception as exc:
