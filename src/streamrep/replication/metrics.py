@@ -27,8 +27,9 @@ class ReplicationMetrics(Collector):
     ``positions``, ``queue_depths`` and ``gaps`` are callables the owner supplies,
     read at scrape time: ``() -> {(stream, instance): token}``,
     ``() -> {connection_name: queued_commands}`` and ``() -> {(stream, instance):
-    gaps}`` (gaps a reader could not fill). :attr:`refused` counts what a hub or a
-    verifying reader refused, by reason.
+    gaps}`` (gaps a reader could not fill), ``() -> {reason: count}`` (what a
+    verifying reader refused); :attr:`refused` counts what the owner itself refused,
+    by reason.
     """
 
     def __init__(
@@ -36,6 +37,7 @@ class ReplicationMetrics(Collector):
         positions: Callable[[], dict[tuple[str, str], int]] | None = None,
         queue_depths: Callable[[], dict[str, int]] | None = None,
         gaps: Callable[[], Mapping[tuple[str, str], int]] | None = None,
+        refusals: Callable[[], Mapping[str, int]] | None = None,
         prefix: str = "streamrep_replication",
     ) -> None:
         self.prefix = prefix
@@ -45,6 +47,7 @@ class ReplicationMetrics(Collector):
         self.connections_total = 0
         self.refused: Counter[str] = Counter()
         self._gaps = gaps
+        self._refusals = refusals
         self._positions = positions
         self._queue_depths = queue_depths
         self.registry = CollectorRegistry(auto_describe=False)
@@ -87,7 +90,10 @@ class ReplicationMetrics(Collector):
         yield CounterMetricFamily(f"{p}_connections", "Connections accepted or made", value=self.connections_total)
         refused = CounterMetricFamily(f"{p}_refused", "Commands refused (not accepted as facts), by reason",
                                       labels=["reason"])
-        for reason, count in sorted(self.refused.items()):
+        reasons = Counter(self.refused)
+        if self._refusals is not None:
+            reasons.update(self._refusals())
+        for reason, count in sorted(reasons.items()):
             refused.add_metric([reason], count)
         yield refused
         if self._gaps is not None:

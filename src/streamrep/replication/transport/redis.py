@@ -119,9 +119,11 @@ class RedisLink(LinkBase):
             positions=lambda: dict(follower.positions) if follower is not None else {},
             queue_depths=lambda: {self.client_name: self._queued},
             gaps=lambda: follower.unfilled if follower is not None else {},
+            refusals=lambda: follower.refused if follower is not None else {},
             prefix="streamrep_replication_client",
         )
         self._echoes = EchoFilter()
+        self._bad_lines_logged: set[str] = set()
         self._fillable: frozenset[str] = (frozenset(self.source.stream_names()) if self.source is not None
                                           else frozenset())
         #: PUBLISH commands encoded for Redis, how many they are, and the writer
@@ -312,9 +314,17 @@ class RedisLink(LinkBase):
         try:
             commands = decoder.feed(b"\n".join(lines) + b"\n")
         except ProtocolError as exc:
-            # Another process's bad line hurts nobody else: say so and go on with
-            # the good ones (the same lines the reference would act on).
-            logger.warning("ignoring a replication message from Redis: %s", exc)
+            # Another process's bad line hurts nobody else: say so (once per kind of
+            # problem: anyone may publish, so the log must not follow their pace),
+            # count it, and go on with the good ones (those the reference acts on).
+            self.metrics.refused["malformed line"] += 1
+            problem = str(exc)
+            if problem not in self._bad_lines_logged and len(self._bad_lines_logged) < 100:
+                self._bad_lines_logged.add(problem)
+                logger.warning("ignoring a replication message from Redis: %s (logged once; counted in "
+                               "streamrep_replication_client_refused_total)", problem)
+            else:
+                logger.debug("ignoring a replication message from Redis: %s", problem)
             commands = exc.commands
         self._carry_out(self.session.receive(commands, time.monotonic()))
 

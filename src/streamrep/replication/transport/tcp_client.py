@@ -90,6 +90,7 @@ class TcpLink(LinkBase):
             positions=lambda: dict(follower.positions) if follower is not None else {},
             queue_depths=lambda: {self.client_name: len(self.connection.queue)} if self.connection else {},
             gaps=lambda: follower.unfilled if follower is not None else {},
+            refusals=lambda: follower.refused if follower is not None else {},
             prefix="streamrep_replication_client",
         )
         self.connection: ClientConnection | None = None
