@@ -61,3 +61,28 @@ def test_matrix_events_are_read_only_to_the_type_checker(tmp_path: Path,
     assert result.returncode == 1, result.stdout + result.stderr
     assert 'assigns.py:5: error: Property "type" defined in "MatrixEvent" is read-only' in (
         result.stdout), result.stdout
+
+
+def _mypy_user_file(tmp_path: Path, pytestconfig: pytest.Config, name: str) -> subprocess.CompletedProcess[str]:
+    tree = _typed_copy(tmp_path / "tree")
+    shutil.copy(Path(__file__).parent / "data" / name, tree / name)
+    env = dict(os.environ, MYPY_CACHE_DIR=str(tmp_path / "mypy-cache"))
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--follow-imports=silent",
+         "--config-file", str(pytestconfig.rootpath / "pyproject.toml"), name],
+        capture_output=True, text=True, env=env, cwd=tree, timeout=900,
+    )
+
+
+@pytest.mark.slow
+def test_the_public_api_types_a_users_worker_and_writer(tmp_path: Path, pytestconfig: pytest.Config) -> None:
+    """tests/data/typed_user.py uses the link, the announcer, typed per-stream handlers
+    and positions as a user would: it passes mypy --strict; tests/data/typed_user_wrong.py
+    holds mistakes the types catch, and each is refused."""
+    ok = _mypy_user_file(tmp_path / "ok", pytestconfig, "typed_user.py")
+    assert ok.returncode == 0, ok.stdout[-4000:] + ok.stderr[-2000:]
+    wrong = _mypy_user_file(tmp_path / "wrong", pytestconfig, "typed_user_wrong.py")
+    assert wrong.returncode != 0
+    assert 'Argument 1 has incompatible type "Callable[[str, int, list[ReceiptsRow]], None]"' in wrong.stdout, \
+        wrong.stdout
+    assert '"str" has no attribute "no_such_attribute"' in wrong.stdout, wrong.stdout

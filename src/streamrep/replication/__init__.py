@@ -19,7 +19,8 @@ from streamrep.replication.announcer import Announcer, AnnouncerFailed
 from streamrep.replication.backoff import Backoff
 from streamrep.replication.follower import StreamFollower
 from streamrep.replication.link import LinkRoles, LinkSettings, ReplicationLink, open_link
-from streamrep.replication.protocol import ConnectionSettings, DisconnectReason
+from streamrep.replication.handlers import StreamHandlers
+from streamrep.replication.protocol import ConnectionSettings, DisconnectReason, Positions, StartFrom, WriterKey
 from streamrep.replication.sources import CatchUpSource, StreamSource
 from streamrep.replication.sources.database import DatabaseSource
 from streamrep.replication.sources.memory import MemorySource
@@ -37,6 +38,10 @@ __all__ = [
     "LinkRoles",
     "LinkSettings",
     "MemorySource",
+    "Positions",
+    "StartFrom",
+    "StreamHandlers",
+    "WriterKey",
     "ReplicationHub",
     "ReplicationLink",
     "StreamFollower",

@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable
 
 import orjson
 
-from streamrep.replication.protocol import Action, Fact, FillGap, FollowerState, GapUnfilled, Refused, group_facts
+from streamrep.replication.protocol import (
+    Action, Fact, FillGap, FollowerState, GapUnfilled, Positions, Refused, StartFrom, WriterKey, group_facts,
+)
 from streamrep.replication.sources import CatchUpSource, StreamSource, pages
 
 __all__ = ["StreamFollower", "Handler", "group_facts", "FETCH_LIMIT"]
@@ -67,7 +69,7 @@ class StreamFollower:
         handler: Handler,
         source: CatchUpSource | None = None,
         streams: Iterable[str] | None = None,
-        start_from: Mapping[Any, int] | None = None,
+        start_from: StartFrom | None = None,
         on_gap: Callable[[str, str, int, int], None] | None = None,
         *,
         verify: bool = False,
@@ -102,7 +104,7 @@ class StreamFollower:
         state.new_writers_from = 0
 
     @property
-    def positions(self) -> dict[tuple[str, str], int]:
+    def positions(self) -> Positions:
         """``{(stream, instance): token}`` of the last fact taken (or position reached)."""
         return self.state.positions
 
@@ -111,7 +113,7 @@ class StreamFollower:
         return self.state.streams
 
     @property
-    def start_from(self) -> dict[Any, int]:
+    def start_from(self) -> dict[str | WriterKey, int]:
         return self.state.start_from
 
     def follows(self, stream: str) -> bool:

@@ -18,12 +18,13 @@ import abc
 import importlib
 import signal
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
 
 import gevent
 import gevent.event
 
 from streamrep.replication.backoff import Backoff
+from streamrep.replication.protocol.reader import StartFrom
 from streamrep.replication.protocol.settings import ConnectionSettings
 
 if TYPE_CHECKING:
@@ -131,7 +132,7 @@ class LinkRoles:
     handler: Handler | None = None
     source: CatchUpSource | None = None
     streams: Iterable[str] | None = None
-    start_from: Mapping[Any, int] | None = None
+    start_from: StartFrom | None = None
     writer_positions: WriterPositions | None = None
     on_command: Callable[[Any], None] | None = None
     on_retry: Callable[[str, float], None] | None = None

@@ -55,7 +55,7 @@ from streamrep.replication.protocol.client import ClientSession
 from streamrep.replication.protocol.hub import HubState
 from streamrep.replication.protocol.hub_peer import HubPeer
 from streamrep.replication.protocol.keepalive import Keepalive
-from streamrep.replication.protocol.reader import FollowerState, group_facts
+from streamrep.replication.protocol.reader import FollowerState, Positions, StartFrom, WriterKey, group_facts
 from streamrep.replication.protocol.session import Session
 from streamrep.replication.protocol.settings import ConnectionSettings
 
@@ -82,4 +82,7 @@ __all__ = [
     "HubPeer",
     "BusSession",
     "group_facts",
+    "Positions",
+    "StartFrom",
+    "WriterKey",
 ]

@@ -9,7 +9,14 @@ import orjson
 from streamrep.replication import commands as C
 from streamrep.replication.protocol.actions import Action, Fact, FillGap, GapUnfilled, Refused
 
-__all__ = ["FollowerState", "group_facts"]
+__all__ = ["FollowerState", "group_facts", "WriterKey", "Positions", "StartFrom"]
+
+#: A writer of a stream: ``(stream, instance)``.
+WriterKey = tuple[str, str]
+#: Where a reader is: ``{(stream, instance): token}``.
+Positions = dict[WriterKey, int]
+#: Where a reader starts: a token per stream (every writer of it), per writer, or both.
+StartFrom = Mapping[str, int] | Mapping[WriterKey, int] | Mapping[str | WriterKey, int]
 
 _rdata_rows = C.rdata_rows
 _loads = orjson.loads
@@ -54,15 +61,15 @@ class FollowerState:
     calls :meth:`rewind` with the actions it did not finish.
     """
 
-    def __init__(self, streams: Iterable[str] | None = None, start_from: Mapping[Any, int] | None = None,
+    def __init__(self, streams: Iterable[str] | None = None, start_from: StartFrom | None = None,
                  can_fill: bool = False, *, new_writers_from: int | None = None,
                  verify: Callable[[str, str], int] | None = None) -> None:
         self.streams = frozenset(streams) if streams is not None else None
-        self.start_from: dict[Any, int] = dict(start_from or {})
+        self.start_from: dict[str | WriterKey, int] = {key: token for key, token in (start_from or {}).items()}
         self.can_fill = can_fill
         self.new_writers_from = new_writers_from
         self.verify = verify
-        self.positions: dict[tuple[str, str], int] = {}
+        self.positions: Positions = {}
         self._pending: dict[tuple[str, str], list[Any]] = {}
         self._stored: dict[tuple[str, str], int] = {}
 
