@@ -366,3 +366,47 @@ def test_facts_nobody_announces_are_published_from_the_database(tmp_path: pathli
         writer.close()
         hub_db.close()
         writer_db.close()
+
+
+def test_rows_from_the_database_keep_the_instance_that_wrote_them(tmp_path: pathlib.Path) -> None:
+    """A hub that does not know who writes ``events`` (no deployment file, so it takes
+    its own instance as every stream's writer) still names each row by the instance
+    that wrote it: the event rows do not say, the writer recorded it. Nothing is
+    relabelled as the hub's ``main``."""
+    from streamrep.db import open_database
+    from streamrep.demo.streams import demo_stream_set, demo_streams, stream_names
+    from streamrep.events import EventStore
+    from streamrep.matrix.room_builder import RoomBuilder
+    from streamrep.replication import DatabaseSource
+    from streamrep.streams import Streams
+
+    url = f"sqlite:///{tmp_path}/deployment.db"
+    writer_db, hub_db = open_database(url), open_database(url)
+    writer = demo_streams(writer_db, "writer1", {s: ["writer1"] for s in stream_names()})
+    store = EventStore(writer_db, streams=writer)
+    room = RoomBuilder("!r:x.org", "@ann:x.org", "10", event_id=lambda n: f"$e{n}")
+    events = [room.create, room.event("m.room.member", "@ann:x.org", {"membership": "join"},
+                                      state_key="@ann:x.org")]
+    assert store.persist_events(events).rejected == {}
+    written = writer.current_token("events", "writer1")
+    hub_streams = Streams(hub_db, "main", definitions=demo_stream_set())
+    hub = ReplicationHub("hub.example", DatabaseSource(hub_streams), port=0)
+    hub.start()
+    worker = _connect(hub)
+    try:
+        assert ("events", "main") not in hub.positions
+        assert hub.positions[("events", "writer1")] == written
+        worker.send("NAME worker\nREPLICATE events 0\n")
+        lines = worker.lines_until(lambda l: l.startswith("POSITION events"))
+        rdata = [line for line in lines if line.startswith("RDATA")]
+        assert rdata and all(line.split(" ")[2] == "writer1" for line in rdata), rdata
+        assert {line.split(" ")[3] for line in rdata if line.split(" ")[3] != "batch"} == {
+            str(t) for t in range(1, written + 1)}
+    finally:
+        worker.close()
+        hub.stop()
+        hub_streams.close()
+        store.close()
+        writer.close()
+        hub_db.close()
+        writer_db.close()

@@ -189,6 +189,7 @@ class IdGenerator(abc.ABC):
         block exits, whatever exception escapes, the transaction has committed or
         rolled back, and only then does the ID complete.
         """
+        self._writing(None)
         tracked = self._reserve_counted(1)
         try:
             yield self._to_stream_id(tracked[0])
@@ -198,20 +199,28 @@ class IdGenerator(abc.ABC):
     @contextlib.contextmanager
     def get_next_mult(self, count: int) -> Iterator[list[int]]:
         """Reserve *count* stream IDs (ascending tokens) for the block."""
+        self._writing(None)
         tracked = self._reserve_counted(count)
         try:
             yield [self._to_stream_id(t) for t in tracked]
         finally:
             self._complete(tracked)
 
+    def _writing(self, txn: "Transaction | None") -> None:
+        """Called before every reservation (*txn*: the transaction that will write
+        the fact, when the caller has one open): what a generator must record before
+        its first fact."""
+
     def get_next_txn(self, txn: "Transaction") -> int:
         """Reserve one stream ID completed when *txn* commits or rolls back."""
+        self._writing(txn)
         tracked = self._reserve_counted(1)
         txn.call_on_finish(self._complete, tracked)
         return self._to_stream_id(tracked[0])
 
     def get_next_mult_txn(self, txn: "Transaction", count: int) -> list[int]:
         """Reserve *count* stream IDs completed when *txn* commits or rolls back."""
+        self._writing(txn)
         tracked = self._reserve_counted(count)
         txn.call_on_finish(self._complete, tracked)
         return [self._to_stream_id(t) for t in tracked]

@@ -27,4 +27,17 @@ register_schema(COMPONENT, [
         ],
         description="stream_positions and stream_sequences",
     ),
+    Migration(
+        2,
+        sql=[
+            # Which instance wrote which tokens of a stream whose rows do not name
+            # their writer (streamrep.idgen.ranges).
+            "CREATE TABLE IF NOT EXISTS stream_writer_ranges ("
+            " stream_name TEXT NOT NULL,"
+            " from_token BIGINT NOT NULL,"
+            " instance_name TEXT NOT NULL,"
+            " PRIMARY KEY (stream_name, from_token))",
+        ],
+        description="stream_writer_ranges: who wrote the tokens of streams whose rows do not say",
+    ),
 ])

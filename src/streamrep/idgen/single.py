@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from streamrep.db import Database, Transaction
+from streamrep.idgen import ranges
 from streamrep.idgen.base import BackingTable, IdGenerator
+from streamrep.idgen.schema import COMPONENT as IDGEN_SCHEMA
 from streamrep.idgen.tracking import CompletionTracker, WriterPositions
 
 
@@ -57,6 +59,25 @@ class StreamIdGenerator(IdGenerator):
                        name=f"{stream_name}:startup", read_only=True)
         self._tracker = CompletionTracker(start)
         self._positions = WriterPositions({instance_name: start})
+        #: rows that do not name their writer: claim the tokens before the first fact
+        self._unclaimed = ranges.needs_ranges(self.tables)
+        if self._unclaimed:
+            db.ensure_schema(IDGEN_SCHEMA)
+
+    def _writing(self, txn: Transaction | None) -> None:
+        if not self._unclaimed or not self.is_writer:
+            return
+        position = int(self._tracker.position)
+        if txn is None:
+            ranges.claim(self.db, self.stream_name, self.instance_name, position)
+            self._unclaimed = False
+        else:
+            # With the fact: the claim commits (or not) with it.
+            ranges.claim_in(txn, self.stream_name, self.instance_name, position)
+            txn.call_after(self._claimed)
+
+    def _claimed(self) -> None:
+        self._unclaimed = False
 
     def _reserve(self, count: int) -> list[int]:
         self._require_writer()

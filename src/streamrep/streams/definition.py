@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from streamrep import _impl
 from streamrep.errors import StreamIdError
-from streamrep.idgen import BackingTable, IdGenerator
+from streamrep.idgen import BackingTable, IdGenerator, ranges
 
 if TYPE_CHECKING:
     from streamrep._pure import rowcheck as _rowcheck
@@ -138,6 +138,8 @@ class Stream:
         self.db = db
         self.id_gen = id_gen
         self.writers: tuple[str, ...] = tuple(writers)
+        #: rows that do not name their writer: who wrote which tokens is recorded apart
+        self._ranged = not definition.in_memory and ranges.needs_ranges(definition.tables)
 
     def current_token(self, instance: str | None = None) -> int:
         """Writer *instance*'s position, or the linear position with no instance."""
@@ -161,19 +163,38 @@ class Stream:
         assert self.db is not None
 
         def fetch(txn: "Transaction") -> tuple[list[StreamRow], bool]:
-            rows = self.definition.fetch_rows(txn, instance, from_token, upto_token, limit + 1)
-            if len(rows) <= limit:
-                return rows, False
-            # Cut after the last whole token within the limit, then complete it.
-            last_token = rows[limit - 1][0]
-            kept = [row for row in rows if row[0] < last_token]
-            kept.extend(self.definition.fetch_rows(txn, instance, last_token - 1, last_token,
-                                                   None))
-            return kept, True
+            if self._ranged:
+                recorded = ranges.read(txn, self.name)
+                if recorded:
+                    # Only the tokens this instance wrote: rows never carry another's name.
+                    return self._fetch_owned(txn, ranges.owned(recorded, instance, from_token, upto_token),
+                                             instance, limit)
+            return self._fetch(txn, instance, from_token, upto_token, limit)
 
         # Through Database.run: a dropped connection is retried, so a writer's
         # announcement or a catch-up does not fail on it.
         return self.db.run(fetch, name=f"{self.name}:get_updates_since", read_only=True)
+
+    def _fetch_owned(self, txn: "Transaction", parts: list[tuple[int, int]], instance: str,
+                     limit: int) -> tuple[list[StreamRow], bool]:
+        rows: list[StreamRow] = []
+        for lo, hi in parts:
+            got, limited = self._fetch(txn, instance, lo, hi, max(limit - len(rows), 1))
+            rows.extend(got)
+            if limited:
+                return rows, True
+        return rows, False
+
+    def _fetch(self, txn: "Transaction", instance: str, from_token: int, upto_token: int,
+               limit: int) -> tuple[list[StreamRow], bool]:
+        rows = self.definition.fetch_rows(txn, instance, from_token, upto_token, limit + 1)
+        if len(rows) <= limit:
+            return rows, False
+        # Cut after the last whole token within the limit, then complete it.
+        last_token = rows[limit - 1][0]
+        kept = [row for row in rows if row[0] < last_token]
+        kept.extend(self.definition.fetch_rows(txn, instance, last_token - 1, last_token, None))
+        return kept, True
 
     def __repr__(self) -> str:
         return f"<Stream {self.name} writers={list(self.writers)}>"

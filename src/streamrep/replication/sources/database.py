@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from streamrep.errors import UnknownStreamError
+from streamrep.idgen import ranges
 from streamrep.idgen.single import stored_token_query
 from streamrep.streams import Streams
 
@@ -58,9 +59,14 @@ class DatabaseSource:
 
     def writers(self, stream: str, after: int | None = None) -> Sequence[str]:
         definition = self.streams.definition(stream)
-        found: dict[str, None] = dict.fromkeys(self.streams.writers_of(stream) if after is None else ())
         if definition.in_memory:
             return list(dict.fromkeys(self.streams.writers_of(stream)))
+        recorded = self._ranges(stream)
+        if recorded:
+            # The instances that wrote it, never one configured that did not.
+            return [instance for instance in ranges.writers(recorded)
+                    if after is None or ranges.last_token_of(recorded, instance, 2**62) > after]
+        found: dict[str, None] = dict.fromkeys(self.streams.writers_of(stream) if after is None else ())
         for table in definition.tables:
             if table.instance_column:
                 sql = f"SELECT DISTINCT {table.instance_column} FROM {table.table}"
@@ -112,7 +118,18 @@ class DatabaseSource:
         # failing the peer.
         definition = self.streams.definition(stream)
         sql, params = stored_token_query(definition.tables, definition.negative, instance)
-        return max(int(self.db.read_value(sql, params, 0, name=f"{stream}:replication_stored")), 0)
+        stored = max(int(self.db.read_value(sql, params, 0, name=f"{stream}:replication_stored")), 0)
+        recorded = self._ranges(stream)
+        if recorded:
+            # Rows that do not name their writer: only the tokens *instance* wrote.
+            return ranges.last_token_of(recorded, instance, stored)
+        return stored
+
+    def _ranges(self, stream: str) -> ranges.Ranges:
+        """Who wrote which tokens of *stream*, when its rows do not say (else empty)."""
+        if not ranges.needs_ranges(self.streams.definition(stream).tables):
+            return []
+        return ranges.read(self.db, stream)
 
     def updates(
         self, stream: str, instance: str, from_token: int, upto_token: int, limit: int
