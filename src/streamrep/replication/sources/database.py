@@ -36,6 +36,14 @@ else:
 __all__ = ["DatabaseSource"]
 
 
+def _distinct_instances(table: str, column: str) -> str:
+    """The distinct writers of *table*, one index probe each (a loose index scan
+    over its ``(instance_name, stream_id)`` index), however many rows it holds."""
+    return (f"WITH RECURSIVE w(name) AS (SELECT MIN({column}) FROM {table} UNION ALL"
+            f" SELECT (SELECT MIN({column}) FROM {table} WHERE {column} > w.name) FROM w"
+            f" WHERE w.name IS NOT NULL) SELECT name FROM w WHERE name IS NOT NULL")
+
+
 class DatabaseSource:
     """Streams of one database as a replication source (see module docstring)."""
 
@@ -69,14 +77,9 @@ class DatabaseSource:
         found: dict[str, None] = dict.fromkeys(self.streams.writers_of(stream) if after is None else ())
         for table in definition.tables:
             if table.instance_column:
-                sql = f"SELECT DISTINCT {table.instance_column} FROM {table.table}"
-                params: tuple[int, ...] = ()
-                if after is not None:
-                    # Stored IDs decrease on a negative stream: its tokens are their negations.
-                    sql += f" WHERE {table.id_column} {'<' if definition.negative else '>'} ?"
-                    params = (-after if definition.negative else after,)
-                for (instance,) in self.db.fetchall(sql, params):
-                    found.setdefault(str(instance), None)
+                for (instance,) in self.db.fetchall(_distinct_instances(table.table, table.instance_column)):
+                    if after is None or self._stored(stream, str(instance)) > after:
+                        found.setdefault(str(instance), None)
         if self._multi_writer(stream):
             for (instance,) in self.db.fetchall(
                 "SELECT instance_name FROM stream_positions WHERE stream_name = ?", (stream,)
