@@ -350,15 +350,9 @@ def test_write_on_a_full_disk_announces_what_it_committed_and_says_so(workdir: P
 
 def _deployment_db(workdir: Path, server_name: str) -> str:
     """A database that belongs to *server_name*, as its hub or a writer leaves it."""
-    from streamrep.db import deployment, open_database
+    from support.redis_server import deployment_database
 
-    url = f"sqlite:///{workdir}/{server_name}.db"
-    db = open_database(url)
-    try:
-        deployment.claim(db, server_name)
-    finally:
-        db.close()
-    return url
+    return deployment_database(f"sqlite:///{workdir}/{server_name}.db", server_name)
 
 
 def test_tail_refuses_another_deployments_database(workdir: Path) -> None:

@@ -12,7 +12,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import Any
 
 import orjson
 import pytest
@@ -24,6 +24,7 @@ from streamrep.cli.exits import ExitCode
 from streamrep.config import load_config, redis_url_for_display
 from streamrep.errors import ConfigError
 from streamrep.replication.transport.redis_format import EchoFilter, channel_for, channels
+from support.processes import reap_processes, streamrep_process
 from support.redis_server import (deployment_database, own_redis_server, shared_redis_url, unique_server_name,
                                   wait_subscribed)
 
@@ -149,36 +150,14 @@ def test_url_display_masks_passwords() -> None:
 # --- processes on a real Redis -------------------------------------------------------
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("STREAMREP_CONFIG", None)
-    return env
-
-
-_started: list[subprocess.Popen[bytes]] = []
-
-
 @pytest.fixture(autouse=True)
 def _no_process_outlives_its_test() -> Iterator[None]:
     """A test that fails half-way leaves no ``streamrep`` process running into the next."""
     yield
-    while _started:
-        proc = _started.pop()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        if proc.stdout is not None:
-            proc.stdout.close()
+    reap_processes()
 
 
-def _streamrep(log: pathlib.Path, *args: str, out: pathlib.Path | None = None) -> subprocess.Popen[bytes]:
-    """``streamrep ARGS`` with stderr into *log* and stdout into *out* (None: a pipe)."""
-    with log.open("wb") as err, (out.open("wb") if out is not None else open(os.devnull, "wb")) as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "streamrep", *args],
-                                stdout=sink if out is not None else subprocess.PIPE,
-                                stderr=err, env=_env())
-    _started.append(proc)
-    return proc
+_streamrep = streamrep_process
 
 
 def _tail(url: str, server: str, db: str | None, limit: int, out: pathlib.Path, *extra: str
@@ -369,7 +348,8 @@ def _run_demo(tmp_path: pathlib.Path, url: str, *extra: str) -> subprocess.Compl
         [sys.executable, "-m", "streamrep", "demo", "--duration", "3", "--rate", "120", "--rooms", "4",
          "--workers", "2", "--catch-up-timeout", "60", "--redis", url, "--workdir",
          str(tmp_path / "demo"), *extra],
-        capture_output=True, text=True, timeout=240, env=_env())
+        capture_output=True, text=True, timeout=240,
+        env={k: v for k, v in os.environ.items() if k != "STREAMREP_CONFIG"})
 
 
 def _assert_demo_passed(proc: subprocess.CompletedProcess[str]) -> None:

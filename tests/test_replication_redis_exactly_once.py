@@ -14,7 +14,6 @@ import pathlib
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from typing import Iterator
@@ -22,30 +21,19 @@ from typing import Iterator
 import orjson
 import pytest
 
+from support.processes import reap_processes, streamrep_process
 from support.redis_server import deployment_database, shared_redis_url, unique_server_name, wait_subscribed
 
 pytestmark = pytest.mark.slow
 
-_started: list[subprocess.Popen[bytes]] = []
-
-
 @pytest.fixture(autouse=True)
 def _reap() -> Iterator[None]:
     yield
-    while _started:
-        proc = _started.pop()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+    reap_processes()
 
 
 def _streamrep(err: pathlib.Path, out: pathlib.Path, *args: str) -> subprocess.Popen[bytes]:
-    env = dict(os.environ)
-    env.pop("STREAMREP_DEBUG_RESOURCES", None)
-    with err.open("wb") as e, out.open("wb") as o:
-        proc = subprocess.Popen([sys.executable, "-m", "streamrep", *args], stdout=o, stderr=e, env=env)
-    _started.append(proc)
-    return proc
+    return streamrep_process(err, *args, out=out)
 
 
 def _tail(tmp: pathlib.Path, name: str, url: str, server: str, db: str | None) -> subprocess.Popen[bytes]:

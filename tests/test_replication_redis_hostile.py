@@ -9,11 +9,9 @@ writer instances may publish, as the replication docs show.
 
 from __future__ import annotations
 
-import os
 import pathlib
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from typing import Iterator
@@ -22,30 +20,20 @@ import orjson
 import pytest
 import redis
 
+from support.processes import reap_processes, streamrep_process
 from support.redis_server import (deployment_database, own_redis_server, shared_redis_url, unique_server_name,
                                   wait_subscribed)
 
 pytestmark = pytest.mark.slow
 
-_started: list[subprocess.Popen[bytes]] = []
-
-
 @pytest.fixture(autouse=True)
 def _reap() -> Iterator[None]:
     yield
-    while _started:
-        proc = _started.pop()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+    reap_processes()
 
 
 def _streamrep(tmp: pathlib.Path, name: str, *args: str) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if k != "STREAMREP_DEBUG_RESOURCES"}
-    with (tmp / f"{name}.err").open("wb") as err, (tmp / f"{name}.out").open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "streamrep", *args], stdout=out, stderr=err, env=env)
-    _started.append(proc)
-    return proc
+    return streamrep_process(tmp / f"{name}.err", *args, out=tmp / f"{name}.out")
 
 
 def _printed(path: pathlib.Path) -> Counter[tuple[str, str, int]]:
