@@ -20,6 +20,18 @@ def tracker_mod(impl_kind: str) -> ModuleType:
     return core_module("tracker", impl_kind)
 
 
+def done(t: object, *stream_ids: int) -> list[int]:
+    """Complete *stream_ids* (one call to ``complete``, or ``complete_many`` for
+    several); the IDs that became visible, checked against the returned count."""
+    if len(stream_ids) == 1:
+        count = t.complete(stream_ids[0])  # type: ignore[attr-defined]
+    else:
+        count = t.complete_many(stream_ids)  # type: ignore[attr-defined]
+    visible: list[int] = t.last_visible()  # type: ignore[attr-defined]
+    assert count == len(visible)
+    return visible
+
+
 def test_idgen_exports_the_selected_implementation() -> None:
     expected = _impl.load("tracker").CompletionTracker
     assert CompletionTracker is expected
@@ -30,11 +42,11 @@ def test_seed_single_writer_out_of_order(tracker_mod: ModuleType) -> None:
     t = tracker_mod.CompletionTracker(1)
     assert t.reserve(3) == 2
     assert t.in_flight == 3 and t.last_reserved == 4
-    assert t.complete(3) == []
+    assert done(t, 3) == []
     assert t.position == 1  # 2 is still in flight: 3 is not visible yet
-    assert t.complete(2) == [2, 3]
+    assert done(t, 2) == [2, 3]
     assert t.position == 3
-    assert t.complete(4) == [4]
+    assert done(t, 4) == [4]
     assert t.position == 4 and t.in_flight == 0
 
 
@@ -43,10 +55,10 @@ def test_rollback_counts_as_completion_and_gaps_are_skipped(tracker_mod: ModuleT
     t = tracker_mod.CompletionTracker(4)
     for stream_id in (5, 7, 9):
         t.track(stream_id)
-    assert t.complete(9) == []
-    assert t.complete(7) == []
+    assert done(t, 9) == []
+    assert done(t, 7) == []
     assert t.first_in_flight == 5
-    assert t.complete(5) == [5, 7, 9]
+    assert done(t, 5) == [5, 7, 9]
     assert t.position == 9
     # An idle writer catches up with the sequence so readers are not held back.
     assert t.advance_to(12) == 12
@@ -58,7 +70,7 @@ def test_advance_to_stops_before_in_flight(tracker_mod: ModuleType) -> None:
     t.track(5)
     assert t.advance_to(10) == 4
     assert t.advance_to(2) == 4  # never backwards
-    assert t.complete(5) == [5]
+    assert done(t, 5) == [5]
     assert t.advance_to(10) == 10
 
 
@@ -68,9 +80,10 @@ def test_out_of_order_tracking(tracker_mod: ModuleType) -> None:
     t.track(1)
     t.track(2)
     assert t.is_in_flight(2) and not t.is_in_flight(4)
-    assert t.complete(2) == []
-    assert t.complete(1) == [1, 2]
-    assert t.complete_many([3]) == [3]
+    assert done(t, 2) == []
+    assert done(t, 1) == [1, 2]
+    assert t.complete_many([3]) == 1 and t.last_visible() == [3]
+    assert t.complete_many([]) == 0 and t.last_visible() == []
 
 
 def test_backfill_tracks_negations(tracker_mod: ModuleType) -> None:
@@ -78,8 +91,8 @@ def test_backfill_tracks_negations(tracker_mod: ModuleType) -> None:
     t = tracker_mod.CompletionTracker(1)  # stream at -1
     for stream_id in (-2, -3, -4):
         t.track(-stream_id)
-    assert [-x for x in t.complete(3)] == []
-    assert [-x for x in t.complete(2)] == [-2, -3]
+    assert [-x for x in done(t, 3)] == []
+    assert [-x for x in done(t, 2)] == [-2, -3]
     assert -t.position == -3
 
 
@@ -91,11 +104,11 @@ def test_misuse_is_a_typed_error(tracker_mod: ModuleType) -> None:
     with pytest.raises(StreamIdError):
         t.track(11)
     with pytest.raises(StreamIdError):
-        t.complete(12)
+        done(t, 12)
     t.track(13)
-    assert t.complete(13) == []
+    assert done(t, 13) == []
     with pytest.raises(StreamIdError):
-        t.complete(13)
+        done(t, 13)
     with pytest.raises(StreamIdError):
         t.reserve(0)
     with pytest.raises(StreamIdError):
@@ -103,6 +116,7 @@ def test_misuse_is_a_typed_error(tracker_mod: ModuleType) -> None:
     with pytest.raises(StreamIdError) as info:
         t.complete_many([11, 99])
     assert info.value.visible == [11, 13]  # type: ignore[attr-defined]
+    assert t.last_visible() == [11, 13]
     assert t.position == 13
 
 
@@ -110,12 +124,17 @@ def test_reserve_many_grows_and_compacts(tracker_mod: ModuleType) -> None:
     t = tracker_mod.CompletionTracker(0)
     first = t.reserve(10_000)
     assert first == 1 and t.in_flight == 10_000
-    assert t.complete_many(range(2, 10_001)) == []
-    assert t.complete(1) == list(range(1, 10_001))
+    assert t.complete_many(range(2, 10_001)) == 0 and t.last_visible() == []
+    assert done(t, 1) == list(range(1, 10_001))
+    # The IDs made visible stay listed while more are tracked (and storage grows).
+    t.reserve(20_000)
+    assert t.last_visible() == list(range(1, 10_001))
+    t.complete_many(range(10_001, 30_001))
     for _ in range(50):
         start = t.reserve(300)
-        assert t.complete_many(range(start, start + 300)) == list(range(start, start + 300))
-    assert t.position == 10_000 + 50 * 300 and t.in_flight == 0
+        assert t.complete_many(range(start, start + 300)) == 300
+        assert t.last_visible() == list(range(start, start + 300))
+    assert t.position == 30_000 + 50 * 300 and t.in_flight == 0
 
 
 def test_writer_positions(tracker_mod: ModuleType) -> None:
@@ -153,12 +172,14 @@ def test_position_messages_jump_only_without_a_gap(tracker_mod: ModuleType) -> N
 
 # --- properties -------------------------------------------------------------------
 
-# An operation is ("reserve", n), ("complete", index into the in-flight list) or
-# ("advance", delta).
+# An operation is ("reserve", n), ("complete", index into the in-flight list),
+# ("many", how many in-flight IDs to complete in one call, from the newest),
+# ("gap", IDs skipped before tracking one) or ("advance", delta).
 operations = st.lists(
     st.one_of(
         st.tuples(st.just("reserve"), st.integers(1, 5)),
         st.tuples(st.just("complete"), st.integers(0, 1000)),
+        st.tuples(st.just("many"), st.integers(0, 4)),
         st.tuples(st.just("advance"), st.integers(0, 4)),
         st.tuples(st.just("gap"), st.integers(1, 3)),
     ),
@@ -185,10 +206,17 @@ def _run(mod: ModuleType, start: int, ops: list[tuple[str, int]]) -> list[object
             t.track(stream_id)
             in_flight.append(stream_id)
             transcript.append(stream_id)
-        elif op == "complete" and in_flight:
-            stream_id = in_flight.pop(arg % len(in_flight))
-            completed.add(stream_id)
-            visible = t.complete(stream_id)
+        elif op in ("complete", "many") and in_flight:
+            if op == "complete":
+                chosen = [in_flight.pop(arg % len(in_flight))]
+                count = t.complete(chosen[0])
+            else:
+                chosen = in_flight[len(in_flight) - arg:] if arg else []
+                del in_flight[len(in_flight) - len(chosen):]
+                count = t.complete_many(chosen)
+            completed.update(chosen)
+            visible = t.last_visible()
+            assert count == len(visible)
             assert visible == sorted(visible)
             reported.extend(visible)
             transcript.append(visible)
@@ -199,6 +227,7 @@ def _run(mod: ModuleType, start: int, ops: list[tuple[str, int]]) -> list[object
         assert all(x > pos for x in in_flight), "the position passed an incomplete ID"
         assert t.in_flight == len(in_flight)
         transcript.append(pos)
+        transcript.append(t.last_visible())  # kept until the next completion call
     assert len(reported) == len(set(reported)), "an ID was reported twice"
     assert set(reported) <= completed
     assert all(x <= t.position for x in reported)

@@ -10,10 +10,13 @@ every writer of a stream, their minimum (the linear position) and their maximum.
 Both work on increasing IDs; a stream whose IDs decrease (backfill) tracks their
 negations. The in-flight IDs live in a C array kept sorted: in the usual case IDs are
 tracked in increasing order and complete near the head, so both ends are O(1).
+A completion copies the IDs it makes visible into a second array, reused from call to
+call, so it allocates nothing: the list is built only when asked for.
 """
 
 cimport cython
-from cpython.list cimport PyList_Append
+from cpython.list cimport PyList_New, PyList_SET_ITEM
+from cpython.ref cimport Py_INCREF
 from libc.stdint cimport int64_t, uint8_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memmove, memset
@@ -39,12 +42,17 @@ cdef class CompletionTracker:
     cdef Py_ssize_t _tail
     cdef Py_ssize_t _cap
     cdef Py_ssize_t _in_flight
+    # The IDs the last completion call made visible, ascending (room for _cap).
+    cdef int64_t* _visible
+    cdef Py_ssize_t _n_visible
 
     def __cinit__(self, position):
         self._ids = <int64_t*>malloc(_INITIAL_CAPACITY * sizeof(int64_t))
         self._done = <uint8_t*>malloc(_INITIAL_CAPACITY * sizeof(uint8_t))
-        if self._ids == NULL or self._done == NULL:
+        self._visible = <int64_t*>malloc(_INITIAL_CAPACITY * sizeof(int64_t))
+        if self._ids == NULL or self._done == NULL or self._visible == NULL:
             raise MemoryError()
+        self._n_visible = 0
         self._cap = _INITIAL_CAPACITY
         self._head = 0
         self._tail = 0
@@ -57,6 +65,7 @@ cdef class CompletionTracker:
     def __dealloc__(self):
         free(self._ids)
         free(self._done)
+        free(self._visible)
 
     @property
     def position(self):
@@ -86,6 +95,7 @@ cdef class CompletionTracker:
         cdef Py_ssize_t new_cap
         cdef int64_t* ids
         cdef uint8_t* done
+        cdef int64_t* visible
         if self._tail + extra <= self._cap:
             return 0
         if self._head > 0:
@@ -106,6 +116,11 @@ cdef class CompletionTracker:
         if done == NULL:
             raise MemoryError()
         self._done = done
+        # The visible IDs of the last call are kept: they fit, since new_cap > _cap.
+        visible = <int64_t*>realloc(self._visible, new_cap * sizeof(int64_t))
+        if visible == NULL:
+            raise MemoryError()
+        self._visible = visible
         self._cap = new_cap
         return 0
 
@@ -162,7 +177,7 @@ cdef class CompletionTracker:
         cdef Py_ssize_t i = self._find(stream_id)
         return i < self._tail and self._ids[i] == stream_id and not self._done[i]
 
-    def track(self, int64_t stream_id):
+    def track(self, int64_t stream_id, /):
         """Record that *stream_id* (reserved elsewhere, e.g. by a sequence) is in flight."""
         self._track_one(stream_id)
 
@@ -195,19 +210,26 @@ cdef class CompletionTracker:
 
     @cython.boundscheck(False)
     @cython.wraparound(False)
-    cdef int _complete_into(self, int64_t stream_id, list visible) except -1:
-        """Complete *stream_id*, appending the IDs it makes visible to *visible*."""
+    cdef int _complete_one(self, int64_t stream_id) except -1:
+        """Complete *stream_id*, appending the IDs it makes visible to ``_visible``."""
         cdef Py_ssize_t head = self._head
         cdef Py_ssize_t tail = self._tail
         cdef Py_ssize_t i
-        if head < tail and self._ids[head] == stream_id:
+        cdef Py_ssize_t n = self._n_visible
+        cdef int64_t* ids = self._ids
+        cdef uint8_t* done = self._done
+        cdef int64_t* visible = self._visible
+        if head < tail and ids[head] == stream_id:
             self._in_flight -= 1
-            PyList_Append(visible, stream_id)
+            visible[n] = stream_id
+            n += 1
             head += 1
-            while head < tail and self._done[head]:
-                PyList_Append(visible, self._ids[head])
+            while head < tail and done[head]:
+                visible[n] = ids[head]
+                n += 1
                 head += 1
-            self._position = self._ids[head - 1]
+            self._n_visible = n
+            self._position = ids[head - 1]
             if head == tail:
                 self._head = 0
                 self._tail = 0
@@ -215,37 +237,50 @@ cdef class CompletionTracker:
                 self._head = head
             return 0
         i = self._find(stream_id)
-        if i >= tail or self._ids[i] != stream_id or self._done[i]:
+        if i >= tail or ids[i] != stream_id or done[i]:
             raise StreamIdError(f"stream ID {stream_id} is not in flight")
-        self._done[i] = 1
+        done[i] = 1
         self._in_flight -= 1
         return 0
 
-    def complete(self, int64_t stream_id):
-        """Mark *stream_id* completed; return the IDs that became visible, ascending."""
-        cdef list visible = []
-        self._complete_into(stream_id, visible)
-        return visible
+    def complete(self, int64_t stream_id, /):
+        """Mark *stream_id* completed; return how many IDs became visible (0 while a
+        smaller tracked ID is in flight). :meth:`last_visible` lists them."""
+        self._n_visible = 0
+        self._complete_one(stream_id)
+        return self._n_visible
 
     def complete_many(self, stream_ids):
-        """Complete each of *stream_ids*; return every ID made visible, ascending.
+        """Complete each of *stream_ids*; return how many IDs became visible.
 
         If one of them is not in flight, :class:`StreamIdError` is raised after the
         ones before it completed; its ``visible`` attribute lists what they made
         visible.
         """
-        cdef list visible = []
+        self._n_visible = 0
         try:
             if isinstance(stream_ids, list):
                 for item in <list>stream_ids:
-                    self._complete_into(item, visible)
+                    self._complete_one(item)
             else:
                 for item in stream_ids:
-                    self._complete_into(item, visible)
+                    self._complete_one(item)
         except StreamIdError as exc:
-            exc.visible = visible
+            exc.visible = self.last_visible()
             raise
-        return visible
+        return self._n_visible
+
+    def last_visible(self):
+        """The IDs the last :meth:`complete` or :meth:`complete_many` call made
+        visible, ascending (a new list)."""
+        cdef Py_ssize_t k
+        cdef object item
+        cdef list out = PyList_New(self._n_visible)
+        for k in range(self._n_visible):
+            item = self._visible[k]
+            Py_INCREF(item)
+            PyList_SET_ITEM(out, k, item)
+        return out
 
     def advance_to(self, int64_t stream_id):
         """Move the position forward to *stream_id* over IDs this writer never tracked.

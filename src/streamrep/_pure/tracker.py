@@ -26,7 +26,8 @@ _COMPACT_AT = 4096
 class CompletionTracker:
     """Tracks one writer's reserved stream IDs and its current position."""
 
-    __slots__ = ("_position", "_last_reserved", "_ids", "_head", "_done", "_in_flight")
+    __slots__ = ("_position", "_last_reserved", "_ids", "_head", "_done", "_in_flight",
+                 "_visible")
 
     def __init__(self, position: int) -> None:
         self._position = int(position)
@@ -37,6 +38,8 @@ class CompletionTracker:
         # Of those, the ones already completed (waiting for a smaller ID).
         self._done: set[int] = set()
         self._in_flight = 0
+        # The IDs the last completion call made visible, ascending.
+        self._visible: list[int] = []
 
     @property
     def position(self) -> int:
@@ -64,7 +67,7 @@ class CompletionTracker:
         i = bisect_left(ids, stream_id, self._head)
         return i < len(ids) and ids[i] == stream_id and stream_id not in self._done
 
-    def track(self, stream_id: int) -> None:
+    def track(self, stream_id: int, /) -> None:
         """Record that *stream_id* (reserved elsewhere, e.g. by a sequence) is in flight."""
         stream_id = int(stream_id)
         if stream_id <= self._position:
@@ -103,13 +106,13 @@ class CompletionTracker:
         self.track_range(first, count)
         return first
 
-    def complete(self, stream_id: int) -> list[int]:
-        """Mark *stream_id* completed; return the IDs that became visible, ascending."""
+    def _complete_one(self, stream_id: int, visible: list[int]) -> None:
+        """Complete *stream_id*, appending the IDs it makes visible to *visible*."""
         ids = self._ids
         head = self._head
         if head < len(ids) and ids[head] == stream_id:
             self._in_flight -= 1
-            visible = [stream_id]
+            visible.append(stream_id)
             head += 1
             done = self._done
             if done:
@@ -127,29 +130,42 @@ class CompletionTracker:
                 del ids[:head]
                 head = 0
             self._head = head
-            return visible
+            return
         i = bisect_left(ids, stream_id, head)
         if i >= len(ids) or ids[i] != stream_id or stream_id in self._done:
             raise StreamIdError(f"stream ID {stream_id} is not in flight")
         self._done.add(stream_id)
         self._in_flight -= 1
-        return []
 
-    def complete_many(self, stream_ids: Iterable[int]) -> list[int]:
-        """Complete each of *stream_ids*; return every ID made visible, ascending.
+    def complete(self, stream_id: int, /) -> int:
+        """Mark *stream_id* completed; return how many IDs became visible (0 while a
+        smaller tracked ID is in flight). :meth:`last_visible` lists them."""
+        visible: list[int] = []
+        self._visible = visible
+        self._complete_one(stream_id, visible)
+        return len(visible)
+
+    def complete_many(self, stream_ids: Iterable[int]) -> int:
+        """Complete each of *stream_ids*; return how many IDs became visible.
 
         If one of them is not in flight, :class:`StreamIdError` is raised after the
         ones before it completed; its ``visible`` attribute lists what they made
         visible.
         """
         visible: list[int] = []
+        self._visible = visible
         try:
             for stream_id in stream_ids:
-                visible.extend(self.complete(stream_id))
+                self._complete_one(stream_id, visible)
         except StreamIdError as exc:
-            exc.visible = visible  # type: ignore[attr-defined]
+            exc.visible = list(visible)  # type: ignore[attr-defined]
             raise
-        return visible
+        return len(visible)
+
+    def last_visible(self) -> list[int]:
+        """The IDs the last :meth:`complete` or :meth:`complete_many` call made
+        visible, ascending (a new list)."""
+        return list(self._visible)
 
     def advance_to(self, stream_id: int) -> int:
         """Move the position forward to *stream_id* over IDs this writer never tracked.

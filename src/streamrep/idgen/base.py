@@ -158,9 +158,9 @@ class IdGenerator(abc.ABC):
         if resources.ENABLED:
             resources.released("stream ID in flight", len(tracked_ids))
         with self._lock:
-            visible = self._tracker.complete_many(tracked_ids)
-            if not visible:
+            if not self._tracker.complete_many(tracked_ids):
                 return
+            visible = self._tracker.last_visible()
             position = int(self._tracker.position)
             self._positions.advance(self.instance_name, position)
         self._on_advance(visible, position)
