@@ -32,19 +32,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib.util
 import itertools
-import sys
 from typing import Any
 
 import pytest
-
-if importlib.util.find_spec("streamrep._core") is None and importlib.util.find_spec("_core"):
-    # Running from the source tree on PYTHONPATH (the reference's virtualenv): the
-    # compiled core lives in src/_core, installed as streamrep._core.
-    import _core
-
-    sys.modules["streamrep._core"] = _core
 
 from streamrep.matrix.room_versions import room_version
 from streamrep.matrix.stateres import InMemoryEventSource, resolve_state
