@@ -1,6 +1,8 @@
 """State tables shaped like a Synapse deployment's biggest rooms.
 
     python bench/big_room_forest.py --members 100000 --groups 10000            # compare
+    python bench/big_room_forest.py --members 100000 --groups 10000 --keep-database   # and keep it
+    python bench/big_room_forest.py --database NAME --skip-spark                # on a kept one
     python bench/big_room_forest.py --members 100000 --groups 50500 --parquet DIR --only-generate
 
 A big room starts from a snapshot of ``--members`` joined members (plus its
@@ -17,7 +19,9 @@ Synapse indexes them), copies it once per contender (``CREATE DATABASE ...
 TEMPLATE``) and runs, in one run, one after the other:
 
 1. the reference compressor (``synapse_auto_compressor`` 0.1.2, from its own
-   virtualenv: ``--compressor-python``; chunks of 500, levels 100,50,25);
+   virtualenv: ``--compressor-python``; chunks of 500, levels 100,50,25, and
+   as many chunks as the rooms need: it compresses one chunk of one room per
+   step, so a room of N groups takes ceil(N / 500) of them);
 2. ``streamrep spark compress --single-process`` then ``streamrep state
    apply-compression``, then ``streamrep spark reconstruct --single-process
    --digest``;
