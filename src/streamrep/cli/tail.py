@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from streamrep.cli._common import freeze_startup_heap, peer_settings, use_cooperative_sockets
+from streamrep.cli._durable import close_keeper, keeper_failed, open_keeper
 from streamrep.cli._linkwatch import LinkWatch
 from streamrep.cli._security import peer_security_from_context, peer_security_options
 from streamrep.cli.options import config_option
@@ -50,9 +51,15 @@ def parse_from(value: str | None) -> dict[Any, int]:
 @click.option("--give-up-after", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="Exit (status 5, or 6 for a wrong server name) once the hub has been "
                    "unreachable this long; default: keep retrying.")
+@click.option("--cursor", "cursor_path", default=None, metavar="FILE",
+              help="Record where it is in FILE after the facts it prints, and resume from there "
+                   "(--from applies only while FILE does not exist yet).")
+@click.option("--sink", "sink_url", default=None, metavar="DATABASE_URL",
+              help="Write each fact's rows into streamrep_follow_rows of this SQLite or PostgreSQL "
+                   "database instead of printing them, with the cursor in the same transaction.")
 def tail(config_path: str | None, connect: str | None, redis_url: str | None, stream_names: tuple[str, ...],
          from_token: str | None, name: str, db: str | None, server_name: str | None, limit: int | None,
-         give_up_after: float | None) -> None:
+         give_up_after: float | None, cursor_path: str | None, sink_url: str | None) -> None:
     """Follow streams and print each fact as one JSON object per line.
 
     Keys: ``stream``, ``instance``, ``token``, ``row`` (one line per row; rows of one
@@ -62,6 +69,11 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
     With ``--redis`` it follows a deployment that replicates through Redis (streamrep's
     or the reference implementation's) read-only. Without ``--db`` it cannot fetch
     facts it missed while Redis was unreachable; it says so once on stderr.
+
+    ``--cursor FILE`` resumes where the last run stopped (exactly once across
+    SIGTERM and SIGINT; after a SIGKILL the facts printed since the last save come
+    again). ``--sink URL`` writes the rows and the cursor in one transaction:
+    exactly once across any stop.
     """
     settings = peer_settings(config_path, connect, db, server_name, redis_url)
     if settings.redis_url is not None:
@@ -103,17 +115,21 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
     done = gevent.event.Event()
     printed = {"facts": 0}
 
-    def handler(stream: str, instance: str, token: int, rows: list[Any]) -> None:
+    def counted() -> None:
+        printed["facts"] += 1
         if limit is not None and printed["facts"] >= limit:
-            return
+            follower = client.follower
+            assert follower is not None
+            follower.hold()  # not one fact more, so a cursor records only what was taken
+            done.set()
+
+    def handler(stream: str, instance: str, token: int, rows: list[Any]) -> None:
         out.write(b"".join(
             orjson.dumps({"stream": stream, "instance": instance, "token": token, "row": row}) + b"\n"
             for row in rows
         ))
         out.flush()
-        printed["facts"] += 1
-        if limit is not None and printed["facts"] >= limit:
-            done.set()
+        counted()
 
     where = settings.where
     watch = LinkWatch("tail", where, "start the hub (streamrep serve) or fix --connect"
@@ -129,15 +145,22 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
                        "from there (counted in streamrep_replication_client_gaps_unfilled)", err=True)
 
     security = None if settings.redis_url is not None else peer_security_from_context(config_path, name)
-    client = open_link(settings.link(name, security), handler=handler, source=source,
-                       streams=stream_names or None, start_from=start_from,
-                       on_retry=watch.retrying, on_gap=unfilled_gap)
+    keeper = open_keeper(cursor_path, sink_url, name, handler, start_from, counted)
+    roles: dict[str, Any] = dict(source=source, streams=stream_names or None, on_retry=watch.retrying,
+                                 on_gap=unfilled_gap)
+    if keeper is not None:
+        client = keeper.open_link(settings.link(name, security), **roles)
+    else:
+        client = open_link(settings.link(name, security), handler=handler, start_from=start_from, **roles)
+    assert client.follower is not None
 
     def watch_link() -> None:
         while not done.is_set():
             if client.connected:
                 watch.connected()
             elif watch.given_up() or client.refused_credentials:
+                done.set()
+            if keeper is not None and keeper.failure is not None:
                 done.set()
             gevent.sleep(0.1)
 
@@ -151,10 +174,13 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
         done.wait()
     finally:
         client.stop()
+        close_keeper(keeper)
         if streams_handle is not None:
             streams_handle.close()
         if database is not None:
             database.close()
+    if keeper is not None and keeper.failure is not None:
+        raise keeper_failed(keeper)
     if client.refused_credentials:
         raise watch.failure("cannot follow", client.refusal, credentials=True)
     if watch.given_up():

@@ -62,6 +62,12 @@ class StreamFollower:
     deliver the stored rows (a bus where anyone may publish, see
     :class:`~streamrep.replication.protocol.FollowerState`); refusals are logged
     once per writer and reason, and counted in :attr:`refused`.
+
+    *new_writers_from*: where a writer neither *start_from* nor a position names
+    starts (0 for a reader resumed from a cursor: a writer met later is followed
+    from its first fact). *after_read* is called with the follower once every
+    fact of a read has been handed on, so its positions are exactly what the
+    application took (see :mod:`streamrep.replication.cursor`).
     """
 
     def __init__(
@@ -73,6 +79,8 @@ class StreamFollower:
         on_gap: Callable[[str, str, int, int], None] | None = None,
         *,
         verify: bool = False,
+        new_writers_from: int | None = None,
+        after_read: Callable[[StreamFollower], None] | None = None,
     ) -> None:
         self.handler = handler
         self.source = source
@@ -80,7 +88,15 @@ class StreamFollower:
         if verify and not isinstance(source, StreamSource):
             raise ValueError("verifying needs a database source (a StreamSource)")
         stored = source.stored_token if verify and isinstance(source, StreamSource) else None
-        self.state = FollowerState(streams, start_from, can_fill=source is not None, verify=stored)
+        self.state = FollowerState(streams, start_from, can_fill=source is not None, verify=stored,
+                                   new_writers_from=new_writers_from)
+        #: called once the facts of a read have all been handed on (a cursor saves here)
+        self.after_read = after_read
+        #: True once :meth:`hold` was called: no fact is handed on any more
+        self.held = False
+        #: True while :meth:`run` hands a read's facts on (its positions are then
+        #: ahead of what the application took)
+        self.handing_on = False
         #: facts delivered, for progress reports
         self.delivered = 0
         #: gaps that could not be filled, per (stream, instance)
@@ -95,13 +111,37 @@ class StreamFollower:
         met later from their first fact (none of their facts can predate this)."""
         source = self.source
         state = self.state
-        if state.start_from or state.positions or not isinstance(source, StreamSource):
+        if (state.start_from or state.positions or state.new_writers_from is not None
+                or not isinstance(source, StreamSource)):
             return
         for stream in source.stream_names():
             if state.follows(stream):
                 for instance in source.writers(stream):
                     state.start_from[(stream, instance)] = source.current_token(stream, instance)
         state.new_writers_from = 0
+
+    def stored_positions(self) -> list[Action]:
+        """For a reader that verifies against its database: the actions of hearing
+        every writer there announce its stored position (fills up to it). A writer
+        that stopped answers no ``REPLICATE``; its facts committed while this reader
+        was away are in the database all the same."""
+        source = self.source
+        state = self.state
+        out: list[Action] = []
+        if state.verify is None or not isinstance(source, StreamSource):
+            return out
+        for stream in source.stream_names():
+            if state.follows(stream):
+                for instance in source.writers(stream):
+                    token = source.current_token(stream, instance)
+                    state.position(stream, instance, token, token, out)
+        return out
+
+    def taken_positions(self) -> dict[WriterKey, int]:
+        """``{(stream, instance): token}`` of the last fact the application took from
+        each writer (or the position a writer moved to with no fact): what a cursor
+        records. Exact between reads (:attr:`after_read`) and once the link stopped."""
+        return dict(self.state.positions)
 
     @property
     def positions(self) -> Positions:
@@ -123,6 +163,17 @@ class StreamFollower:
         """Forget half-received batches: the hub resends whole facts."""
         self.state.connection_lost()
 
+    def hold(self) -> None:
+        """Hand no more facts on (the link is stopping, a ``--limit`` was reached,
+        a cursor could not be saved): the rest of the read is not taken and the
+        positions go back to before it, so they say exactly what the application
+        took."""
+        self.held = True
+
+    def release(self) -> None:
+        """Hand facts on again (a link started anew)."""
+        self.held = False
+
     def resume_tokens(self) -> dict[str, int]:
         """Per stream, the token to resume from through the hub."""
         return self.state.resume_tokens()
@@ -134,18 +185,35 @@ class StreamFollower:
         return the other actions, in order, for the transport.
 
         If the handler (or the source) raises, the positions go back to before
-        the first fact not taken, and the exception propagates.
+        the first fact not taken, and the exception propagates. Once :meth:`hold`
+        was called, the facts left are not taken and their positions go back.
         """
         rest: list[Action] = []
+        self.handing_on = True
+        try:
+            self._run(actions, rest)
+        finally:
+            self.handing_on = False
+        if self.after_read is not None:
+            self.after_read(self)
+        return rest
+
+    def _run(self, actions: list[Action], rest: list[Action]) -> None:
         for index, action in enumerate(actions):
             kind = type(action)
             try:
                 if kind is Fact:
                     assert isinstance(action, Fact)
+                    if self.held:
+                        self._drop_rest(actions, index, rest)
+                        break
                     self.handler(action.stream, action.instance, action.token, action.rows)
                     self.delivered += 1
                 elif kind is FillGap:
                     assert isinstance(action, FillGap)
+                    if self.held:
+                        self._drop_rest(actions, index, rest)
+                        break
                     self._fill(action)
                 elif kind is Refused:
                     assert isinstance(action, Refused)
@@ -158,7 +226,12 @@ class StreamFollower:
                     assert isinstance(action, Fact)
                     self.state.rewind(action.stream, action.instance, action.prev)
                 raise
-        return rest
+
+    def _drop_rest(self, actions: list[Action], index: int, rest: list[Action]) -> None:
+        """Held: take none of the facts from *index* on; pass the other actions on."""
+        left = actions[index:]
+        self.state.rewind_unfinished(left)
+        rest.extend(a for a in left if type(a) is not Fact and type(a) is not FillGap and type(a) is not Refused)
 
     def _fill(self, gap: FillGap) -> None:
         source = self.source
@@ -171,6 +244,9 @@ class StreamFollower:
                 if expect:
                     self._compare(stream, instance, expect, rows)
                 for fact in self.state.gap_facts(stream, instance, from_token, rows):
+                    if self.held:
+                        self.state.rewind(stream, instance, from_token)
+                        return
                     self.handler(stream, instance, fact.token, fact.rows)
                     self.delivered += 1
                     from_token = fact.token

@@ -126,7 +126,12 @@ class LinkRoles:
     * *on_command*: relayed commands (``USER_SYNC``, ``USER_IP``, ...);
     * *on_retry* ``(problem, delay)``: an attempt failed or the link was lost;
     * *on_gap* ``(stream, instance, from_token, upto_token)``: a gap that could not be
-      filled (nothing to fill it from); the link also logs and counts it.
+      filled (nothing to fill it from); the link also logs and counts it;
+    * *new_writers_from*, *after_read*: where writers nobody named start, and a hook
+      called once a read's facts were all handed on (see
+      :class:`~streamrep.replication.follower.StreamFollower`); *after_stop* is called
+      with the follower once the link stopped. A durable cursor
+      (:mod:`streamrep.replication.cursor`) sets these three.
     """
 
     handler: Handler | None = None
@@ -137,6 +142,9 @@ class LinkRoles:
     on_command: Callable[[Any], None] | None = None
     on_retry: Callable[[str, float], None] | None = None
     on_gap: Callable[[str, str, int, int], None] | None = None
+    new_writers_from: int | None = None
+    after_read: Callable[[StreamFollower], None] | None = None
+    after_stop: Callable[[StreamFollower], None] | None = None
 
 
 class ReplicationLink(Protocol):
@@ -222,7 +230,8 @@ class LinkBase(abc.ABC):
         self.roles = roles
         self.follower: StreamFollower | None = (
             StreamFollower(roles.handler, roles.source, roles.streams, roles.start_from, roles.on_gap,
-                           verify=self.verifies_what_it_hears and isinstance(roles.source, StreamSource))
+                           verify=self.verifies_what_it_hears and isinstance(roles.source, StreamSource),
+                           new_writers_from=roles.new_writers_from, after_read=roles.after_read)
             if roles.handler is not None else None)
         self.writer_positions = roles.writer_positions
         #: called in the link's greenlet once each new connection has been greeted
@@ -330,6 +339,8 @@ class LinkBase(abc.ABC):
     def start(self) -> Any:
         """Connect (and keep reconnecting) in a background greenlet."""
         self._stop_requested.clear()
+        if self.follower is not None:
+            self.follower.release()
         return self._launch()
 
     @abc.abstractmethod
@@ -338,9 +349,15 @@ class LinkBase(abc.ABC):
 
     def stop(self, timeout: float = 2.0) -> None:
         """Stop reconnecting; flush what is queued for at most *timeout*; disconnect.
-        Also ends :meth:`run`."""
+        Also ends :meth:`run`. No fact is handed on once it was called, so the
+        follower's positions say exactly what the handler took."""
         self._stop_requested.set()
+        follower = self.follower
+        if follower is not None:
+            follower.hold()
         self._shutdown(timeout)
+        if follower is not None and self.roles.after_stop is not None:
+            self.roles.after_stop(follower)
 
     @abc.abstractmethod
     def _shutdown(self, timeout: float) -> None:

@@ -167,6 +167,9 @@ class FollowerState:
             return
         if prev_token > base:
             if not self.can_fill:
+                # A writer met for the first time keeps its start as its position,
+                # so resuming through the hub asks for its stream from there.
+                self.positions.setdefault(key, base)
                 out.append(GapUnfilled(stream, instance, base, prev_token))
                 return
             out.append(FillGap(stream, instance, base, new_token))

@@ -245,6 +245,9 @@ class RedisLink(LinkBase):
             if type(action) is Send:
                 self._publish(action.data, tokens=greeting_tokens if action.name == "POSITION" else None)
         self._greeted()
+        if self.follower is not None:
+            # Writers that stopped answer no REPLICATE: fill what the database holds.
+            self._carry_out(self.follower.stored_positions())
 
     # --- reading ---------------------------------------------------------------------
 
