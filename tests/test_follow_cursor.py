@@ -345,3 +345,35 @@ def test_a_writer_met_while_stopped_comes_whole_through_the_hub(tmp_path: pathli
             _write(hub, source, "events", "w2", range(5, 7))
     assert _tokens(got, "events", "w1") == list(range(1, 21))
     assert _tokens(got, "events", "w2") == [5, 6]
+
+
+def test_after_a_crash_what_was_handed_on_since_the_last_save_comes_again(
+        tmp_path: pathlib.Path, hub: ReplicationHub, source: MemorySource) -> None:
+    """The cursor file as a crash leaves it (saved at most every 60 s here): the next
+    start hands on again exactly the facts after it, and loses none."""
+    got: list[Fact] = []
+    path = tmp_path / "cursor.json"
+    keeper = SaveAfterHandler(CursorFile(path), lambda *fact: got.append(fact), start_from={"caches": 0},
+                              save_interval=60.0)
+    link = keeper.open_link(_settings(hub), source=source, streams=["caches"])
+    link.start()
+    try:
+        assert link.wait_connected(5)
+        wait_until(lambda: path.exists())
+        _write(hub, source, "caches", "main", range(1, 4))
+        wait_until(lambda: _tokens(got, "caches", "main")[-1:] == [3])
+        crashed = path.read_bytes()  # the last save, and facts handed on after it
+    finally:
+        link.stop()
+    saved_before = Cursor.decode(crashed).positions.get(("caches", "main"), 0)
+    assert saved_before < 3
+    path.write_bytes(crashed)
+    again: list[Fact] = []
+    keeper = SaveAfterHandler(CursorFile(path), lambda *fact: again.append(fact))
+    link = keeper.open_link(_settings(hub), source=source, streams=["caches"])
+    link.start()
+    try:
+        wait_until(lambda: _tokens(again, "caches", "main")[-1:] == [3])
+    finally:
+        link.stop()
+    assert _tokens(again, "caches", "main") == list(range(saved_before + 1, 4))
