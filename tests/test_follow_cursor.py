@@ -377,3 +377,26 @@ def test_after_a_crash_what_was_handed_on_since_the_last_save_comes_again(
     finally:
         link.stop()
     assert _tokens(again, "caches", "main") == list(range(saved_before + 1, 4))
+
+
+def test_a_long_read_is_saved_as_it_goes(tmp_path: pathlib.Path) -> None:
+    """A catch-up is one read: the cursor is saved every 1,000 facts within it, so a
+    crash in the middle repeats at most that many."""
+    store = CursorFile(tmp_path / "c.json")
+    seen_saved: dict[int, int] = {}
+
+    def handler(stream: str, instance: str, token: int, rows: list[Any]) -> None:
+        if token in (999, 1001, 2500):
+            saved = store.load()
+            seen_saved[token] = saved.positions.get(("caches", "main"), 0) if saved is not None else 0
+
+    keeper = SaveAfterHandler(store, handler, within_read_seconds=3600)
+    follower = StreamFollower(keeper.handler(), after_read=keeper.after_read)
+    follower.on_position("caches", "main", 0, 0)
+    actions: list[Any] = []
+    for token in range(1, 2501):
+        follower.state.rdata("caches", "main", token, [token], actions)
+    follower.run(actions)
+    assert seen_saved == {999: 0, 1001: 1000, 2500: 2000}
+    saved = store.load()
+    assert saved is not None and saved.positions == {("caches", "main"): 2500}

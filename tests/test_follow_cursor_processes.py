@@ -222,6 +222,7 @@ def test_tail_with_a_cursor_file_stopped_at_random_moments(tmp_path: pathlib.Pat
         seen.update(before)
         repeated = [t for t in output if t in seen]
         assert repeated == output[:len(repeated)], f"repeats are not the previous run's last facts: {repeated[:10]}"
+        assert len(repeated) <= 1000, "more than 1,000 facts since the last save"
         assert not before or not repeated or repeated[-1] == before[-1]
 
 

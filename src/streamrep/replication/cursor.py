@@ -327,19 +327,26 @@ class SaveAfterHandler(CursorKeeper):
     """The application's *handler* is called once per fact; the cursor is saved to
     *store* after it returned: at the end of every read (whose facts are then all
     handed on), at most every *save_interval* seconds (0: every read), and when the
-    link stops.
+    link stops. Within one long read (a catch-up after a restart is one) it is also
+    saved every *within_read* facts or *within_read_seconds*, whichever comes first.
 
     What a crash (``SIGKILL``, a power cut) can repeat: the facts handed on after
-    the last save, at most one read's (or *save_interval*'s) worth; nothing is
-    lost. A stop (SIGTERM, SIGINT, ``link.stop()``) repeats nothing. A handler that
-    raises has its fact come again, as with any link.
+    the last save, so at most *within_read* facts or *within_read_seconds* of
+    handing on (with a *save_interval*, its worth); nothing is lost. A stop
+    (SIGTERM, SIGINT, ``link.stop()``) repeats nothing. A handler that raises has
+    its fact come again, as with any link.
     """
 
     def __init__(self, store: CursorStore, handler: Handler, *, start_from: Mapping[Any, int] | None = None,
-                 save_interval: float = 0.0) -> None:
+                 save_interval: float = 0.0, within_read: int = 1000, within_read_seconds: float = 0.5) -> None:
         super().__init__(store, start_from=start_from)
         self.application_handler = handler
         self.save_interval = save_interval
+        self.within_read = within_read
+        self.within_read_seconds = within_read_seconds
+        #: facts handed on since the last save, and when the first of them was
+        self._unsaved = 0
+        self._first_unsaved = 0.0
         #: what may be saved at any moment: the positions at the end of the last
         #: read, moved by every fact handed on since
         self._taken = Cursor(dict(self.initial.positions), dict(self.initial.starts))
@@ -351,9 +358,20 @@ class SaveAfterHandler(CursorKeeper):
         handler = self.application_handler
         taken = self._taken.positions
 
+        monotonic = time.monotonic
+
         def take(stream: str, instance: str, token: int, rows: list[Any]) -> None:
             handler(stream, instance, token, rows)
             taken[(stream, instance)] = token
+            self._unsaved += 1
+            if self._unsaved == 1:
+                self._first_unsaved = monotonic()
+                return
+            if self._unsaved >= self.within_read or monotonic() - self._first_unsaved >= self.within_read_seconds:
+                # A long read: what was taken so far (exact at any moment) is saved,
+                # no more often than save_interval says.
+                if self.failure is None and monotonic() - self._last_save >= self.save_interval:
+                    self.save_now(self._taken, None)
 
         return take
 
@@ -387,6 +405,7 @@ class SaveAfterHandler(CursorKeeper):
             return
         self._saved = snapshot
         self._last_save = time.monotonic()
+        self._unsaved = 0
 
     def after_stop(self, follower: StreamFollower) -> None:
         timer, self._timer = self._timer, None
