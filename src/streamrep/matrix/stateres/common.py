@@ -8,7 +8,7 @@ from streamrep.matrix import auth
 from streamrep.matrix.errors import AuthRejection, StateResolutionError
 from streamrep.matrix.events import MatrixEvent, StateKey
 from streamrep.matrix.room_versions import RoomVersion
-from streamrep.matrix.stateres.source import EventSource
+from streamrep.matrix.stateres.source import EventSource, InMemoryEventSource
 
 __all__ = ["StateMap", "load_events", "passes_auth"]
 
@@ -19,8 +19,9 @@ def load_events(room_id: str, event_ids: Sequence[str] | set[str],
                 source: EventSource) -> dict[str, MatrixEvent]:
     """The held events among *event_ids*; an event of another room is an error."""
     found: dict[str, MatrixEvent] = {}
+    get = source.events.get if isinstance(source, InMemoryEventSource) else source.get_event
     for event_id in event_ids:
-        event = source.get_event(event_id)
+        event = get(event_id)
         if event is None:
             continue
         if event.room_id != room_id:

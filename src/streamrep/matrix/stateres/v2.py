@@ -26,7 +26,7 @@ The algorithm, as the specification defines it:
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from streamrep.matrix import auth
 from streamrep.matrix.errors import AuthRejection
@@ -67,10 +67,14 @@ class _Split:
         if differing is None:
             differing = self._differing(state_sets, key_of)
         self.differing = differing
-        self.conflicted: dict[StateKey, set[str]] = {}
-        for key in differing:
-            self.conflicted[key] = {v for v in (s.get(key) for s in state_sets)
-                                    if v is not None}
+        conflicted: dict[StateKey, set[str]] = {key: set() for key in differing}
+        for state in state_sets:
+            get = state.get
+            for key, events in conflicted.items():
+                event_id = get(key)
+                if event_id is not None:
+                    events.add(event_id)
+        self.conflicted = conflicted
 
     def _differing(self, state_sets: Sequence[StateMap],
                    key_of: Callable[[str], StateKey | None]) -> set[StateKey]:
@@ -167,6 +171,9 @@ class _Context:
         self._accepted_auth_state = facts.accepted_auth_state
         self._levels = facts.sender_level
         self._pl_parent = facts.power_levels_parent
+        #: The power levels parents derived so far, by event ID (see
+        #: :meth:`power_levels_parent`).
+        self.power_levels_parents = self._pl_parent
         #: Events with an auth event not held, whose facts are not kept.
         self._incomplete: set[str] = set()
 
@@ -197,29 +204,66 @@ class _Context:
             found = self._types[event.event_id] = auth.auth_types_for_event(event, self.version)
         return found
 
+    def auth_types_of(self, event_ids: Iterable[str]) -> dict[str, set[StateKey]]:
+        """:meth:`auth_types` of each of *event_ids* (held events), in one pass."""
+        memo = self._types
+        events = self.events
+        version = self.version
+        types_for = auth.auth_types_for_event
+        out: dict[str, set[StateKey]] = {}
+        for eid in event_ids:
+            found = memo.get(eid)
+            if found is None:
+                found = memo[eid] = types_for(events[eid], version)
+            out[eid] = found
+        return out
+
     def auth_state(self, event: MatrixEvent, skip_rejected: bool
                    ) -> dict[StateKey, MatrixEvent]:
         """The state the event's own (held) auth events define."""
         memo = self._accepted_auth_state if skip_rejected else self._auth_state
         found = memo.get(event.event_id)
         if found is None:
-            found = {}
-            events = self.events
-            complete = True
-            for aid in event.auth_ids:
-                auth_event = events.get(aid) or self.get(aid)
+            found = self._derive_auth_state(event, skip_rejected, memo)
+        return found
+
+    def auth_states_of(self, event_ids: Iterable[str], skip_rejected: bool
+                       ) -> dict[str, dict[StateKey, MatrixEvent]]:
+        """:meth:`auth_state` of each of *event_ids* (held events), in one pass."""
+        memo = self._accepted_auth_state if skip_rejected else self._auth_state
+        events = self.events
+        out: dict[str, dict[StateKey, MatrixEvent]] = {}
+        for eid in event_ids:
+            found = memo.get(eid)
+            if found is None:
+                found = self._derive_auth_state(events[eid], skip_rejected, memo)
+            out[eid] = found
+        return out
+
+    def _derive_auth_state(self, event: MatrixEvent, skip_rejected: bool,
+                           memo: dict[str, dict[StateKey, MatrixEvent]]
+                           ) -> dict[StateKey, MatrixEvent]:
+        found: dict[StateKey, MatrixEvent] = {}
+        events = self.events
+        rejected_ids = self.rejected_ids
+        complete = True
+        for aid in event.auth_ids:
+            auth_event = events.get(aid)
+            if auth_event is None:
+                auth_event = self.get(aid)
                 if auth_event is None:
                     complete = False
                     continue
-                if auth_event.state_key is None:
-                    continue
-                if skip_rejected and self.is_rejected(aid):
-                    continue
-                found[auth_event.key] = auth_event
-            if complete or not self.shared:
-                memo[event.event_id] = found
-            else:
-                self._incomplete.add(event.event_id)
+            if auth_event.state_key is None:
+                continue
+            if skip_rejected and (aid in rejected_ids if rejected_ids is not None
+                                  else self.rejected(aid)):
+                continue
+            found[auth_event.key] = auth_event
+        if complete or not self.shared:
+            memo[event.event_id] = found
+        else:
+            self._incomplete.add(event.event_id)
         return found
 
     def sender_level(self, event: MatrixEvent) -> int:
@@ -243,8 +287,11 @@ class _Context:
         complete = True
         event = self.get(event_id)
         if event is not None:
+            events = self.events
             for aid in event.auth_ids:
-                auth_event = self.get(aid)
+                auth_event = events.get(aid)
+                if auth_event is None:
+                    auth_event = self.get(aid)
                 if auth_event is None:
                     complete = False
                 elif auth_event.key == POWER_LEVELS_KEY:
@@ -260,36 +307,41 @@ def reverse_topological_power_order(event_ids: Sequence[str] | set[str],
     """*event_ids* and their auth ancestors within *full_conflicted*, auth events
     first (Kahn's algorithm), ties by (-sender power level, origin_server_ts, event ID)."""
     events = ctx.events
-    auth_edges: dict[str, set[str]] = {}
+    auth_edges: dict[str, list[str]] = {}
     stack = list(event_ids)
     while stack:
         eid = stack.pop()
         if eid in auth_edges:
             continue
-        edges = {a for a in events[eid].auth_ids if a in full_conflicted}
+        edges = [a for a in events[eid].auth_ids if a in full_conflicted]
         auth_edges[eid] = edges
-        stack.extend(a for a in edges if a not in auth_edges)
+        stack.extend(edges)
     children: dict[str, list[str]] = {eid: [] for eid in auth_edges}
     waiting: dict[str, int] = {}
+    ready: list[tuple[int, int, str]] = []
+    levels = ctx.sender_level
     for eid, edges in auth_edges.items():
-        waiting[eid] = len(edges)
-        for a in edges:
-            children[a].append(eid)
-
-    def order_key(eid: str) -> tuple[int, int, str]:
-        event = events[eid]
-        return (-ctx.sender_level(event), event.origin_server_ts, eid)
-
-    ready = [(order_key(e), e) for e, n in waiting.items() if n == 0]
+        if edges:
+            # An event may list an auth event twice; count each edge once.
+            unique = set(edges)
+            waiting[eid] = len(unique)
+            for a in unique:
+                children[a].append(eid)
+        else:
+            event = events[eid]
+            ready.append((-levels(event), event.origin_server_ts, eid))
     heapq.heapify(ready)
     out: list[str] = []
+    pop, push = heapq.heappop, heapq.heappush
     while ready:
-        _, eid = heapq.heappop(ready)
+        eid = pop(ready)[2]
         out.append(eid)
         for child in children[eid]:
-            waiting[child] -= 1
-            if waiting[child] == 0:
-                heapq.heappush(ready, (order_key(child), child))
+            left = waiting[child] - 1
+            waiting[child] = left
+            if not left:
+                event = events[child]
+                push(ready, (-levels(event), event.origin_server_ts, child))
     return out
 
 
@@ -302,23 +354,28 @@ def mainline_order(event_ids: Sequence[str], power_levels_id: str | None,
         mainline.append(current)
         current = ctx.power_levels_parent(current)
     position = {eid: i + 1 for i, eid in enumerate(reversed(mainline))}
-
-    def depth(eid: str) -> int:
-        walked: list[str] = []
-        found = 0
-        current: str | None = eid
-        while current is not None:
-            if current in position:
-                found = position[current]
-                break
-            walked.append(current)
-            current = ctx.power_levels_parent(current)
-        for w in walked:
-            position[w] = found
-        return found
-
+    kept = ctx.power_levels_parents
+    parent_of = ctx.power_levels_parent
     events = ctx.events
-    return sorted(event_ids, key=lambda eid: (depth(eid), events[eid].origin_server_ts, eid))
+    keyed: list[tuple[int, int, str]] = []
+    for eid in event_ids:
+        found = position.get(eid)
+        if found is None:
+            walked: list[str] = []
+            found = 0
+            current = eid
+            while current is not None:
+                at = position.get(current)
+                if at is not None:
+                    found = at
+                    break
+                walked.append(current)
+                current = kept[current] if current in kept else parent_of(current)
+            for w in walked:
+                position[w] = found
+        keyed.append((found, events[eid].origin_server_ts, eid))
+    keyed.sort()
+    return [eid for _, _, eid in keyed]
 
 
 def _iterative_auth_checks(order: Sequence[str], partial: _Partial, ctx: _Context) -> None:
@@ -329,29 +386,31 @@ def _iterative_auth_checks(order: Sequence[str], partial: _Partial, ctx: _Contex
         rejected = ctx.rejected_ids.__contains__
     resolved = partial.resolved
     split = partial.split
-    base = split.base if split is not None else {}
+    base = split.base if split is not None else None
     hidden = split.differing if split is not None else frozenset()
     check = auth.check_against_state
-    types_for = ctx.auth_types
-    auth_state = ctx.auth_state
-    for eid in order:
+    checked = [eid for eid in order if events[eid].state_key is not None and not rejected(eid)]
+    auth_states = ctx.auth_states_of(checked, True)
+    types = ctx.auth_types_of(checked)
+    for eid in checked:
         event = events[eid]
-        if event.state_key is None or rejected(eid):
-            continue
-        state = dict(auth_state(event, True))
-        for key in types_for(event):
+        state = auth_states[eid].copy()
+        for key in types[eid]:
             held = resolved.get(key)
             if held is None:
-                if key in hidden:
+                if base is None or key in hidden:
                     continue
                 held = base.get(key)
                 if held is None:
                     continue
             if rejected(held):
                 continue
-            held_event = events.get(held) or ctx.get(held)
-            if held_event is not None:
-                state[key] = held_event
+            held_event = events.get(held)
+            if held_event is None:
+                held_event = ctx.get(held)
+                if held_event is None:
+                    continue
+            state[key] = held_event
         try:
             check(event, version, state)
         except AuthRejection:
