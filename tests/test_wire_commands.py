@@ -1,12 +1,15 @@
 """The declared command set (``streamrep.wire_commands``) against everything that
 describes the commands again: the compiled parser, its twin, the ``.pyi`` stub,
-the compiled source's command enum and docs/wire-protocol.md. Any disagreement in
-names, arities, fields or senders fails here, naming what differs."""
+the compiled source's command enum, dispatch and classes, the facade and
+docs/wire-protocol.md. Any disagreement in names, arities, fields or senders
+fails here, naming what differs; a declared command with a piece missing fails
+with the list of every missing piece (file and what to add)."""
 
 from __future__ import annotations
 
 import ast
 import re
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
@@ -170,3 +173,159 @@ def test_accepted_from_each_side() -> None:
     assert accepted_from(SERVER_SIDE) | accepted_from(CLIENT_SIDE) == set(SPECS)
     with pytest.raises(ValueError):
         accepted_from("bystander")
+
+
+# --- every piece a declared command needs --------------------------------------------
+
+
+def _class_name(name: str) -> str:
+    """The class of command *name*: ``USER_IP`` -> ``UserIpCommand``."""
+    return "".join(part.capitalize() for part in name.split("_")) + "Command"
+
+
+def _module_classes(tree: ast.Module) -> dict[str, ast.ClassDef]:
+    return {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+
+
+def _declares_name(node: ast.ClassDef, name: str) -> bool:
+    return any(isinstance(item, ast.Assign) and isinstance(item.value, ast.Constant)
+               and item.value.value == name
+               and any(isinstance(t, ast.Name) and t.id == "NAME" for t in item.targets)
+               for item in node.body)
+
+
+def _has_method(classes: dict[str, ast.ClassDef], class_name: str, method: str) -> bool:
+    node = classes.get(class_name)
+    if node is None:
+        return False
+    if any(isinstance(item, ast.FunctionDef) and item.name == method for item in node.body):
+        return True
+    return any(isinstance(b, ast.Name) and _has_method(classes, b.id, method) for b in node.bases)
+
+
+def _names_in_call(tree: ast.Module, target: str) -> set[str]:
+    """Names passed (in a tuple) to the call assigned to *target* (``COMMANDS = f((...))``)."""
+    for node in tree.body:
+        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AnnAssign) else [])
+        if any(isinstance(t, ast.Name) and t.id == target for t in targets) and value is not None:
+            return {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}
+    return set()
+
+
+def _all_names(tree: ast.Module) -> set[str]:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return {e.value for e in ast.walk(node.value) if isinstance(e, ast.Constant)}
+    return set()
+
+
+def _pyx_function(source: str, signature: str) -> str:
+    """The text of the top-level Cython function that starts with *signature*."""
+    start = source.find(signature)
+    if start < 0:
+        return ""
+    body = source.index("\n", start) + 1
+    end = re.search(r"^\S", source[body:], re.M)
+    return source[start:body + end.start()] if end else source[start:]
+
+
+def _missing_in_core(spec: CommandSpec, source: str) -> list[str]:
+    where = "src/_core/wire.pyx"
+    cls = _class_name(spec.name)
+    missing = []
+    enum = re.search(r"cdef enum CommandKind:\n((?:    .*\n)+)", source)
+    if enum is None or f"CMD_{spec.name}\n" not in enum.group(1):
+        missing.append(f"{where}: a member CMD_{spec.name} of `cdef enum CommandKind`")
+    kind = _pyx_function(source, "cdef CommandKind _kind(")
+    if not re.search(rf'memcmp\(p, b"{spec.name}", {len(spec.name)}\) == 0:\n\s+return CMD_{spec.name}\n',
+                     kind):
+        missing.append(f'{where}: a match of b"{spec.name}" returning CMD_{spec.name} in _kind() '
+                       f"(under `n == {len(spec.name)}`)")
+    body = re.search(rf"^cdef class {cls}\(\w+\):\n((?:(?:    .*)?\n)+)", source, re.M)
+    if body is None or f'    NAME = "{spec.name}"' not in body.group(1):
+        missing.append(f'{where}: `cdef class {cls}` with NAME = "{spec.name}" and FIELDS = {spec.fields}')
+    if not re.search(rf"kind == CMD_{spec.name}\b", _pyx_function(source, "cdef object _parse(const")):
+        missing.append(f"{where}: a branch for CMD_{spec.name} in _parse() calling its parse helper")
+    table = re.search(r"^COMMANDS = command_table\(\((.*?)\)\)", source, re.M | re.S)
+    if table is None or not re.search(rf"\b{cls}\b", table.group(1)):
+        missing.append(f"{where}: {cls} in the COMMANDS table")
+    return missing
+
+
+def _missing_in_twin(spec: CommandSpec, tree: ast.Module) -> list[str]:
+    where = "src/streamrep/_pure/wire.py"
+    cls = _class_name(spec.name)
+    classes = _module_classes(tree)
+    missing = []
+    if cls not in classes or not _declares_name(classes[cls], spec.name):
+        missing.append(f'{where}: class {cls} with NAME = "{spec.name}" and FIELDS = {spec.fields}')
+    elif not _has_method(classes, cls, "_parse"):
+        missing.append(f"{where}: {cls}._parse (a classmethod parsing the arguments)")
+    if cls not in _names_in_call(tree, "COMMANDS"):
+        missing.append(f"{where}: {cls} in the COMMANDS table")
+    if cls not in _all_names(tree):
+        missing.append(f"{where}: {cls} in __all__")
+    return missing
+
+
+def _missing_in_stub_and_facade(spec: CommandSpec, stub: ast.Module,
+                                facade: ast.Module) -> list[str]:
+    cls = _class_name(spec.name)
+    missing = []
+    classes = _module_classes(stub)
+    if cls not in classes:
+        missing.append(f"src/_core/wire.pyi: class {cls} with __init__{spec.fields}")
+    elif _stub_init_fields(classes, cls) != spec.fields:
+        missing.append(f"src/_core/wire.pyi: {cls}.__init__ taking {spec.fields}")
+    assigned = {t.id for node in facade.body if isinstance(node, ast.Assign)
+                for t in node.targets if isinstance(t, ast.Name)}
+    if cls not in assigned or cls not in _all_names(facade):
+        missing.append(f"src/streamrep/wire.py: `{cls} = _core_wire.{cls}` and {cls} in __all__")
+    return missing
+
+
+def _missing_in_docs(spec: CommandSpec, text: str) -> list[str]:
+    sides = " and ".join(sorted("S" if s == SERVER_SIDE else "C" for s in spec.sent_by))
+    if not re.search(rf"^\| `{spec.name}` \| [SC, ]+ \|", text, re.M):
+        return [f"docs/wire-protocol.md: a row `| `{spec.name}` | <senders: {sides}> | "
+                "<arguments> | <fields> |` in the command table"]
+    return []
+
+
+def missing_pieces(specs: tuple[CommandSpec, ...]) -> list[str]:
+    """Every piece a command of *specs* lacks, one line each naming file and piece."""
+    core = (ROOT / "src" / "_core" / "wire.pyx").read_text()
+    twin = ast.parse((ROOT / "src" / "streamrep" / "_pure" / "wire.py").read_text())
+    stub = ast.parse((ROOT / "src" / "_core" / "wire.pyi").read_text())
+    facade = ast.parse((ROOT / "src" / "streamrep" / "wire.py").read_text())
+    docs = (ROOT / "docs" / "wire-protocol.md").read_text()
+    missing = []
+    for spec in specs:
+        for piece in (_missing_in_core(spec, core) + _missing_in_twin(spec, twin)
+                      + _missing_in_stub_and_facade(spec, stub, facade)
+                      + _missing_in_docs(spec, docs)):
+            missing.append(f"{spec.name}: {piece}")
+    return missing
+
+
+def test_every_declared_command_has_every_piece() -> None:
+    missing = missing_pieces(COMMAND_SET)
+    assert not missing, "declared commands lack pieces:\n" + "\n".join(missing)
+
+
+def test_a_command_declared_alone_is_named_with_every_missing_piece() -> None:
+    # As if someone declared a command in wire_commands.py and nothing else.
+    ping = SPECS["PING"]
+    added = replace(ping, name="WAVE_HELLO", fields=("data",))
+    missing = missing_pieces((*COMMAND_SET, added))
+    assert all(line.startswith("WAVE_HELLO: ") for line in missing)
+    files = [line.split(": ")[1] for line in missing]
+    assert files.count("src/_core/wire.pyx") == 5
+    assert files.count("src/streamrep/_pure/wire.py") == 3
+    assert {"src/_core/wire.pyi", "src/streamrep/wire.py",
+            "docs/wire-protocol.md"} <= set(files)
+    assert any("WaveHelloCommand" in line for line in missing)
+    assert len(missing) == 11

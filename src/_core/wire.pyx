@@ -1191,32 +1191,254 @@ cdef object _text_command(CommandKind kind, bytes line, const char* a, const cha
     return cmd
 
 
-cdef object _parse(const char* p, Py_ssize_t n, object line_obj):
-    """The command of line ``p[:n]``, or None when the line is rejected.
+# Each command's line after its name (``a`` to ``end``) is parsed by one helper;
+# a helper returns None when the line is rejected, and the pure twin explains why.
 
-    ``line_obj`` is the line as a bytes object when the caller has one.
-    """
-    cdef const char* end = p + n
-    cdef const char* a
+
+cdef inline object _parse_rdata(const char* p, Py_ssize_t n, object line_obj,
+                                const char* a, const char* end):
+    cdef const char* s1
+    cdef const char* s2
+    cdef const char* s3
+    cdef int64_t token
+    cdef RdataCommand rdata
+    s1 = _next_space(a, end)
+    if s1 is NULL or s1 == a:
+        return None
+    s2 = _next_space(s1 + 1, end)
+    if s2 is NULL or s2 == s1 + 1:
+        return None
+    s3 = _next_space(s2 + 1, end)
+    if s3 is NULL or s3 == s2 + 1 or s3 + 1 == end:
+        return None
+    rdata = RdataCommand.__new__(RdataCommand)
+    if _same(s2 + 1, s3 - s2 - 1, b"batch", 5):
+        rdata._batch = True
+        rdata._token = 0
+    elif _parse_int(s2 + 1, s3 - s2 - 1, &token):
+        rdata._batch = False
+        rdata._token = token
+    else:
+        return None
+    rdata._line = _line_bytes(line_obj, p, n)
+    rdata.stream_name = _name(a, s1 - a)
+    rdata.instance_name = _name(s1 + 1, s2 - s1 - 1)
+    rdata._row_start = s3 + 1 - p
+    rdata._row = _MISSING
+    return rdata
+
+
+cdef inline object _parse_position(const char* p, Py_ssize_t n, object line_obj,
+                                   const char* a, const char* end):
+    cdef const char* s1
+    cdef const char* s2
+    cdef const char* s3
+    cdef int64_t prev_token, new_token
+    cdef PositionCommand position
+    s1 = _next_space(a, end)
+    if s1 is NULL or s1 == a:
+        return None
+    s2 = _next_space(s1 + 1, end)
+    if s2 is NULL or s2 == s1 + 1:
+        return None
+    s3 = _next_space(s2 + 1, end)
+    if s3 is NULL or s3 == s2 + 1:
+        return None
+    if not _parse_int(s2 + 1, s3 - s2 - 1, &prev_token) or \
+            not _parse_int(s3 + 1, end - s3 - 1, &new_token):
+        return None
+    position = PositionCommand.__new__(PositionCommand)
+    position._line = _line_bytes(line_obj, p, n)
+    position.stream_name = _name(a, s1 - a)
+    position.instance_name = _name(s1 + 1, s2 - s1 - 1)
+    position._prev_token = prev_token
+    position._new_token = new_token
+    return position
+
+
+cdef object _parse_replicate(const char* p, Py_ssize_t n, object line_obj,
+                             const char* a, const char* end):
+    cdef const char* s1
+    cdef int64_t token
+    cdef ReplicateCommand replicate = ReplicateCommand.__new__(ReplicateCommand)
+    if a == end:
+        replicate.stream_name = None
+        replicate.token = None
+    else:
+        s1 = _next_space(a, end)
+        if s1 is NULL or s1 == a or _next_space(s1 + 1, end) is not NULL:
+            return None
+        if _same(s1 + 1, end - s1 - 1, b"NOW", 3):
+            replicate.token = None
+        elif _parse_int(s1 + 1, end - s1 - 1, &token):
+            replicate.token = token
+        else:
+            return None
+        replicate.stream_name = _name(a, s1 - a)
+    replicate._line = _line_bytes(line_obj, p, n)
+    return replicate
+
+
+cdef object _parse_user_sync(const char* p, Py_ssize_t n, object line_obj,
+                             const char* a, const char* end):
     cdef const char* s1
     cdef const char* s2
     cdef const char* s3
     cdef const char* s4
+    cdef int64_t last_sync_ms
+    cdef bint syncing
+    cdef UserSyncCommand user_sync
+    s1 = _next_space(a, end)
+    if s1 is NULL or s1 == a:
+        return None
+    s2 = _next_space(s1 + 1, end)
+    if s2 is NULL or s2 == s1 + 1:
+        return None
+    s3 = _next_space(s2 + 1, end)
+    if s3 is NULL or s3 == s2 + 1:
+        return None
+    s4 = _next_space(s3 + 1, end)
+    if s4 is NULL or s4 == s3 + 1:
+        return None
+    if _same(s3 + 1, s4 - s3 - 1, b"start", 5):
+        syncing = True
+    elif _same(s3 + 1, s4 - s3 - 1, b"end", 3):
+        syncing = False
+    else:
+        return None
+    if not _parse_int(s4 + 1, end - s4 - 1, &last_sync_ms):
+        return None
+    user_sync = UserSyncCommand.__new__(UserSyncCommand)
+    user_sync._line = _line_bytes(line_obj, p, n)
+    user_sync.instance_id = _name(a, s1 - a)
+    user_sync.user_id = _name(s1 + 1, s2 - s1 - 1)
+    if _same(s2 + 1, s3 - s2 - 1, b"None", 4):
+        user_sync.device_id = None
+    else:
+        user_sync.device_id = _decode(s2 + 1, s3 - s2 - 1)
+    user_sync.is_syncing = syncing
+    user_sync.last_sync_ms = last_sync_ms
+    return user_sync
+
+
+cdef object _parse_federation_ack(const char* p, Py_ssize_t n, object line_obj,
+                                  const char* a, const char* end):
+    cdef int64_t token
+    cdef FederationAckCommand fed_ack
+    cdef const char* s1 = _next_space(a, end)
+    if s1 is NULL or s1 == a or not _parse_int(s1 + 1, end - s1 - 1, &token):
+        return None
+    fed_ack = FederationAckCommand.__new__(FederationAckCommand)
+    fed_ack._line = _line_bytes(line_obj, p, n)
+    fed_ack.instance_name = _name(a, s1 - a)
+    fed_ack.token = token
+    return fed_ack
+
+
+cdef object _parse_user_ip(const char* p, Py_ssize_t n, object line_obj,
+                           const char* a, const char* end):
+    cdef object value
+    cdef UserIpCommand user_ip
+    cdef const char* s1 = _next_space(a, end)
+    if s1 is NULL or s1 == a:
+        return None
+    try:
+        value = _loads(PyBytes_FromStringAndSize(s1 + 1, end - s1 - 1))
+    except _JSONDecodeError:
+        return None
+    if (type(value) is not list or len(value) != 5
+            or type(value[0]) is not str or type(value[1]) is not str
+            or type(value[2]) is not str
+            or not (value[3] is None or type(value[3]) is str)
+            or type(value[4]) is not int
+            or not (-9223372036854775808 <= value[4] <= 9223372036854775807)):
+        return None
+    user_ip = UserIpCommand.__new__(UserIpCommand)
+    user_ip._line = _line_bytes(line_obj, p, n)
+    user_ip.user_id = _decode(a, s1 - a)
+    user_ip.access_token = value[0]
+    user_ip.ip = value[1]
+    user_ip.user_agent = value[2]
+    user_ip.device_id = value[3]
+    user_ip.last_seen = value[4]
+    return user_ip
+
+
+cdef object _parse_lock_released(const char* p, Py_ssize_t n, object line_obj,
+                                 const char* a, const char* end):
+    cdef object value
+    cdef LockReleasedCommand lock
+    try:
+        value = _loads(PyBytes_FromStringAndSize(a, end - a))
+    except _JSONDecodeError:
+        return None
+    if (type(value) is not list or len(value) != 3 or type(value[0]) is not str
+            or type(value[1]) is not str or type(value[2]) is not str):
+        return None
+    lock = LockReleasedCommand.__new__(LockReleasedCommand)
+    lock._line = _line_bytes(line_obj, p, n)
+    lock.instance_name = value[0]
+    lock.lock_name = value[1]
+    lock.lock_key = value[2]
+    return lock
+
+
+cdef inline bint _one_word(const char* a, const char* end) noexcept nogil:
+    """Whether ``a`` to ``end`` is one word: non-empty and without a space."""
+    return a != end and _next_space(a, end) is NULL
+
+
+cdef object _parse_auth_challenge(const char* p, Py_ssize_t n, object line_obj,
+                                  const char* a, const char* end):
+    cdef AuthChallengeCommand challenge
+    if not _one_word(a, end):
+        return None
+    challenge = AuthChallengeCommand.__new__(AuthChallengeCommand)
+    challenge._line = _line_bytes(line_obj, p, n)
+    challenge.nonce = _decode(a, end - a)
+    return challenge
+
+
+cdef object _parse_auth_ok(const char* p, Py_ssize_t n, object line_obj,
+                           const char* a, const char* end):
+    cdef AuthOkCommand auth_ok
+    if not _one_word(a, end):
+        return None
+    auth_ok = AuthOkCommand.__new__(AuthOkCommand)
+    auth_ok._line = _line_bytes(line_obj, p, n)
+    auth_ok.proof = _decode(a, end - a)
+    return auth_ok
+
+
+cdef object _parse_auth_response(const char* p, Py_ssize_t n, object line_obj,
+                                 const char* a, const char* end):
+    cdef AuthResponseCommand response
+    cdef const char* s2
+    cdef const char* s1 = _next_space(a, end)
+    if s1 is NULL or s1 == a:
+        return None
+    s2 = _next_space(s1 + 1, end)
+    if s2 is NULL or s2 == s1 + 1 or s2 + 1 == end or _next_space(s2 + 1, end) is not NULL:
+        return None
+    response = AuthResponseCommand.__new__(AuthResponseCommand)
+    response._line = _line_bytes(line_obj, p, n)
+    response.instance_name = _decode(a, s1 - a)
+    response.nonce = _decode(s1 + 1, s2 - s1 - 1)
+    response.proof = _decode(s2 + 1, end - s2 - 1)
+    return response
+
+
+cdef object _parse(const char* p, Py_ssize_t n, object line_obj):
+    """The command of line ``p[:n]``, or None when the line is rejected.
+
+    ``line_obj`` is the line as a bytes object when the caller has one. The name
+    picks the command's kind; the arguments must be UTF-8; then the kind's helper
+    parses them.
+    """
+    cdef const char* end = p + n
+    cdef const char* a
     cdef const char* name_end = <const char*>memchr(p, b' ', n)
     cdef CommandKind kind
-    cdef int64_t t1, t2
-    cdef RdataCommand rdata
-    cdef PositionCommand position
-    cdef ReplicateCommand replicate
-    cdef UserSyncCommand user_sync
-    cdef FederationAckCommand fed_ack
-    cdef UserIpCommand user_ip
-    cdef LockReleasedCommand lock
-    cdef AuthChallengeCommand challenge
-    cdef AuthResponseCommand response
-    cdef AuthOkCommand auth_ok
-    cdef object value
-    cdef bint syncing
     if name_end is NULL:
         name_end = end
         a = end
@@ -1227,187 +1449,30 @@ cdef object _parse(const char* p, Py_ssize_t n, object line_obj):
         return None
     if not _valid_utf8(a, end - a):
         return None
-
     if kind == CMD_RDATA:
-        s1 = _next_space(a, end)
-        if s1 is NULL or s1 == a:
-            return None
-        s2 = _next_space(s1 + 1, end)
-        if s2 is NULL or s2 == s1 + 1:
-            return None
-        s3 = _next_space(s2 + 1, end)
-        if s3 is NULL or s3 == s2 + 1 or s3 + 1 == end:
-            return None
-        rdata = RdataCommand.__new__(RdataCommand)
-        if _same(s2 + 1, s3 - s2 - 1, b"batch", 5):
-            rdata._batch = True
-            rdata._token = 0
-        elif _parse_int(s2 + 1, s3 - s2 - 1, &t1):
-            rdata._batch = False
-            rdata._token = t1
-        else:
-            return None
-        rdata._line = _line_bytes(line_obj, p, n)
-        rdata.stream_name = _name(a, s1 - a)
-        rdata.instance_name = _name(s1 + 1, s2 - s1 - 1)
-        rdata._row_start = s3 + 1 - p
-        rdata._row = _MISSING
-        return rdata
-
+        return _parse_rdata(p, n, line_obj, a, end)
     if kind == CMD_POSITION:
-        s1 = _next_space(a, end)
-        if s1 is NULL or s1 == a:
-            return None
-        s2 = _next_space(s1 + 1, end)
-        if s2 is NULL or s2 == s1 + 1:
-            return None
-        s3 = _next_space(s2 + 1, end)
-        if s3 is NULL or s3 == s2 + 1:
-            return None
-        if not _parse_int(s2 + 1, s3 - s2 - 1, &t1) or not _parse_int(s3 + 1, end - s3 - 1, &t2):
-            return None
-        position = PositionCommand.__new__(PositionCommand)
-        position._line = _line_bytes(line_obj, p, n)
-        position.stream_name = _name(a, s1 - a)
-        position.instance_name = _name(s1 + 1, s2 - s1 - 1)
-        position._prev_token = t1
-        position._new_token = t2
-        return position
-
+        return _parse_position(p, n, line_obj, a, end)
     if kind == CMD_PING or kind == CMD_SERVER or kind == CMD_ERROR or kind == CMD_NAME \
             or kind == CMD_REMOTE_SERVER_UP or kind == CMD_NEW_ACTIVE_TASK \
             or kind == CMD_CANCEL_TASK or kind == CMD_CLEAR_USER_SYNC:
         return _text_command(kind, _line_bytes(line_obj, p, n), a, end)
-
     if kind == CMD_REPLICATE:
-        replicate = ReplicateCommand.__new__(ReplicateCommand)
-        if a == end:
-            replicate.stream_name = None
-            replicate.token = None
-        else:
-            s1 = _next_space(a, end)
-            if s1 is NULL or s1 == a or _next_space(s1 + 1, end) is not NULL:
-                return None
-            if _same(s1 + 1, end - s1 - 1, b"NOW", 3):
-                replicate.token = None
-            elif _parse_int(s1 + 1, end - s1 - 1, &t1):
-                replicate.token = t1
-            else:
-                return None
-            replicate.stream_name = _name(a, s1 - a)
-        replicate._line = _line_bytes(line_obj, p, n)
-        return replicate
-
+        return _parse_replicate(p, n, line_obj, a, end)
     if kind == CMD_USER_SYNC:
-        s1 = _next_space(a, end)
-        if s1 is NULL or s1 == a:
-            return None
-        s2 = _next_space(s1 + 1, end)
-        if s2 is NULL or s2 == s1 + 1:
-            return None
-        s3 = _next_space(s2 + 1, end)
-        if s3 is NULL or s3 == s2 + 1:
-            return None
-        s4 = _next_space(s3 + 1, end)
-        if s4 is NULL or s4 == s3 + 1:
-            return None
-        if _same(s3 + 1, s4 - s3 - 1, b"start", 5):
-            syncing = True
-        elif _same(s3 + 1, s4 - s3 - 1, b"end", 3):
-            syncing = False
-        else:
-            return None
-        if not _parse_int(s4 + 1, end - s4 - 1, &t1):
-            return None
-        user_sync = UserSyncCommand.__new__(UserSyncCommand)
-        user_sync._line = _line_bytes(line_obj, p, n)
-        user_sync.instance_id = _name(a, s1 - a)
-        user_sync.user_id = _name(s1 + 1, s2 - s1 - 1)
-        if _same(s2 + 1, s3 - s2 - 1, b"None", 4):
-            user_sync.device_id = None
-        else:
-            user_sync.device_id = _decode(s2 + 1, s3 - s2 - 1)
-        user_sync.is_syncing = syncing
-        user_sync.last_sync_ms = t1
-        return user_sync
-
+        return _parse_user_sync(p, n, line_obj, a, end)
     if kind == CMD_FEDERATION_ACK:
-        s1 = _next_space(a, end)
-        if s1 is NULL or s1 == a or not _parse_int(s1 + 1, end - s1 - 1, &t1):
-            return None
-        fed_ack = FederationAckCommand.__new__(FederationAckCommand)
-        fed_ack._line = _line_bytes(line_obj, p, n)
-        fed_ack.instance_name = _name(a, s1 - a)
-        fed_ack.token = t1
-        return fed_ack
-
+        return _parse_federation_ack(p, n, line_obj, a, end)
     if kind == CMD_USER_IP:
-        s1 = _next_space(a, end)
-        if s1 is NULL or s1 == a:
-            return None
-        try:
-            value = _loads(PyBytes_FromStringAndSize(s1 + 1, end - s1 - 1))
-        except _JSONDecodeError:
-            return None
-        if (type(value) is not list or len(value) != 5
-                or type(value[0]) is not str or type(value[1]) is not str
-                or type(value[2]) is not str
-                or not (value[3] is None or type(value[3]) is str)
-                or type(value[4]) is not int
-                or not (-9223372036854775808 <= value[4] <= 9223372036854775807)):
-            return None
-        user_ip = UserIpCommand.__new__(UserIpCommand)
-        user_ip._line = _line_bytes(line_obj, p, n)
-        user_ip.user_id = _decode(a, s1 - a)
-        user_ip.access_token = value[0]
-        user_ip.ip = value[1]
-        user_ip.user_agent = value[2]
-        user_ip.device_id = value[3]
-        user_ip.last_seen = value[4]
-        return user_ip
-
+        return _parse_user_ip(p, n, line_obj, a, end)
     if kind == CMD_LOCK_RELEASED:
-        try:
-            value = _loads(PyBytes_FromStringAndSize(a, end - a))
-        except _JSONDecodeError:
-            return None
-        if (type(value) is not list or len(value) != 3 or type(value[0]) is not str
-                or type(value[1]) is not str or type(value[2]) is not str):
-            return None
-        lock = LockReleasedCommand.__new__(LockReleasedCommand)
-        lock._line = _line_bytes(line_obj, p, n)
-        lock.instance_name = value[0]
-        lock.lock_name = value[1]
-        lock.lock_key = value[2]
-        return lock
-
-    if kind == CMD_AUTH_CHALLENGE or kind == CMD_AUTH_OK:
-        # One word: the rest of the line, non-empty and without a space.
-        if a == end or _next_space(a, end) is not NULL:
-            return None
-        if kind == CMD_AUTH_OK:
-            auth_ok = AuthOkCommand.__new__(AuthOkCommand)
-            auth_ok._line = _line_bytes(line_obj, p, n)
-            auth_ok.proof = _decode(a, end - a)
-            return auth_ok
-        challenge = AuthChallengeCommand.__new__(AuthChallengeCommand)
-        challenge._line = _line_bytes(line_obj, p, n)
-        challenge.nonce = _decode(a, end - a)
-        return challenge
-
+        return _parse_lock_released(p, n, line_obj, a, end)
+    if kind == CMD_AUTH_CHALLENGE:
+        return _parse_auth_challenge(p, n, line_obj, a, end)
+    if kind == CMD_AUTH_OK:
+        return _parse_auth_ok(p, n, line_obj, a, end)
     if kind == CMD_AUTH_RESPONSE:
-        s1 = _next_space(a, end)
-        if s1 is NULL or s1 == a:
-            return None
-        s2 = _next_space(s1 + 1, end)
-        if s2 is NULL or s2 == s1 + 1 or s2 + 1 == end or _next_space(s2 + 1, end) is not NULL:
-            return None
-        response = AuthResponseCommand.__new__(AuthResponseCommand)
-        response._line = _line_bytes(line_obj, p, n)
-        response.instance_name = _decode(a, s1 - a)
-        response.nonce = _decode(s1 + 1, s2 - s1 - 1)
-        response.proof = _decode(s2 + 1, end - s2 - 1)
-        return response
+        return _parse_auth_response(p, n, line_obj, a, end)
     return None
 
 

@@ -12,13 +12,15 @@ Every other description of the commands follows this table:
   ``.pyi`` stub and ``docs/wire-protocol.md`` against it (names, arities,
   senders) and fails on any disagreement.
 
-Adding a command: declare it in :data:`COMMAND_SET`; write its class in
-``streamrep/_pure/wire.py`` (``NAME``, ``FIELDS``, ``_parse``) and in
-``src/_core/wire.pyx`` (a ``CommandKind`` member, a ``_kind`` match, the class
-and its branch in the parser), its stub in ``src/_core/wire.pyi``, its
-re-export in ``streamrep/wire.py``, its row in ``docs/wire-protocol.md``, and an
-``on_<NAME>`` handler in the protocol for each side that accepts it.
-``tests/test_wire_commands.py`` names whatever is still missing.
+Adding a command: declare it in :data:`COMMAND_SET`, then run
+``tests/test_wire_commands.py``, whose ``test_every_declared_command_has_every_piece``
+lists each piece still missing, file by file: in ``src/_core/wire.pyx`` a
+``CommandKind`` member, its match in ``_kind``, the class, a parse helper and its
+branch in ``_parse``, and the ``COMMANDS`` entry; in ``streamrep/_pure/wire.py``
+the class (``NAME``, ``FIELDS``, ``_parse``) in ``COMMANDS`` and ``__all__``; the
+stub in ``src/_core/wire.pyi``; the re-export in ``streamrep/wire.py``; the row
+in ``docs/wire-protocol.md``. A side that acts on the command adds an
+``on_<NAME>`` handler in the protocol (see CONTRIBUTING.md).
 """
 
 from __future__ import annotations
