@@ -14,18 +14,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import orjson
 
-from streamrep.db import Migration, Transaction, register_schema
+from streamrep.db import Database, Migration, Transaction, register_schema
 from streamrep.errors import StreamIdError
 from streamrep.idgen import BackingTable
-from streamrep.streams.definition import RowFormat, StreamDefinition, StreamRow
+from streamrep.streams.definition import RowFormat, Stream, StreamDefinition, StreamRow
 from streamrep.streams.memory import InMemoryStream
-
-if TYPE_CHECKING:
-    from streamrep.streams.handle import Streams
 
 SCHEMA = "streams"
 
@@ -169,91 +166,91 @@ BUILTIN_STREAMS: tuple[StreamDefinition, ...] = (CACHES, ACCOUNT_DATA, TO_DEVICE
 # -- writing ---------------------------------------------------------------------------
 
 
-def _writer_streams(streams: "Streams", name: str) -> Any:
-    stream = streams.get(name)
+def _writer_database(stream: Stream) -> Database:
+    """The database *stream* writes to; refuses a process that does not write it."""
     stream.id_gen._require_writer()
-    assert streams.db is not None
-    return stream
+    assert stream.db is not None
+    return stream.db
 
 
-def add_cache_invalidation(streams: "Streams", cache_name: str, keys: Sequence[Any] | None,
+def add_cache_invalidation(stream: Stream, instance_name: str, cache_name: str,
+                           keys: Sequence[Any] | None,
                            invalidation_ts_ms: int | None = None) -> int:
     """Append one cache invalidation to ``caches``; return its token."""
-    stream = _writer_streams(streams, CACHES.name)
+    db = _writer_database(stream)
     ts = int(time.time() * 1000) if invalidation_ts_ms is None else int(invalidation_ts_ms)
     keys_json = None if keys is None else _json(list(keys))
     # Database.run writes the fact exactly once, on a new connection if one drops;
     # the ID completes when the block exits, whatever the outcome.
     with stream.id_gen.get_next() as stream_id:
-        streams.db.run(lambda txn: txn.execute(
+        db.run(lambda txn: txn.execute(
             "INSERT INTO cache_invalidations"
             " (stream_id, instance_name, cache_name, keys_json, invalidation_ts)"
             " VALUES (?, ?, ?, ?, ?)",
-            (stream_id, streams.instance_name, cache_name, keys_json, ts),
+            (stream_id, instance_name, cache_name, keys_json, ts),
         ), name="add_cache_invalidation")
     return int(stream_id)
 
 
-def add_account_data(streams: "Streams", user_id: str, data_type: str,
+def add_account_data(stream: Stream, instance_name: str, user_id: str, data_type: str,
                      content: Mapping[str, Any], room_id: str | None = None) -> int:
     """Set account data (replacing the previous value); return its token."""
-    stream = _writer_streams(streams, ACCOUNT_DATA.name)
+    db = _writer_database(stream)
     content_json = _json(dict(content))
     with stream.id_gen.get_next() as stream_id:
-        streams.db.run(lambda txn: txn.execute(
+        db.run(lambda txn: txn.execute(
             "INSERT INTO account_data (stream_id, instance_name, user_id, room_id,"
             " account_data_type, content_json) VALUES (?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (user_id, room_id, account_data_type) DO UPDATE SET"
             " stream_id = excluded.stream_id, instance_name = excluded.instance_name,"
             " content_json = excluded.content_json",
-            (stream_id, streams.instance_name, user_id, room_id or "", data_type,
+            (stream_id, instance_name, user_id, room_id or "", data_type,
              content_json),
         ), name="add_account_data")
     return int(stream_id)
 
 
-def send_to_device(streams: "Streams",
+def send_to_device(stream: Stream, instance_name: str,
                    messages: Sequence[tuple[str, str, Mapping[str, Any]]]) -> int:
     """Queue to-device messages as one fact (one stream row per recipient user); return
     its token."""
     if not messages:
         raise StreamIdError("send_to_device needs at least one message")
-    stream = _writer_streams(streams, TO_DEVICE.name)
+    db = _writer_database(stream)
     with stream.id_gen.get_next() as stream_id:
-        streams.db.run(lambda txn: txn.executemany(
+        db.run(lambda txn: txn.executemany(
             "INSERT INTO device_inbox (stream_id, instance_name, user_id, device_id,"
             " message_json) VALUES (?, ?, ?, ?, ?)",
-            [(stream_id, streams.instance_name, user, device, _json(dict(message)))
+            [(stream_id, instance_name, user, device, _json(dict(message)))
              for user, device, message in messages],
         ), name="send_to_device")
     return int(stream_id)
 
 
-def add_receipt(streams: "Streams", room_id: str, receipt_type: str, user_id: str,
-                event_id: str, data: Mapping[str, Any] | None = None,
+def add_receipt(stream: Stream, instance_name: str, room_id: str, receipt_type: str,
+                user_id: str, event_id: str, data: Mapping[str, Any] | None = None,
                 thread_id: str | None = None) -> int:
     """Record a receipt (replacing the user's previous one in that room and thread)."""
-    stream = _writer_streams(streams, RECEIPTS.name)
+    db = _writer_database(stream)
     with stream.id_gen.get_next() as stream_id:
-        streams.db.run(lambda txn: txn.execute(
+        db.run(lambda txn: txn.execute(
             "INSERT INTO receipts (stream_id, instance_name, room_id, receipt_type,"
             " user_id, thread_id, event_id, data_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (room_id, receipt_type, user_id, thread_id) DO UPDATE SET"
             " stream_id = excluded.stream_id, instance_name = excluded.instance_name,"
             " event_id = excluded.event_id, data_json = excluded.data_json",
-            (stream_id, streams.instance_name, room_id, receipt_type, user_id,
+            (stream_id, instance_name, room_id, receipt_type, user_id,
              thread_id or "", event_id, _json(dict(data or {}))),
         ), name="add_receipt")
     return int(stream_id)
 
 
-def get_device_messages(streams: "Streams", user_id: str, from_token: int,
+def get_device_messages(db: Database, user_id: str, from_token: int,
                         upto_token: int) -> list[tuple[int, str, dict[str, Any]]]:
     """The to-device messages for *user_id* with ``from_token < token <= upto_token``,
     as ``(token, device_id, message)`` in token order: what a ``to_device`` row for
     that user announces."""
-    assert streams.db is not None
-    rows = streams.db.fetchall(
+    rows = db.fetchall(
         "SELECT stream_id, device_id, message_json FROM device_inbox"
         " WHERE user_id = ? AND stream_id > ? AND stream_id <= ?"
         " ORDER BY stream_id, device_id",

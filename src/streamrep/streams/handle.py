@@ -139,29 +139,32 @@ class Streams:
     def add_cache_invalidation(self, cache_name: str, keys: Sequence[object] | None,
                                invalidation_ts_ms: int | None = None) -> int:
         """Append a cache invalidation (``keys=None``: the whole cache); return its token."""
-        return builtin.add_cache_invalidation(self, cache_name, keys, invalidation_ts_ms)
+        return builtin.add_cache_invalidation(self.get(builtin.CACHES.name), self.instance_name,
+                                              cache_name, keys, invalidation_ts_ms)
 
     def add_account_data(self, user_id: str, data_type: str, content: Mapping[str, object],
                          room_id: str | None = None) -> int:
         """Set a user's (room) account data of *data_type*; return its token."""
-        return builtin.add_account_data(self, user_id, data_type, content, room_id)
+        return builtin.add_account_data(self.get(builtin.ACCOUNT_DATA.name), self.instance_name,
+                                        user_id, data_type, content, room_id)
 
     def send_to_device(self, messages: Sequence[tuple[str, str, Mapping[str, object]]]) -> int:
         """Queue ``(user_id, device_id, message)`` to-device messages as one fact."""
-        return builtin.send_to_device(self, messages)
+        return builtin.send_to_device(self.get(builtin.TO_DEVICE.name), self.instance_name,
+                                      messages)
 
     def get_device_messages(self, user_id: str, from_token: int,
                             upto_token: int) -> list[tuple[int, str, dict[str, object]]]:
         """To-device messages for *user_id* in ``(from_token, upto_token]`` as
         ``(token, device_id, message)``: what ``to_device`` rows for the user announce."""
-        return builtin.get_device_messages(self, user_id, from_token, upto_token)
+        return builtin.get_device_messages(self.db, user_id, from_token, upto_token)
 
     def add_receipt(self, room_id: str, receipt_type: str, user_id: str, event_id: str,
                     data: Mapping[str, object] | None = None,
                     thread_id: str | None = None) -> int:
         """Record a user's receipt in a room (replacing their previous one)."""
-        return builtin.add_receipt(self, room_id, receipt_type, user_id, event_id, data,
-                                   thread_id)
+        return builtin.add_receipt(self.get(builtin.RECEIPTS.name), self.instance_name,
+                                   room_id, receipt_type, user_id, event_id, data, thread_id)
 
     def set_typing(self, room_id: str, user_ids: Sequence[str]) -> int:
         """Set who is typing in *room_id* (in memory); return the typing token."""
