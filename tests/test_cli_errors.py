@@ -378,3 +378,25 @@ def test_serve_and_write_refuse_another_deployments_database(workdir: Path) -> N
     proc = run("write", "--db", other, "--server-name", "mine.example", "--connect", "127.0.0.1:1",
                "--instance-name", "w1", "--stream", "caches", "--count", "1", cwd=workdir)
     assert_one_line(proc, ExitCode.DEPLOYMENT_MISMATCH, "streamrep write", "'other.example'")
+
+
+# --- the first hour: check-config, serve's logs and options -----------------------------
+
+
+def test_check_config_suggests_no_flag_it_does_not_take(workdir: Path) -> None:
+    import click
+    from click.testing import CliRunner
+
+    path = workdir / "streamrep.yaml"
+    path.write_text("listen: 127.0.0.1:9092\n")
+    checked = CliRunner().invoke(main, ["check-config", str(path), "--no-port-check"])
+    assert checked.exit_code == ExitCode.USAGE
+    missing = [line for line in checked.output.splitlines() if "server_name: missing" in line]
+    assert missing and "--server-name" not in missing[0], checked.output
+    assert "--server-name" not in (main.get_command(click.Context(main), "check-config")
+                                   .get_help(click.Context(main)))
+    # serve takes --server-name, so its line may suggest it.
+    served = run("serve", "--config", str(path), cwd=workdir)
+    assert served.returncode == ExitCode.USAGE
+    assert "server_name: missing; add `server_name: example.com` (the name workers check on " \
+           "connect) or pass --server-name" in served.stderr

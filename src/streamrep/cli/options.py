@@ -64,7 +64,7 @@ def config_from_click(ctx: click.Context, config_path: str | None,
         overrides[key] = value
     try:
         config = load_config(config_path, overrides, streams=known_streams(),
-                             check_ports_of=check_ports_of)
+                             check_ports_of=check_ports_of, flag_keys=flags.values())
         if check_own_ports:
             check_ports(config, config.instance_name)
         return config

@@ -90,7 +90,8 @@ def _set_dotted(data: dict[str, Any], key: str, value: object) -> None:
 def load_config(path: str | os.PathLike[str] | None,
                 overrides: Mapping[str, object] | None = None,
                 *, streams: Iterable[StreamDefinition],
-                check_ports_of: str | None = None) -> Config:
+                check_ports_of: str | None = None,
+                flag_keys: Iterable[str] = ()) -> Config:
     """Read, override and validate a configuration; raise ConfigError on any problem.
 
     *path* is a YAML file (None: defaults and *overrides* alone). *overrides* maps
@@ -100,10 +101,12 @@ def load_config(path: str | os.PathLike[str] | None,
     (:func:`streamrep.catalogue.known_streams`): ``stream_writers`` may name only
     them, and the loaded configuration names a writer for each. With
     *check_ports_of*, the ports that instance will listen on are checked too (see
-    :func:`check_ports`). Every problem is collected before raising.
+    :func:`check_ports`). *flag_keys* are the keys the calling command also takes as
+    flags, which a problem's fix may then suggest. Every problem is collected before
+    raising.
     """
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
-    problems = Problems({k: FLAG_OF_KEY.get(k, "") for k in overrides})
+    problems = Problems({k: FLAG_OF_KEY.get(k, "") for k in overrides}, flag_keys)
     source = os.fspath(path) if path is not None else None
     data: dict[str, Any] | None = {}
     if source is not None:

@@ -39,11 +39,19 @@ class Problems:
     """Collects one line per problem: ``config error: <key>: <what>; <fix>``.
 
     *flag_keys* maps the keys a flag set to that flag's name, which the line shows.
+    *offered* are the keys the running command also takes as flags: a fix may then
+    suggest the flag (:meth:`or_flag`), and never when the command has no such flag.
     """
 
-    def __init__(self, flag_keys: Mapping[str, str]) -> None:
+    def __init__(self, flag_keys: Mapping[str, str], offered: Iterable[str] = ()) -> None:
         self.lines: list[str] = []
         self._flag_keys = flag_keys
+        self._offered = frozenset(offered)
+
+    def or_flag(self, key: str) -> str:
+        """`` or pass --flag`` when the running command takes *key* as a flag, else ""."""
+        flag = FLAG_OF_KEY.get(key)
+        return f" or pass {flag}" if flag is not None and key in self._offered else ""
 
     def add(self, key: str, what: str, fix: str) -> None:
         """Record that *key* is wrong because *what*, fixed by *fix*."""

@@ -81,7 +81,7 @@ def _identity(data: Mapping[str, Any], problems: Problems) -> _Identity:
     server_name = data.get("server_name")
     if server_name is None:
         problems.add("server_name", "missing", "add `server_name: example.com` "
-                     "(the name workers check on connect) or pass --server-name")
+                     "(the name workers check on connect)" + problems.or_flag("server_name"))
     elif not isinstance(server_name, str) or not server_name.strip() or any(
             c.isspace() for c in server_name):
         problems.add("server_name", f"{server_name!r} is not a server name",
