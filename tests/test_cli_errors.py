@@ -400,3 +400,41 @@ def test_check_config_suggests_no_flag_it_does_not_take(workdir: Path) -> None:
     assert served.returncode == ExitCode.USAGE
     assert "server_name: missing; add `server_name: example.com` (the name workers check on " \
            "connect) or pass --server-name" in served.stderr
+
+
+def _serve_log(workdir: Path, db: str) -> str:
+    """What ``serve --log-level info`` logs while it opens *db* and starts, then stops."""
+    import signal
+    import socket
+    import time
+
+    listen = free_address()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamrep", "serve", "--db", db, "--listen", listen,
+         "--log-level", "info"], cwd=workdir, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONWARNINGS": ""})
+    assert proc.stderr is not None
+    lines = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        lines.append(line)
+        if not line or "listening on" in line:
+            break
+    # The hub greets a connection once it serves (and handles SIGTERM).
+    host, port = listen.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as peer:
+        assert peer.makefile("rb").readline().startswith(b"SERVER ")
+    proc.send_signal(signal.SIGTERM)
+    _, rest = proc.communicate(timeout=30)
+    text = "".join(lines) + rest
+    assert proc.returncode == 0, text
+    assert "applied migration" in text, text
+    return text
+
+
+def test_serve_logs_only_its_own_engines_migrations(workdir: Path, pg_url: str) -> None:
+    postgres = _serve_log(workdir, pg_url)
+    assert "SQLite" not in postgres, [line for line in postgres.splitlines() if "SQLite" in line]
+    sqlite = _serve_log(workdir, f"sqlite:///{workdir / 'streamrep.db'}")
+    assert "(PostgreSQL)" not in sqlite, [line for line in sqlite.splitlines() if "PostgreSQL" in line]

@@ -184,13 +184,19 @@ class Migrator:
                     self._applied[component.name] = latest
                     return latest
                 step = component.migrations[current]
-                for statement in step.statements(self._engine):
+                statements = step.statements(self._engine)
+                for statement in statements:
                     txn.execute(statement)
                 if step.run is not None:
                     step.run(txn)
                 _record_version(txn, component.name, current, step.version)
-                logger.info("schema %s: applied migration %d %s", component.name,
-                            step.version, step.description)
+                if statements or step.run is not None:
+                    logger.info("schema %s: applied migration %d %s", component.name,
+                                step.version, step.description)
+                else:
+                    # A step for the other engine only: its description is not this one's.
+                    logger.debug("schema %s: migration %d has nothing to do on %s",
+                                 component.name, step.version, self._engine)
 
 
 def _ensure_versions_table(txn: Transaction) -> None:
