@@ -438,3 +438,14 @@ def test_serve_logs_only_its_own_engines_migrations(workdir: Path, pg_url: str) 
     assert "SQLite" not in postgres, [line for line in postgres.splitlines() if "SQLite" in line]
     sqlite = _serve_log(workdir, f"sqlite:///{workdir / 'streamrep.db'}")
     assert "(PostgreSQL)" not in sqlite, [line for line in sqlite.splitlines() if "PostgreSQL" in line]
+
+
+def test_serve_log_level_takes_a_level_only(workdir: Path) -> None:
+    refused = run("serve", "--log-level", "loud", "--db", f"sqlite:///{workdir / 'x.db'}",
+                  cwd=workdir)
+    assert refused.returncode == ExitCode.USAGE
+    assert "Invalid value for '--log-level': 'loud' is not one of" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert not (workdir / "x.db").exists()
+    helped = run("serve", "--help", cwd=workdir)
+    assert "--log-level [debug|info|warning|error|critical]" in helped.stdout

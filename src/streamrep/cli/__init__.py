@@ -80,7 +80,8 @@ def _set_up_logging(ctx: click.Context, param: click.Parameter, value: Any) -> N
 def with_log_level(command: click.Command) -> click.Command:
     """Give *command* (and every subcommand of a group) a ``--log-level`` option: one
     that sets up logging where the command has none, else its own, noted so that a
-    failure's traceback is printed only at ``debug``."""
+    failure's traceback is printed only at ``debug``. A command's own option that
+    takes any text is made to take the configuration's log levels only."""
     if isinstance(command, click.Group):
         for sub in command.commands.values():
             with_log_level(sub)
@@ -92,8 +93,14 @@ def with_log_level(command: click.Command) -> click.Command:
                                                case_sensitive=False),
             default="warning", show_default=True, expose_value=False, is_eager=True,
             callback=_set_up_logging, help="Log level (debug also prints tracebacks)."))
-    elif own.callback is None:
-        own.callback = _note_log_level
+    else:
+        if own.type is click.STRING:
+            from streamrep.config.validation import LOG_LEVELS
+
+            own.type = click.Choice([level.lower() for level in LOG_LEVELS],
+                                    case_sensitive=False)
+        if own.callback is None:
+            own.callback = _note_log_level
     return command
 
 
