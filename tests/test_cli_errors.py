@@ -449,3 +449,19 @@ def test_serve_log_level_takes_a_level_only(workdir: Path) -> None:
     assert not (workdir / "x.db").exists()
     helped = run("serve", "--help", cwd=workdir)
     assert "--log-level [debug|info|warning|error|critical]" in helped.stdout
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_shell_completion_script_is_produced(shell: str) -> None:
+    from click.testing import CliRunner
+
+    runner = CliRunner()
+    script = runner.invoke(main, [], prog_name="streamrep",
+                           env={"_STREAMREP_COMPLETE": f"{shell}_source"})
+    assert script.exit_code == 0, script.output
+    assert "_STREAMREP_COMPLETE" in script.output and "streamrep" in script.output
+    # What the bash script asks the program when completing `streamrep serve --log-l`.
+    asked = runner.invoke(main, [], prog_name="streamrep", env={
+        "_STREAMREP_COMPLETE": "bash_complete", "COMP_WORDS": "streamrep serve --log-l",
+        "COMP_CWORD": "2"})
+    assert asked.output.split() == ["plain,--log-level"], asked.output
