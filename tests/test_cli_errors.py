@@ -465,3 +465,88 @@ def test_shell_completion_script_is_produced(shell: str) -> None:
         "_STREAMREP_COMPLETE": "bash_complete", "COMP_WORDS": "streamrep serve --log-l",
         "COMP_CWORD": "2"})
     assert asked.output.split() == ["plain,--log-level"], asked.output
+
+
+# --- the documented exit statuses against the code ----------------------------------------
+
+
+def _operations() -> str:
+    return (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
+
+
+def _exit_section() -> str:
+    text = _operations()
+    section = text[text.index("## Exit statuses"):]
+    return section[:section.index("\n## ", 1)]
+
+
+def _statuses_in_code(module: str) -> set[int]:
+    """The statuses *module* and the cli helpers it imports give themselves:
+    ``ExitCode.NAME`` anywhere, and integers passed to ``sys.exit``/``SystemExit``."""
+    import ast
+    import importlib.util
+
+    seen: set[str] = set()
+    statuses: set[int] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        if name in seen or name in ("streamrep.cli", "streamrep.cli.exits"):
+            continue
+        seen.add(name)
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None, name
+        tree = ast.parse(Path(spec.origin).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("streamrep.cli."):
+                todo.append(node.module or "")
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id == "ExitCode":
+                statuses.add(int(ExitCode[node.attr]))
+            elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("sys.exit", "SystemExit"):
+                statuses.update(n.value for arg in node.args for n in ast.walk(arg)
+                                if isinstance(n, ast.Constant) and type(n.value) is int)
+    return statuses
+
+
+def test_exit_status_table_is_exit_code() -> None:
+    import re
+
+    rows = re.findall(r"^\| (\d+) \| `(\w+)` \| (.+?) \|$", _exit_section(), re.M)
+    assert [(int(n), name) for n, name, _ in rows] == [(int(c), c.name) for c in ExitCode]
+    # Each meaning is the one exits.py gives the member.
+    source = (Path(__file__).resolve().parent.parent / "src" / "streamrep" / "cli" / "exits.py").read_text()
+    comments = dict((name, " ".join(text.split())) for text, name in re.findall(
+        r"#: ((?:.*\n\s+#: )*.*)\n\s+(\w+) = \d+", source))
+    for _, name, meaning in rows:
+        code_text = re.sub(r"\s*#: ", " ", comments[name]).strip("` ").replace("``", "`")
+        assert meaning.lower() == code_text.lower(), (name, meaning, code_text)
+
+
+def test_each_command_gives_the_statuses_documented_for_it() -> None:
+    import re
+
+    section = _exit_section()
+    table = section[section.index("| Command |"):]
+    documented = {name: {int(n) for n in re.findall(r"\d+", statuses)}
+                  for name, statuses in re.findall(r"^\| `(\S+)` \| ([^|]*) \|$", table, re.M)}
+    assert sorted(documented) == sorted(SUBCOMMANDS)
+    known = {int(code) for code in ExitCode}
+    for command, target in SUBCOMMANDS.items():
+        given = _statuses_in_code(target.partition(":")[0]) - {0}
+        assert documented[command] <= known, (command, documented[command] - known)
+        assert given == documented[command], (
+            f"streamrep {command} gives {sorted(given)} itself, operations.md says "
+            f"{sorted(documented[command])}")
+
+
+def test_every_status_named_in_the_docs_has_its_number() -> None:
+    import re
+
+    root = Path(__file__).resolve().parent.parent
+    wrong = []
+    for page in [*sorted((root / "docs").glob("*.md")), root / "README.md"]:
+        for number, name in re.findall(r"\b(\d+),? \(?`([A-Z][A-Z_]+)`", page.read_text()):
+            if name in ExitCode.__members__ and int(ExitCode[name]) != int(number):
+                wrong.append(f"{page.name}: {number} {name} (is {int(ExitCode[name])})")
+    assert not wrong, wrong
