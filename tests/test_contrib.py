@@ -45,13 +45,15 @@ def _rules() -> list[dict[str, object]]:
 
 
 def _exported_metrics() -> set[str]:
-    """Every metric a hub and a client expose (counters with their ``_total``)."""
-    from streamrep.replication import MemorySource, ReplicationClient, ReplicationHub
+    """Every metric a hub and a process's link (over TCP or Redis) expose, counters
+    with their ``_total``."""
+    from streamrep.replication import LinkSettings, MemorySource, ReplicationHub, open_link
 
     hub = ReplicationHub("hub.example", MemorySource(["caches"]), port=0)
-    client = ReplicationClient("127.0.0.1", 1, client_name="worker1")
+    tcp = open_link(LinkSettings("worker1", "hub.example", hub=("127.0.0.1", 1)))
+    redis = open_link(LinkSettings("worker1", "hub.example", redis_url="redis://127.0.0.1:1"))
     return {family.name + ("_total" if family.type == "counter" else "")
-            for registry in (hub.metrics.registry, client.metrics.registry)
+            for registry in (hub.metrics.registry, tcp.metrics.registry, redis.metrics.registry)
             for family in registry.collect()}
 
 
