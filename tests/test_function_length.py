@@ -19,8 +19,6 @@ RESHAPING = frozenset({
     "src/streamrep/_pure/state.py",
     "src/streamrep/_pure/treewalk.py",
     "src/streamrep/cli/tail.py",
-    "src/streamrep/cli/write.py",
-    "src/streamrep/spark/compress.py",
     "src/_core/compress.pyx",
     "src/_core/state.pyx",
 })
