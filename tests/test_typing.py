@@ -86,3 +86,17 @@ def test_the_public_api_types_a_users_worker_and_writer(tmp_path: Path, pytestco
     assert 'Argument 1 has incompatible type "Callable[[str, int, list[ReceiptsRow]], None]"' in wrong.stdout, \
         wrong.stdout
     assert '"str" has no attribute "no_such_attribute"' in wrong.stdout, wrong.stdout
+
+
+@pytest.mark.slow
+def test_spark_functions_type_check_as_a_user_uses_them(tmp_path: Path,
+                                                       pytestconfig: pytest.Config) -> None:
+    """tests/data/typed_spark_user.py, a pipeline over streamrep.spark.functions,
+    passes mypy --strict; typed_spark_user_wrong.py holds mistakes the types catch."""
+    ok = _mypy_user_file(tmp_path / "ok", pytestconfig, "typed_spark_user.py")
+    assert ok.returncode == 0, ok.stdout[-4000:] + ok.stderr[-2000:]
+    wrong = _mypy_user_file(tmp_path / "wrong", pytestconfig, "typed_spark_user_wrong.py")
+    assert wrong.returncode != 0
+    assert 'Argument "split_threshold" to "full_state" has incompatible type "str"' in wrong.stdout, \
+        wrong.stdout
+    assert '"CompressionPlan" has no attribute "edges"' in wrong.stdout, wrong.stdout

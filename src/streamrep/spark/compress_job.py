@@ -14,27 +14,14 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
-from streamrep.spark.compress import (
-    REPORT_SCHEMA,
-    UNIT_TOPOLOGY_SCHEMA,
-    UNITS_SCHEMA,
-    CompressOptions,
-    CompressResult,
-    finish_output,
-)
-from streamrep.spark.job import (
-    _absolute_uri,
-    _arrow_to_spark_schema,
-    _reraise_executor_error,
-    _rows_with_deltas,
-    _task_attempt,
-    _whole_table_udf,
-    read_spark_tables,
-)
+from streamrep.spark import functions as SF
+from streamrep.spark.compress import REPORT_SCHEMA, CompressOptions, CompressResult, finish_output
+from streamrep.spark.job import _absolute_uri, _reraise_executor_error, _task_attempt, read_spark_tables
 from streamrep.errors import StateVerificationError
 from streamrep.spark.options import Source, prepare_output
 
@@ -57,12 +44,6 @@ def _reraise(exc: BaseException) -> None:
     _reraise_executor_error(exc)
 
 
-def _units_udf(split_threshold: int) -> Any:
-    from streamrep.spark.compress import assign_units
-
-    return _whole_table_udf(UNIT_TOPOLOGY_SCHEMA, assign_units, split_threshold)
-
-
 def _write_udf(output: str, options: CompressOptions) -> Any:
     def compress_and_write(batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
         from streamrep.spark.compress import write_units
@@ -76,32 +57,16 @@ def _write_udf(output: str, options: CompressOptions) -> Any:
 def compress_spark(spark: "SparkSession", source: Source, options: CompressOptions,
                    jdbc_partitions: int | None = None) -> CompressResult:
     """Run the compression job on *spark*; returns counts and phase timings."""
-    from pyspark.sql import functions as F
-
     prepare_output(options.output, options.overwrite)
     result = CompressResult(options.output)
     clock = time.perf_counter()
     frames = read_spark_tables(spark, source, options.find_unreferenced, jdbc_partitions)
-    groups = frames["state_groups"].select(
-        F.col("id").cast("long").alias("state_group"), "room_id",
-        F.col("event_id").alias("group_event_id"),
-    )
-    edges = frames["state_group_edges"].select(
-        F.col("state_group").cast("long").alias("edge_group"),
-        F.col("prev_state_group").cast("long").alias("prev_state_group"),
-    )
-    topology = groups.join(edges, F.col("state_group") == F.col("edge_group"), "left")
-    if options.find_unreferenced:
-        refs = frames["event_to_state_groups"].select(F.col("state_group").alias("ref_group")).distinct()
-        topology = topology.join(refs, F.col("state_group") == F.col("ref_group"), "left").withColumn(
-            "referenced", F.col("ref_group").isNotNull()
-        )
-    else:
-        topology = topology.withColumn("referenced", F.lit(True))
-    topology = topology.withColumn("wanted", F.lit(True)).select(*UNIT_TOPOLOGY_SCHEMA.names)
+    topology = SF.unit_topology(frames["state_groups"], frames["state_group_edges"],
+                                frames.get("event_to_state_groups") if options.find_unreferenced else None)
+    # One task checks the topology and assigns the units (a few fields per group).
     units = topology.repartition(1).mapInArrow(
-        _units_udf(options.split_threshold), _arrow_to_spark_schema(UNITS_SCHEMA)
-    )
+        functools.partial(SF.find_units, split_threshold=options.split_threshold),
+        SF.ddl(SF.UNITS_SCHEMA))
     try:
         units = units.localCheckpoint(eager=True)
         unit_rows = units.count()
@@ -111,12 +76,8 @@ def compress_spark(spark: "SparkSession", source: Source, options: CompressOptio
 
     clock = time.perf_counter()
     output_uri = _absolute_uri(options.output)
-    reports = (
-        _rows_with_deltas(frames, units, unit_rows, list(UNITS_SCHEMA.names))
-        .repartition("unit")
-        .sortWithinPartitions("unit", "state_group")
-        .mapInArrow(_write_udf(output_uri, options), _arrow_to_spark_schema(REPORT_SCHEMA))
-    )
+    reports = SF.sorted_unit_rows(units, unit_rows, frames["state_groups_state"]).mapInArrow(
+        _write_udf(output_uri, options), SF.ddl(REPORT_SCHEMA))
     try:
         written = reports.toArrow()
     except Exception as exc:

@@ -19,13 +19,14 @@ Executors import :mod:`streamrep.spark.batches` from the installed wheel; see
 
 from __future__ import annotations
 
+import functools
 import glob
 import logging
 import os
 import re
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from streamrep.errors import ConfigError, StateCorruptionError
@@ -263,35 +264,6 @@ def _parquet_spark_schema(path: str) -> str | None:
     return ", ".join(f"`{f.name}` {kinds[str(f.type)]}" for f in schema)
 
 
-def _arrow_to_spark_schema(schema: "pa.Schema") -> str:
-    kinds = {"int64": "long", "int32": "int", "bool": "boolean", "string": "string", "double": "double"}
-    return ", ".join(f"{f.name} {kinds[str(f.type)]}" for f in schema)
-
-
-def _whole_table_udf(
-    schema: "pa.Schema", assign: Callable[["pa.Table", int], "pa.Table"], split_threshold: int
-) -> Any:
-    """A ``mapInArrow`` body that hands its whole input, as *schema*, to
-    ``assign(table, split_threshold)`` (the topology, in one task)."""
-
-    def run(batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
-        import pyarrow as pa
-
-        received = list(batches)
-        table = pa.Table.from_batches(received) if received else schema.empty_table()
-        # Spark marks some columns NOT NULL; the values are what matter.
-        table = table.select(schema.names).cast(schema)
-        yield from assign(table, split_threshold).to_batches(max_chunksize=500_000)
-
-    return run
-
-
-def _trees_udf(split_threshold: int) -> Any:
-    from streamrep.spark.batches import TOPOLOGY_SCHEMA, assign_trees
-
-    return _whole_table_udf(TOPOLOGY_SCHEMA, assign_trees, split_threshold)
-
-
 def _task_attempt() -> tuple[int, int]:
     """The running Spark task's partition and attempt numbers (0, 0 outside one)."""
     from pyspark import TaskContext
@@ -311,35 +283,6 @@ def _write_udf(output: str, digest: bool) -> Any:
 
     return expand_and_write
 
-
-def _rows_with_deltas(
-    frames: dict[str, "DataFrame"], groups: "DataFrame", group_rows: int, columns: list[str]
-) -> "DataFrame":
-    """The delta rows joined to *groups* (trees or units, by ``state_group``),
-    plus every row of *groups* once with null delta columns (so groups without
-    delta rows exist). *groups* (a few fields per group) is broadcast when it
-    has at most :data:`BROADCAST_TREE_ROWS` rows: the delta rows are then
-    shuffled once instead of twice."""
-    from pyspark.sql import functions as F
-
-    state = frames["state_groups_state"].select(
-        F.col("state_group").cast("long").alias("delta_group"), "type", "state_key", "event_id"
-    )
-    group_side = F.broadcast(groups) if group_rows <= BROADCAST_TREE_ROWS else groups
-    with_deltas = state.join(group_side, F.col("state_group") == F.col("delta_group"), "inner").select(
-        *columns, "type", "state_key", "event_id"
-    )
-    placeholders = groups.select(
-        *columns,
-        F.lit(None).cast("string").alias("type"),
-        F.lit(None).cast("string").alias("state_key"),
-        F.lit(None).cast("string").alias("event_id"),
-    )
-    return with_deltas.unionByName(placeholders)
-
-
-#: Up to this many tree rows, the trees are broadcast to the join with the deltas.
-BROADCAST_TREE_ROWS = 3_000_000
 
 _PYTHON_ERROR = re.compile(r"streamrep\.errors\.(StateCorruptionError|ConfigError): (.*)")
 
@@ -372,9 +315,6 @@ def _wanted_column(frames: dict[str, "DataFrame"], groups: "DataFrame", options:
         wanted = wanted & F.col("ref_group").isNotNull()
     return groups.withColumn("wanted", wanted)
 
-
-#: Column of driver-built trees giving each group's rank in (root, piece, state_group) order.
-_TREE_ORDER = "tree_order"
 
 #: Up to this many groups in file input, the driver finds the trees itself.
 DRIVER_TREES_MAX_GROUPS = 20_000_000
@@ -413,11 +353,10 @@ def reconstruct_spark(
     """Run the job on *spark*; returns counts and phase timings."""
     from pyspark.sql import functions as F
 
-    import numpy as np
-    import pyarrow as pa
     import pyarrow.compute as pc
 
-    from streamrep.spark.batches import TREES_SCHEMA, WRITTEN_SCHEMA
+    from streamrep.spark import functions as SF
+    from streamrep.spark.batches import WRITTEN_SCHEMA
 
     prepare_output(options.output, options.overwrite)
     result = ReconstructResult(options.output, digest=options.digest)
@@ -432,13 +371,7 @@ def reconstruct_spark(
         # (and no Python worker) for a table of a few fields per group.
         tree_rows = driver_trees.num_rows
         result.wanted_groups = int(pc.sum(driver_trees.column("wanted")).as_py() or 0)
-        # One long per group that sorts like (root, piece, state_group): the
-        # partition sort then compares a single key prefix, never whole rows.
-        order = np.empty(tree_rows, dtype=np.int64)
-        order[np.lexsort([
-            driver_trees.column(name).to_numpy() for name in ("state_group", "piece", "root")
-        ])] = np.arange(tree_rows, dtype=np.int64)
-        trees = spark.createDataFrame(driver_trees.append_column(_TREE_ORDER, pa.array(order)))
+        trees = SF.ordered_trees(spark, driver_trees)
     else:
         groups = frames["state_groups"].select(F.col("id").cast("long"), F.col("room_id"))
         edges = frames["state_group_edges"].select(
@@ -451,7 +384,8 @@ def reconstruct_spark(
 
         # One task finds every tree: the topology is small (a few fields per group).
         trees = topology.repartition(1).mapInArrow(
-            _trees_udf(options.split_threshold), _arrow_to_spark_schema(TREES_SCHEMA)
+            functools.partial(SF.find_trees, split_threshold=options.split_threshold),
+            SF.ddl(SF.TREES_SCHEMA),
         )
         try:
             trees = trees.localCheckpoint(eager=True)
@@ -465,19 +399,11 @@ def reconstruct_spark(
     result.timings["trees"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
-    tree_columns = list(TREES_SCHEMA.names) + ([_TREE_ORDER] if driver_trees is not None else [])
-    sort_columns = [_TREE_ORDER] if driver_trees is not None else ["root", "piece", "state_group"]
-    rows = _rows_with_deltas(frames, trees, tree_rows, tree_columns)
-
     # Each task writes its own part file from the Python worker and reports a
     # row: the output never passes through the JVM.
     output_uri = _absolute_uri(options.output)
-    reports = (
-        rows.repartition("root", "piece")
-        .sortWithinPartitions(*sort_columns)
-        .select(*TREES_SCHEMA.names, "type", "state_key", "event_id")
-        .mapInArrow(_write_udf(output_uri, options.digest), _arrow_to_spark_schema(WRITTEN_SCHEMA))
-    )
+    reports = SF.sorted_tree_rows(trees, tree_rows, frames["state_groups_state"]).mapInArrow(
+        _write_udf(output_uri, options.digest), SF.ddl(WRITTEN_SCHEMA))
     try:
         written = reports.toArrow()
     except Exception as exc:
