@@ -112,13 +112,20 @@ for where, source in blocks:
 """
 
 
-@pytest.mark.parametrize("page", PYTHON_PAGES, ids=[p.name for p in PYTHON_PAGES])
+def uses_spark(page: pathlib.Path) -> bool:
+    """Whether the page's examples start Spark (they then need Java, and minutes)."""
+    return any("pyspark" in b.body for b in blocks_of(page) if b.lang == "python")
+
+
+@pytest.mark.parametrize("page", [
+    pytest.param(page, marks=[pytest.mark.spark] if uses_spark(page) else [], id=page.name)
+    for page in PYTHON_PAGES])
 def test_python_examples_run(page: pathlib.Path, tmp_path: pathlib.Path) -> None:
     blocks = [(b.where, b.body) for b in blocks_of(page) if b.lang == "python"
               and not b.fragment]
     proc = subprocess.run([sys.executable, "-c", RUNNER.format(blocks=blocks)],
                           cwd=page_workdir(tmp_path), env=subprocess_env(),
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=600 if uses_spark(page) else 120)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 

@@ -3,6 +3,9 @@
 The library the Spark executors import from the installed wheel, and the
 single-process mode of the same pipeline. Modules:
 
+* :mod:`streamrep.spark.functions`: the public Spark functions (full states,
+  digests and compression plans as DataFrames in the caller's session) and
+  the Arrow-batch functions the executors run; the jobs below use them;
 * :mod:`streamrep.spark.tables`: the state tables and reading them with pyarrow;
 * :mod:`streamrep.spark.batches`: Arrow batches in, the compiled core in the middle;
 * :mod:`streamrep.spark.job`: the Spark job (reading CSV/Parquet/JDBC, trees,

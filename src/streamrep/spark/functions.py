@@ -35,11 +35,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Union
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Union
 
 import numpy as np
 import pyarrow as pa
 
+from streamrep import _impl
 from streamrep.spark import batches as _batches
 from streamrep.spark import compress as _compress
 
@@ -57,6 +58,7 @@ __all__ = [
     "find_units",
     "compress_units",
     "ddl",
+    "digest_state",
     "InputOrderError",
     "TOPOLOGY_SCHEMA",
     "TREES_SCHEMA",
@@ -146,6 +148,13 @@ class InputOrderError(ValueError):
 def ddl(schema: pa.Schema) -> str:
     """The Spark DDL string of *schema* (what ``mapInArrow`` takes as its schema)."""
     return ", ".join(f"`{f.name}` {_SPARK_TYPES[str(f.type)]}" for f in schema)
+
+
+def digest_state(state: Mapping[tuple[str, str], str]) -> str:
+    """The digest of one full state ``{(type, state_key): event_id}``, as
+    :func:`expand_digests` computes it (for comparing with a state you hold)."""
+    digest: str = _impl.load("treewalk").digest_state(state)
+    return digest
 
 
 # --- the Arrow-batch functions -----------------------------------------------------
@@ -311,24 +320,35 @@ def _long(name: str, alias: str | None = None) -> "Column":
     return F.col(name).cast("long").alias(alias or name)
 
 
-def _topology(groups: "DataFrame", edges: "DataFrame", wanted: Wanted | None) -> "DataFrame":
-    """``state_group, prev_state_group, wanted``: one row per group (per edge)."""
-    from pyspark.sql import DataFrame
-    from pyspark.sql import functions as F
+def _topology(groups: "DataFrame", edges: "DataFrame", wanted: Wanted | None) -> pa.Table:
+    """:data:`TOPOLOGY_SCHEMA` rows of the tables, built in the driver.
 
-    ids = groups.select(_long("id", "state_group"))
-    links = edges.select(_long("state_group", "edge_group"), _long("prev_state_group"))
-    topology = ids.join(links, F.col("state_group") == F.col("edge_group"), "left")
+    The IDs and the edges are collected as they are (two scans, no shuffle)
+    and joined with numpy; a group with several edges keeps them all, which
+    :func:`~streamrep.spark.batches.assign_trees` reports as corrupt.
+    """
+    from pyspark.sql import DataFrame
+
+    from streamrep.spark.local import group_edges
+
+    tables = {
+        "state_groups": _collected(groups.select(_long("id")), pa.schema([("id", pa.int64())])),
+        "state_group_edges": _collected(
+            edges.select(_long("state_group"), _long("prev_state_group")), _compress.EDGES_SCHEMA),
+    }
+    group_ids, _, prev, has_edge = group_edges(tables)
     if wanted is None:
-        return topology.select("state_group", "prev_state_group", F.lit(True).alias("wanted"))
-    if isinstance(wanted, DataFrame):
-        marks = wanted.select(_long("state_group", "wanted_group")).distinct()
+        marks = np.ones(len(group_ids), dtype=np.bool_)
     else:
-        chosen = sorted({int(g) for g in wanted})
-        marks = F.broadcast(groups.sparkSession.createDataFrame(
-            [(g,) for g in chosen], "wanted_group bigint"))
-    return topology.join(marks, F.col("state_group") == F.col("wanted_group"), "left").select(
-        "state_group", "prev_state_group", F.col("wanted_group").isNotNull().alias("wanted"))
+        if isinstance(wanted, DataFrame):
+            chosen = _batches._int64_numpy(_collected(
+                wanted.select(_long("state_group")).distinct(),
+                pa.schema([("state_group", pa.int64())])).column(0))
+        else:
+            chosen = np.fromiter((int(g) for g in wanted), dtype=np.int64)
+        marks = np.isin(group_ids, chosen)
+    return pa.table([pa.array(group_ids, pa.int64()), pa.array(prev, pa.int64(), mask=~has_edge),
+                     pa.array(marks)], schema=TOPOLOGY_SCHEMA)
 
 
 def _collected(frame: "DataFrame", schema: pa.Schema) -> pa.Table:
@@ -378,8 +398,7 @@ def sorted_tree_rows(trees: "DataFrame", tree_rows: int, deltas: "DataFrame") ->
 
 def _trees(groups: "DataFrame", edges: "DataFrame", wanted: Wanted | None,
            split_threshold: int) -> pa.Table:
-    topology = _collected(_topology(groups, edges, wanted), _batches.TOPOLOGY_SCHEMA)
-    return _batches.assign_trees(topology, split_threshold)
+    return _batches.assign_trees(_topology(groups, edges, wanted), split_threshold)
 
 
 def state_at(groups: "DataFrame", edges: "DataFrame", deltas: "DataFrame", wanted: Wanted,
