@@ -84,11 +84,15 @@ def main() -> None:
 
     scratch = tempfile.mkdtemp(prefix="spark-functions-bench-")
     try:
-        forest = make_forest(args.groups, seed=args.seed)
+        # The forest of bench/reconstruct_state_forest.py.
+        forest = make_forest(args.groups, seed=args.seed, rooms=max(1, args.groups // 50),
+                             snapshot_share=0.08, initial_members=55, member_pool=120,
+                             fan_out=2000)
         base = os.path.join(scratch, "in")
         forest.write_parquet(base)
         print(f"forest: {len(forest.groups)} groups, {len(forest.state)} delta rows; "
-              f"master {args.master}, best of {args.rounds} rounds", flush=True)
+              f"master {args.master}, best of {args.rounds} rounds; load average "
+              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
         spark = build_session(args.master, shuffle_partitions=4, conf={"spark.ui.showConsoleProgress": "false"})
         contenders = {"job": run_job, "full_state": run_function}
         best: dict[tuple[str, bool], float] = {}
@@ -107,7 +111,7 @@ def main() -> None:
                     print(f"round {round_no + 1}: {name:<10} digest={digest!s:<5} {seconds:7.2f} s "
                           f"{count} rows", flush=True)
         spark.stop()
-        print()
+        print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
         print("| output | job | full_state | full_state / job |")
         print("|---|---|---|---|")
         for digest in (False, True):

@@ -25,6 +25,7 @@ from streamrep.spark import compress_apply
 from streamrep.spark.compress_apply import apply_compression
 from streamrep.spark.compress_local import compress_local
 from streamrep.spark.tables import read_db_table
+from streamrep.spark.manifest import write_manifest
 from support.state_forest import Forest, corrupt_forest, load_database, make_forest
 
 
@@ -348,8 +349,9 @@ def test_cli_apply_compression(forest: Forest, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert f"state_groups_state {len(forest.state)} -> " in result.output
     assert db_forest(url).brute_force() == forest.brute_force()
+    # A folder that is no change set has no manifest: refused before anything else.
     missing = runner.invoke(main, ["state", "apply-compression", "--db", url, "--changes", str(tmp_path)])
-    assert missing.exit_code == 2 and "no changes/" in missing.output
+    assert missing.exit_code == 17 and "has no MANIFEST.json" in missing.output
 
 
 def test_undo_puts_the_tables_back(forest: Forest, tmp_path: Path) -> None:
@@ -357,6 +359,7 @@ def test_undo_puts_the_tables_back(forest: Forest, tmp_path: Path) -> None:
     load_database(url, forest)
     out = str(tmp_path / "out")
     compress_db(url, out, find_unreferenced=True)
+    write_manifest(out)  # as `spark compress` does last
     done = apply_compression(url, out, batch_groups=100)
     assert done.deleted > 0 and done.rewritten > 0
     result = CliRunner().invoke(main, ["state", "apply-compression", "--db", url, "--changes", out,

@@ -134,6 +134,11 @@ class StateCorruptionError(StreamrepError):
     parents, duplicate keys in one delta). The message names the groups."""
 
 
+class ChangeSetError(StreamrepError):
+    """A compression change set whose files do not match its manifest (changed, cut
+    short, missing or added): it is refused before anything is written."""
+
+
 class StateVerificationError(StreamrepError):
     """A reconstructed state differs from the state recomputed by walking its chain.
 

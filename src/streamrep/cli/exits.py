@@ -20,6 +20,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 
+from streamrep.errors import ChangeSetError
 from streamrep.errors import (ConfigError, DatabaseConfigError, DatabaseMissingError, DatabaseUnavailableError,
                               DeploymentMismatchError,
                               SchemaVersionError, SequenceMismatchError, StateCorruptionError,
@@ -69,6 +70,8 @@ class ExitCode(enum.IntEnum):
     AUTHENTICATION = 15
     #: the database belongs to another deployment (its recorded server name differs)
     DEPLOYMENT_MISMATCH = 16
+    #: a compression change set whose files do not match its manifest; nothing was written
+    CHANGE_SET_INVALID = 17
     #: a bug in streamrep: the report asks for the traceback
     INTERNAL = 70
 
@@ -183,6 +186,9 @@ def describe(exc: BaseException, command: str = "streamrep") -> Failure:
         return Failure(ExitCode.STATE_CORRUPT, _one_line(exc))
     if isinstance(exc, StateVerificationError):
         return Failure(ExitCode.STATE_MISMATCH, _one_line(exc))
+    if isinstance(exc, ChangeSetError):
+        return Failure(ExitCode.CHANGE_SET_INVALID, f"{_one_line(exc)}; nothing was written: "
+                       "run `streamrep spark compress` again for a new change set")
     missing = _cause(exc, ModuleNotFoundError)
     if isinstance(missing, ModuleNotFoundError) and missing.name and \
             missing.name.split(".")[0] != "streamrep":  # streamrep's own: a broken install

@@ -235,6 +235,10 @@ def compress(input_dir: str | None, jdbc_url: str | None, db_url: str | None, ou
 
             result = _run_spark(compress_spark, source, options, master, shuffle_partitions,
                                 jdbc_partitions, conf, app_name="streamrep-compress-state")
+        # Last: apply-compression checks every file against it before writing.
+        from streamrep.spark.manifest import write_manifest
+
+        write_manifest(output)
     except Exception as exc:
         raise job_failure(exc, database) from exc
     click.echo(result.summary())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from streamrep.cli.exits import ExitCode
@@ -66,11 +68,14 @@ def apply_compression(db_url: str, changes_dir: str, batch_groups: int, no_verif
     import psycopg2
 
     from streamrep.errors import ConfigError, StateVerificationError
-    from streamrep.spark.compress_apply import apply_compression as apply
+    from streamrep.spark.manifest import check_manifest
 
+    # Every file is checked before the first write: a damaged change set is
+    # refused whole (exit 13), never applied in part.
+    check_manifest(changes_dir)
     try:
-        report = apply(db_url, changes_dir, batch_groups=batch_groups, verify=not no_verify,
-                       after_transaction=None, undo=undo)
+        report = _apply_retrying(db_url, changes_dir, batch_groups=batch_groups,
+                                 verify=not no_verify, undo=undo)
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(ExitCode.USAGE)
@@ -82,3 +87,41 @@ def apply_compression(db_url: str, changes_dir: str, batch_groups: int, no_verif
                    "check the URL and that the state tables exist, then run again", err=True)
         sys.exit(ExitCode.DATABASE_STATE)
     click.echo(report.summary())
+
+
+def _apply_retrying(db_url: str, changes_dir: str, **options: Any) -> Any:
+    """Apply the change set, starting again on a new connection when the
+    connection drops, for up to the URL's ``reconnect_timeout`` seconds.
+
+    Each transaction commits whole or not at all and a rerun finds the
+    committed groups already rewritten, so starting again loses and repeats
+    nothing; the last attempt's report counts them as already rewritten.
+    """
+    import logging
+    import time
+
+    from streamrep.db.retry import Backoff, first_line, is_connection_loss
+    from streamrep.db.url import parse_database_url
+    from streamrep.errors import DatabaseUnavailableError
+    from streamrep.spark.compress_apply import apply_compression as apply
+
+    target = parse_database_url(db_url)
+    backoff: Backoff | None = None
+    while True:
+        try:
+            return apply(db_url, changes_dir, after_transaction=None, **options)
+        except Exception as exc:
+            if not is_connection_loss(exc):
+                raise
+            backoff = backoff or Backoff(target.reconnect_timeout)
+            delay = backoff.next_delay()
+            if delay is None:
+                raise DatabaseUnavailableError(
+                    f"database {target.redacted()} unavailable for {backoff.elapsed:.0f}s during "
+                    f"apply-compression ({first_line(exc)}); the transactions committed so far "
+                    "stay, and a rerun carries on (reconnect_timeout in the URL sets how long "
+                    "to retry)") from exc
+            logging.getLogger("streamrep.state").warning(
+                "apply-compression: database connection lost (%s); starting again on a new "
+                "connection (committed transactions are kept)", first_line(exc))
+            time.sleep(delay)
