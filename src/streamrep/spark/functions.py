@@ -263,11 +263,11 @@ def compress_units(batches: Iterable[pa.RecordBatch], max_depth: int = 99, candi
     checked = _sorted_batches(batches, ("unit", "state_group"), "compress_units",
                               "use .repartition('unit').sortWithinPartitions('unit', 'state_group')")
     for table in _compress.unit_batches(checked, batch_rows):
-        produced = _compress.compress_units(table, options)
-        for name in PLAN_TABLES:
-            part = produced.tables[name]
-            if part.num_rows:
-                yield _plan_batch(name, part)
+        # The output comes in pieces of a bounded number of rows.
+        for piece in _compress.compress_units(table, options).pieces:
+            for name, part in piece.items():
+                if part.num_rows:
+                    yield _plan_batch(name, part)
 
 
 def _whole_input(batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
