@@ -543,3 +543,36 @@ def test_every_status_named_in_the_docs_has_its_number() -> None:
             if name in ExitCode.__members__ and int(ExitCode[name]) != int(number):
                 wrong.append(f"{page.name}: {number} {name} (is {int(ExitCode[name])})")
     assert not wrong, wrong
+
+
+def test_state_jobs_print_json_summaries(workdir: Path) -> None:
+    """``--json``: compress, apply-compression and reconstruct print one JSON object
+    each, whose counts agree with one another and with the tables."""
+    import json
+
+    pytest.importorskip("pyarrow")
+    from support.state_forest import load_database, make_forest
+
+    forest = make_forest(300, seed=3, rooms=3)
+    url = f"sqlite:///{workdir / 'state.db'}"
+    load_database(url, forest)
+    proc = run("spark", "compress", "--single-process", "--db", url, "--output", str(workdir / "c"),
+               "--max-depth", "10", "--json", cwd=workdir, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    compressed = json.loads(proc.stdout)
+    assert compressed["command"] == "compress" and compressed["groups"] == len(forest.groups)
+    assert compressed["rows_before"] == len(forest.state) and compressed["changed_groups"] > 0
+    assert compressed["max_depth_after"] <= 10 and "timings" in compressed
+    proc = run("state", "apply-compression", "--db", url, "--changes", str(workdir / "c"), "--json",
+               cwd=workdir, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    applied = json.loads(proc.stdout)
+    assert applied["command"] == "apply-compression"
+    assert applied["rewritten"] == compressed["changed_groups"] and applied["skipped"] == {}
+    assert applied["rows_after"] == compressed["rows_after"]
+    proc = run("spark", "reconstruct", "--single-process", "--db", url, "--output", str(workdir / "r"),
+               "--digest", "--json", cwd=workdir, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rebuilt = json.loads(proc.stdout)
+    assert rebuilt["command"] == "reconstruct" and rebuilt["digest"] is True
+    assert rebuilt["wanted_groups"] == rebuilt["rows"] == len(forest.groups)

@@ -66,6 +66,8 @@ _run_options = _apply([
     click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE", help="Extra Spark settings."),
     click.option("--single-process", is_flag=True, help="Run without Spark, in this process."),
     click.option("--overwrite", is_flag=True, help="Replace a non-empty output directory."),
+    click.option("--json", "as_json", is_flag=True,
+                 help="Print the summary as one JSON object (counts, timings) instead of a line."),
 ])
 
 
@@ -115,7 +117,7 @@ def reconstruct(input_dir: str | None, jdbc_url: str | None, db_url: str | None,
                 groups_file: str | None, rooms: tuple[str, ...], referenced_by_events: bool,
                 verify: int, seed: int, split_threshold: int, shuffle_partitions: int | None,
                 jdbc_partitions: int | None, confs: tuple[str, ...], single_process: bool,
-                overwrite: bool) -> None:
+                overwrite: bool, as_json: bool) -> None:
     """Write the full state of every wanted state group as Parquet
     (``state_group, type, state_key, event_id``), or its digest."""
     from streamrep.spark.options import ReconstructOptions, Source
@@ -140,7 +142,20 @@ def reconstruct(input_dir: str | None, jdbc_url: str | None, db_url: str | None,
                                 jdbc_partitions, conf)
     except Exception as exc:
         raise job_failure(exc, database) from exc
-    click.echo(result.summary())
+    echo_summary(result, as_json, "reconstruct")
+
+
+def echo_summary(result: Any, as_json: bool, command: str) -> None:
+    """Print a job's summary: one line, or with *as_json* one JSON object of its
+    fields (dataclass fields, timings in seconds) and the command's name."""
+    if not as_json:
+        click.echo(result.summary())
+        return
+    import dataclasses
+    import json
+
+    fields = dataclasses.asdict(result)
+    click.echo(json.dumps({"command": command, **fields}, sort_keys=True))
 
 
 def _missing_state_tables(exc: BaseException) -> bool:
@@ -208,7 +223,7 @@ def _run_spark(job: Callable[..., Any], source: Any, options: Any, master: str |
 def compress(input_dir: str | None, jdbc_url: str | None, db_url: str | None, output: str,
              master: str | None, max_depth: int, candidates: int, find_unreferenced: bool,
              split_threshold: int, shuffle_partitions: int | None, jdbc_partitions: int | None,
-             confs: tuple[str, ...], single_process: bool, overwrite: bool) -> None:
+             confs: tuple[str, ...], single_process: bool, overwrite: bool, as_json: bool) -> None:
     """Choose shorter deltas for every state group, verify every changed group's
     full state, and write the new tables and the change set as Parquet.
 
@@ -241,4 +256,4 @@ def compress(input_dir: str | None, jdbc_url: str | None, db_url: str | None, ou
         write_manifest(output)
     except Exception as exc:
         raise job_failure(exc, database) from exc
-    click.echo(result.summary())
+    echo_summary(result, as_json, "compress")

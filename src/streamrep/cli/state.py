@@ -52,11 +52,13 @@ def export(db_url: str, out_dir: str | None, out_alias: str | None, overwrite: b
               help="Groups per transaction: small rooms share one, a larger room gets several.")
 @click.option("--no-verify", is_flag=True,
               help="Do not walk each rewritten group's chain before committing.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the report as one JSON object (counts, skips by reason) instead of a line.")
 @click.option("--undo", is_flag=True,
               help="Apply the change set backwards: old prev groups and rows back, deleted groups "
                    "restored.")
 def apply_compression(db_url: str, changes_dir: str, batch_groups: int, no_verify: bool,
-                      undo: bool) -> None:
+                      as_json: bool, undo: bool) -> None:
     """Write a compression change set to the database in short transactions
     of about --batch-groups groups; groups changed since the compress run are
     skipped, each on its own.
@@ -86,7 +88,9 @@ def apply_compression(db_url: str, changes_dir: str, batch_groups: int, no_verif
         click.echo(f"error: the database refused the change set ({str(exc).strip().splitlines()[0]}); "
                    "check the URL and that the state tables exist, then run again", err=True)
         sys.exit(ExitCode.DATABASE_STATE)
-    click.echo(report.summary())
+    from streamrep.cli.spark import echo_summary
+
+    echo_summary(report, as_json, "apply-compression")
 
 
 def _apply_retrying(db_url: str, changes_dir: str, **options: Any) -> Any:
