@@ -576,3 +576,46 @@ def test_state_jobs_print_json_summaries(workdir: Path) -> None:
     rebuilt = json.loads(proc.stdout)
     assert rebuilt["command"] == "reconstruct" and rebuilt["digest"] is True
     assert rebuilt["wanted_groups"] == rebuilt["rows"] == len(forest.groups)
+
+
+def test_state_jobs_show_progress_in_groups(workdir: Path) -> None:
+    """Single-process compress, apply-compression and reconstruct report progress in
+    groups on stderr: lines when it is not a terminal (here every update), a rich
+    bar with groups/s and the time left on a terminal."""
+    import io
+    import re
+
+    pytest.importorskip("pyarrow")
+    from streamrep.cli._progress import GroupProgress
+    from support.state_forest import load_database, make_forest
+
+    forest = make_forest(300, seed=4, rooms=3)
+    url = f"sqlite:///{workdir / 'state.db'}"
+    load_database(url, forest)
+    every_update = "import os; os.environ['STREAMREP_PROGRESS_INTERVAL'] = '0'"
+    line = re.compile(r"^(\S+): (\d+)/(\d+) groups \(\d+%\), [\d,]+ groups/s, ETA \d+s$")
+
+    def progress_lines(proc: subprocess.CompletedProcess[str], label: str) -> list[tuple[int, int]]:
+        assert proc.returncode == 0, proc.stderr
+        found = [line.match(text) for text in proc.stderr.splitlines()]
+        return [(int(m[2]), int(m[3])) for m in found if m and m[1] == label]
+
+    proc = run("spark", "compress", "--single-process", "--db", url, "--output", str(workdir / "c"),
+               "--max-depth", "10", cwd=workdir, prelude=every_update, timeout=120)
+    assert progress_lines(proc, "compress")[-1] == (len(forest.groups), len(forest.groups))
+    proc = run("state", "apply-compression", "--db", url, "--changes", str(workdir / "c"),
+               "--batch-groups", "5", cwd=workdir, prelude=every_update, timeout=120)
+    applied = progress_lines(proc, "apply-compression")
+    assert len(applied) > 2 and applied[-1][0] == applied[-1][1] > 0
+    assert [done for done, _ in applied] == sorted(done for done, _ in applied)
+    proc = run("spark", "reconstruct", "--single-process", "--db", url, "--output", str(workdir / "r"),
+               "--digest", cwd=workdir, prelude=every_update, timeout=120)
+    assert progress_lines(proc, "reconstruct")[-1] == (len(forest.groups), len(forest.groups))
+
+    screen = io.StringIO()
+    bar = GroupProgress("compress", stream=screen, terminal=True)
+    bar(50, 200)
+    bar(100, 200)
+    bar.close()
+    drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue())
+    assert "100/200 groups" in drawn and "groups/s" in drawn and "ETA" in drawn

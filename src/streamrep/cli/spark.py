@@ -132,9 +132,14 @@ def reconstruct(input_dir: str | None, jdbc_url: str | None, db_url: str | None,
             split_threshold=split_threshold, verify=verify, seed=seed, overwrite=overwrite,
         )
         if single_process:
+            from streamrep.cli._progress import GroupProgress
             from streamrep.spark.local import reconstruct_local
 
-            result = reconstruct_local(source, options)
+            progress = GroupProgress("reconstruct")
+            try:
+                result = reconstruct_local(source, options, progress=progress)
+            finally:
+                progress.close()
         else:
             from streamrep.spark.job import reconstruct_spark
 
@@ -242,9 +247,14 @@ def compress(input_dir: str | None, jdbc_url: str | None, db_url: str | None, ou
             overwrite=overwrite,
         )
         if single_process:
+            from streamrep.cli._progress import GroupProgress
             from streamrep.spark.compress_local import compress_local
 
-            result = compress_local(source, options)
+            progress = GroupProgress("compress")
+            try:
+                result = compress_local(source, options, progress=progress)
+            finally:
+                progress.close()
         else:
             from streamrep.spark.compress_job import compress_spark
 

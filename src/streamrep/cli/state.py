@@ -109,11 +109,26 @@ def _apply_retrying(db_url: str, changes_dir: str, **options: Any) -> Any:
     from streamrep.errors import DatabaseUnavailableError
     from streamrep.spark.compress_apply import apply_compression as apply
 
+    from streamrep.cli._progress import GroupProgress
+
     target = parse_database_url(db_url)
     backoff: Backoff | None = None
+    progress = GroupProgress("apply-compression")
+    total = _changed_groups(changes_dir)
+
+    def report_progress(report: Any) -> None:
+        done = (report.rewritten + report.already_rewritten + report.deleted
+                + report.already_deleted + report.restored + report.already_restored
+                + sum(report.skipped.values()))
+        progress(done, total)
+
     while True:
         try:
-            return apply(db_url, changes_dir, after_transaction=None, **options)
+            try:
+                return apply(db_url, changes_dir, after_transaction=None,
+                             progress=report_progress, **options)
+            finally:
+                progress.close()
         except Exception as exc:
             if not is_connection_loss(exc):
                 raise
@@ -129,3 +144,13 @@ def _apply_retrying(db_url: str, changes_dir: str, **options: Any) -> Any:
                 "apply-compression: database connection lost (%s); starting again on a new "
                 "connection (committed transactions are kept)", first_line(exc))
             time.sleep(delay)
+
+
+def _changed_groups(changes_dir: str) -> int:
+    """How many groups the change set lists (from the Parquet footers)."""
+    import os
+
+    import pyarrow.dataset as ds
+
+    folder = os.path.join(changes_dir, "changes")
+    return int(ds.dataset(folder, format="parquet").count_rows()) if os.path.isdir(folder) else 0

@@ -408,6 +408,7 @@ def _transactions(units: dict[int, list[Change]], batch_groups: int) -> Iterable
 def apply_compression(
     db_url: str, changes_dir: str, batch_groups: int = DEFAULT_BATCH_GROUPS, verify: bool = True,
     after_transaction: Callable[[int], None] | None = None, undo: bool = False,
+    progress: Callable[[ApplyReport], None] | None = None,
 ) -> ApplyReport:
     """Apply the change set in *changes_dir* to the database at *db_url*.
 
@@ -417,7 +418,8 @@ def apply_compression(
     committed transactions after each commit (progress reporting). With
     *undo*, the change set is applied backwards: rewritten groups get their
     old prev and rows back and deleted groups are restored, with the same
-    checks, transactions and verification.
+    checks, transactions and verification. *progress* is called with the
+    report so far after each commit.
     """
     _check_change_set(changes_dir)
     windows = _unit_windows(changes_dir, max(WINDOW_GROUPS, batch_groups))
@@ -430,6 +432,8 @@ def apply_compression(
         report.transactions += 1
         if after_transaction is not None:
             after_transaction(report.transactions)
+        if progress is not None:
+            progress(report)
 
     try:
         report.rows_before = store.count_rows()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -224,12 +224,14 @@ def _compress_bucket(mine: pa.Table, slots: InternedSlots, options: CompressOpti
         del produced, interned
 
 
-def compress_local(source: Source, options: CompressOptions, bucket_groups: int = 0) -> CompressResult:
+def compress_local(source: Source, options: CompressOptions, bucket_groups: int = 0,
+                   progress: Callable[[int, int], None] | None = None) -> CompressResult:
     """Compress every room's state groups into ``options.output`` in this process.
 
     *bucket_groups* (default :data:`BUCKET_GROUPS`) bounds the groups whose
     delta rows are in memory at once; those rows are held interned (about 20
-    bytes each), never as strings.
+    bytes each), never as strings. *progress* is called with the groups done
+    and the groups in all after each bucket.
     """
     prepare_output(options.output, options.overwrite)
     result = CompressResult(options.output)
@@ -252,6 +254,7 @@ def compress_local(source: Source, options: CompressOptions, bucket_groups: int 
         result.timings["spill"] = time.perf_counter() - clock
     try:
         read = work = 0.0
+        done = 0
         writer = OutputWriter(options.output, "part-00000")
         try:
             for b in range(count):
@@ -263,6 +266,9 @@ def compress_local(source: Source, options: CompressOptions, bucket_groups: int 
                 _compress_bucket(mine, slots, options, writer, result)
                 del slots
                 work += time.perf_counter() - clock
+                if progress is not None:
+                    done += mine.num_rows
+                    progress(done, units.num_rows)
         finally:
             writer.close()
     finally:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -231,12 +231,14 @@ def _expand_bucket(trees: pa.Table, segment: np.ndarray, slots: InternedSlots,
                                  slots.offsets[lo:hi + 1] - row_lo, interned, digest)
 
 
-def reconstruct_local(source: Source, options: ReconstructOptions) -> ReconstructResult:
+def reconstruct_local(source: Source, options: ReconstructOptions,
+                      progress: Callable[[int, int], None] | None = None) -> ReconstructResult:
     """Reconstruct full states (or digests) into ``options.output`` in this process.
 
     The delta rows are read once per bucket of whole trees (about
     250,000 groups; scratch files when there are several) and held interned,
-    never as strings per row.
+    never as strings per row. *progress* is called with the groups done and
+    the groups in all after each bucket.
     """
     from streamrep.spark.compress_local import BUCKET_GROUPS, interned_bucket, spill_buckets
 
@@ -280,6 +282,8 @@ def reconstruct_local(source: Source, options: ReconstructOptions) -> Reconstruc
                     write_time += time.perf_counter() - clock
                     result.rows += batch.num_rows
                 del slots, batches
+                if progress is not None:
+                    progress(len(groups) if spill is None else int((bucket <= b).sum()), len(groups))
     finally:
         if spill is not None:
             shutil.rmtree(spill.folder, ignore_errors=True)
