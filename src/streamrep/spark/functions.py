@@ -258,13 +258,22 @@ def compress_units(batches: Iterable[pa.RecordBatch], max_depth: int = 99, candi
     :class:`~streamrep.errors.StateVerificationError` naming the groups.
     Bind the settings with ``functools.partial`` for ``mapInArrow``.
     """
+    from streamrep.spark.interned import SortedRowInterner, parents_within
+
     options = _compress.CompressOptions(output="", max_depth=max_depth, candidates=candidates,
                                         find_unreferenced=find_unreferenced)
     checked = _sorted_batches(batches, ("unit", "state_group"), "compress_units",
                               "use .repartition('unit').sortWithinPartitions('unit', 'state_group')")
-    for table in _compress.unit_batches(checked, batch_rows):
-        # The output comes in pieces of a bounded number of rows.
-        for piece in _compress.compress_units(table, options).pieces:
+    # As the compress job's tasks do: rows interned as they arrive, whole units
+    # planned together, the output in pieces of a bounded number of rows.
+    stream = SortedRowInterner(("unit", "state_group"), _compress.UNITS_SCHEMA.names)
+    for heads, slots in stream.runs(checked, batch_rows):
+        batch = _compress.GroupBatch.from_table(heads)
+        parent = parents_within(batch.unit, batch.groups, batch.prevs)
+        interned = _batches._Interned.of(slots.types, slots.state_keys, slots.event_ids,
+                                         slots.keys, slots.events)
+        produced = _compress.compress_batch(batch, parent, slots.offsets, interned, options)
+        for piece in produced.pieces:
             for name, part in piece.items():
                 if part.num_rows:
                     yield _plan_batch(name, part)
