@@ -113,7 +113,8 @@ for where, source in blocks:
 
 
 def uses_spark(page: pathlib.Path) -> bool:
-    """Whether the page's examples start Spark (they then need Java, and minutes)."""
+    """Whether the page's examples start Spark (they then need Java, and minutes: a
+    local-cluster start and its first jobs take several on a busy machine)."""
     return any("pyspark" in b.body for b in blocks_of(page) if b.lang == "python")
 
 
@@ -125,7 +126,7 @@ def test_python_examples_run(page: pathlib.Path, tmp_path: pathlib.Path) -> None
               and not b.fragment]
     proc = subprocess.run([sys.executable, "-c", RUNNER.format(blocks=blocks)],
                           cwd=page_workdir(tmp_path), env=subprocess_env(),
-                          capture_output=True, text=True, timeout=600 if uses_spark(page) else 120)
+                          capture_output=True, text=True, timeout=900 if uses_spark(page) else 120)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 

@@ -117,15 +117,22 @@ def spark() -> Iterator[Any]:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # The driver names the Python its workers run.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    session = (
+    from streamrep.spark.job import find_jdbc_jar
+
+    builder = (
         SparkSession.builder.master("local-cluster[2,1,1024]").appName("streamrep-functions-test")
         .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
         .config("spark.executor.memory", "512m").config("spark.sql.shuffle.partitions", "3")
         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
         .config("spark.executorEnv.STREAMREP_NO_EXTENSIONS", "1")
-        .getOrCreate()
     )
+    # The first session of the process fixes the JVM's class path: the other
+    # modules' JDBC tests need the driver on it whichever runs first.
+    jar = find_jdbc_jar()
+    if jar:
+        builder = builder.config("spark.jars", jar)
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
