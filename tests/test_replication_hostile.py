@@ -23,7 +23,8 @@ from streamrep.wire import parse_line
 from support.replication import LineClient, tcp_link, wait_until
 
 SETTINGS = ConnectionSettings(ping_interval=0.2, ping_timeout=1.0, handshake_timeout=1.0,
-                              max_queued_commands=500, max_connections=60, max_connections_per_host=60)
+                              max_queued_commands=500, max_connections=60, max_connections_per_host=60,
+                              max_pending_per_host=60)
 WRITERS = {"caches": ["writer1"], "events": ["writer1"]}
 #: How much the hub process may grow while it is under attack.
 MEMORY_BOUND = 64 * 1024 * 1024

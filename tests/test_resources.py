@@ -33,7 +33,7 @@ def test_resources_are_counted_and_given_back(monkeypatch: pytest.MonkeyPatch, t
     queue.put(b"PING 1\nPING 2\n", 2)
     queue.put(b"PING 3\n", 1)
     assert _held(base, "queued command") == 3
-    assert queue.take(0) == (b"PING 1\nPING 2\nPING 3\n", 3)
+    assert queue.take(0) == ([b"PING 1\nPING 2\n", b"PING 3\n"], 3)
     queue.put(b"PING 4\n", 1)
     queue.clear()
     assert _held(base, "queued command") == 0

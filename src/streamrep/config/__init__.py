@@ -47,6 +47,7 @@ from streamrep.config.model import (
     DEFAULT_LISTEN,
     Address,
     BackpressureConfig,
+    ConnectionsConfig,
     Config,
     InstanceConfig,
     KeepaliveConfig,
@@ -62,6 +63,7 @@ from streamrep.config.problems import FLAG_KEYS
 __all__ = [
     "Address",
     "BackpressureConfig",
+    "ConnectionsConfig",
     "Config",
     "DEFAULT_DATABASE",
     "DEFAULT_INSTANCE",

@@ -80,6 +80,29 @@ class BackpressureConfig:
     max_queue: int = 10_000
     #: Longest accepted inbound line, in bytes.
     max_line_length: int = 1_048_576
+    #: Bytes queued for one connection before it is disconnected with ``ERROR``.
+    max_queue_bytes: int = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ConnectionsConfig:
+    """The hub's limits on peers (the ``connections`` section).
+
+    A peer is *pending* until it has sent ``NAME`` and then ``REPLICATE``, ``RDATA``,
+    ``POSITION`` or another command the hub acts on. Pending peers count against
+    ``max_pending`` and ``max_pending_per_host`` (None: 200 and 50, at most ``max``
+    and ``max_per_host``); a new connection beyond them closes the oldest pending
+    peer. Every peer counts against ``max`` and ``max_per_host``, refused beyond.
+    """
+
+    max: int = 1000
+    max_per_host: int = 200
+    max_pending: int | None = None
+    max_pending_per_host: int | None = None
+    #: Seconds a peer has to send ``NAME``.
+    handshake_timeout: float = 10.0
+    #: Seconds a peer has to become active (see above).
+    idle_timeout: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -138,6 +161,7 @@ class Config:
     metrics_listen: Address | None = None
     keepalive: KeepaliveConfig = field(default_factory=KeepaliveConfig)
     backpressure: BackpressureConfig = field(default_factory=BackpressureConfig)
+    connections: ConnectionsConfig = field(default_factory=ConnectionsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     #: TLS on the replication port (off unless ``tls.cert`` is set).
     tls: TLSConfig = field(default_factory=TLSConfig)

@@ -19,7 +19,7 @@ from streamrep.config.fields import (
 )
 from streamrep.config.model import (
     DEFAULT_DATABASE, DEFAULT_INSTANCE, DEFAULT_LISTEN, Address, BackpressureConfig, Config,
-    InstanceConfig, KeepaliveConfig, LoggingConfig, RedisConfig, TLSConfig,
+    ConnectionsConfig, InstanceConfig, KeepaliveConfig, LoggingConfig, RedisConfig, TLSConfig,
     redis_url_for_display,
 )
 from streamrep.config.problems import Problems, suggest
@@ -36,7 +36,7 @@ LOG_FORMATS = ("logfmt", "json")
 _TOP_KEYS = (
     "tls", "shared_secret_file", "insecure",
     "server_name", "database", "listen", "instance_name", "instance_map", "stream_writers",
-    "metrics_listen", "keepalive", "backpressure", "logging", "replication",
+    "metrics_listen", "keepalive", "backpressure", "connections", "logging", "replication",
     "writer_lease_ttl",
 )
 _REPLICATION_KEYS = ("redis",)
@@ -45,7 +45,9 @@ _REDIS_SCHEMES = ("redis", "rediss", "unix")
 _INSTANCE_KEYS = ("host", "port", "metrics_listen", "tls_cert", "tls_key")
 _TLS_KEYS = ("cert", "key", "ca", "require_client_cert", "server_hostname")
 _KEEPALIVE_KEYS = ("ping_interval", "timeout")
-_BACKPRESSURE_KEYS = ("max_queue", "max_line_length")
+_BACKPRESSURE_KEYS = ("max_queue", "max_line_length", "max_queue_bytes")
+_CONNECTIONS_KEYS = ("max", "max_per_host", "max_pending", "max_pending_per_host",
+                     "handshake_timeout", "idle_timeout")
 _LOGGING_KEYS = ("level", "format")
 
 
@@ -237,6 +239,8 @@ def _backpressure(data: Mapping[str, Any], writers: Mapping[str, tuple[str, ...]
                          problems, int, 0, 10_000),
         max_line_length=number(raw.get("max_line_length", 1_048_576),
                                "backpressure.max_line_length", problems, int, 255, 1_048_576),
+        max_queue_bytes=number(raw.get("max_queue_bytes", 16 * 1024 * 1024),
+                               "backpressure.max_queue_bytes", problems, int, 0, 16 * 1024 * 1024),
     )
     # A new connection's queue must hold the hub's answer to REPLICATE, which is
     # also how every catch-up ends: one POSITION per stream and writer, queued at
@@ -250,6 +254,38 @@ def _backpressure(data: Mapping[str, Any], writers: Mapping[str, tuple[str, ...]
                      "SERVER and PING), so no worker could follow",
                      f"set it to at least {needed_queue} (default 10000)")
     return backpressure
+
+
+def _connections(data: Mapping[str, Any], problems: Problems) -> ConnectionsConfig:
+    raw = section(data, "connections", problems)
+    unknown_keys(raw, _CONNECTIONS_KEYS, "connections.", problems)
+    defaults = ConnectionsConfig()
+    total = number(raw.get("max", defaults.max), "connections.max", problems, int, 0, defaults.max)
+    per_host = number(raw.get("max_per_host", defaults.max_per_host), "connections.max_per_host",
+                      problems, int, 0, defaults.max_per_host)
+    pending: dict[str, int | None] = {}
+    # Pending peers are a share of every peer: a pending limit above the limit on
+    # all peers would never close the oldest pending peer before refusing a writer.
+    for key, default, ceiling, over in (("max_pending", 200, total, "max"),
+                                        ("max_pending_per_host", 50, per_host, "max_per_host")):
+        value = raw.get(key)
+        if value is None:
+            pending[key] = None
+            continue
+        pending[key] = number(value, f"connections.{key}", problems, int, 0, default)
+        if pending[key] is not None and pending[key] > ceiling:  # type: ignore[operator]
+            problems.add(f"connections.{key}", f"{pending[key]} is more than connections.{over} ({ceiling})",
+                         f"set it to at most {ceiling}")
+    return ConnectionsConfig(
+        max=total,
+        max_per_host=per_host,
+        max_pending=pending["max_pending"],
+        max_pending_per_host=pending["max_pending_per_host"],
+        handshake_timeout=number(raw.get("handshake_timeout", defaults.handshake_timeout),
+                                 "connections.handshake_timeout", problems, float, 0, defaults.handshake_timeout),
+        idle_timeout=number(raw.get("idle_timeout", defaults.idle_timeout),
+                            "connections.idle_timeout", problems, float, 0, defaults.idle_timeout),
+    )
 
 
 def _logging(data: Mapping[str, Any], problems: Problems) -> LoggingConfig:
@@ -374,6 +410,7 @@ def validate(data: Mapping[str, Any], rules: StreamRules, problems: Problems,
     writers = _stream_writers(data, instances, rules, identity, problems)
     keepalive = _keepalive(data, problems)
     backpressure = _backpressure(data, writers, problems)
+    connections = _connections(data, problems)
     logging = _logging(data, problems)
     _listener_clashes(identity, instances, problems)
     redis = _redis(data, problems)
@@ -393,6 +430,7 @@ def validate(data: Mapping[str, Any], rules: StreamRules, problems: Problems,
         metrics_listen=identity.metrics_listen,
         keepalive=keepalive,
         backpressure=backpressure,
+        connections=connections,
         logging=logging,
         tls=tls,
         shared_secret_file=shared_secret_file,

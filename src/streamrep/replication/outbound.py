@@ -2,9 +2,11 @@
 
 Producers (the hub's publisher, relays, keepalive) append already-encoded bytes
 with the number of commands they hold; one writer greenlet per connection takes
-everything queued in one go and hands it to a single ``sendall``. The bound is
-on commands, not bytes: a peer that falls more than ``max_commands`` behind is
-cut off rather than allowed to grow the hub's memory or slow anyone else.
+everything queued in one go, as the list of chunks it was queued as, and writes
+them with one scatter-gather call: a chunk shared by many connections (a burst's
+``RDATA``, encoded once) is never copied per connection. The bound is on commands
+and on bytes: a peer that falls more than ``max_commands`` or ``max_bytes`` behind
+is cut off rather than allowed to grow the hub's memory or slow anyone else.
 """
 
 from __future__ import annotations
@@ -13,23 +15,33 @@ from gevent.event import Event
 
 from streamrep import resources
 
-__all__ = ["OutboundQueue", "DEFAULT_MAX_QUEUED_COMMANDS"]
+__all__ = ["OutboundQueue", "DEFAULT_MAX_QUEUED_COMMANDS", "DEFAULT_MAX_QUEUED_BYTES"]
 
 #: Default bound on commands waiting to be written to one peer.
 DEFAULT_MAX_QUEUED_COMMANDS = 10_000
+#: Default bound on bytes waiting to be written to one peer.
+DEFAULT_MAX_QUEUED_BYTES = 16 * 1024 * 1024
 
 
 class OutboundQueue:
-    """Encoded commands waiting to be written, bounded by command count."""
+    """Encoded commands waiting to be written, bounded by command count and bytes.
 
-    __slots__ = ("max_commands", "_chunks", "_queued", "_ready", "_closed", "total_commands")
+    A single chunk larger than ``max_bytes`` is still accepted into an empty queue,
+    so a fact larger than the bound can reach a reader that keeps up.
+    """
 
-    def __init__(self, max_commands: int = DEFAULT_MAX_QUEUED_COMMANDS) -> None:
-        if max_commands < 1:
-            raise ValueError("max_commands must be at least 1")
+    __slots__ = ("max_commands", "max_bytes", "_chunks", "_queued", "_bytes", "_ready", "_closed",
+                 "total_commands")
+
+    def __init__(self, max_commands: int = DEFAULT_MAX_QUEUED_COMMANDS,
+                 max_bytes: int = DEFAULT_MAX_QUEUED_BYTES) -> None:
+        if max_commands < 1 or max_bytes < 1:
+            raise ValueError("max_commands and max_bytes must be at least 1")
         self.max_commands = max_commands
+        self.max_bytes = max_bytes
         self._chunks: list[bytes] = []
         self._queued = 0
+        self._bytes = 0
         self._ready = Event()
         self._closed = False
         #: commands ever accepted, for metrics
@@ -40,6 +52,11 @@ class OutboundQueue:
         return self._queued
 
     @property
+    def queued_bytes(self) -> int:
+        """Bytes currently queued."""
+        return self._bytes
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
@@ -47,47 +64,67 @@ class OutboundQueue:
         """How many more commands fit before the bound."""
         return self.max_commands - self._queued
 
+    def fits(self, count: int, size: int) -> bool:
+        """Whether *count* commands of *size* bytes fit now."""
+        return (self._queued + count <= self.max_commands
+                and (self._bytes + size <= self.max_bytes or not self._bytes))
+
     def put(self, data: bytes, count: int = 1) -> bool:
         """Queue *data* holding *count* commands.
 
-        Returns False, queuing nothing, if that would exceed the bound (the caller
+        Returns False, queuing nothing, if that would exceed a bound (the caller
         then disconnects the peer) or the queue is closed.
         """
-        if self._closed or self._queued + count > self.max_commands:
+        size = len(data)
+        if (self._closed or self._queued + count > self.max_commands
+                or (self._bytes + size > self.max_bytes and self._bytes)):
             return False
         self._chunks.append(data)
         self._queued += count
+        self._bytes += size
         self.total_commands += count
         if resources.ENABLED:
             resources.acquired("queued command", count)
         self._ready.set()
         return True
 
-    def take(self, timeout: float | None = None) -> tuple[bytes, int]:
-        """Wait (up to *timeout*) for data; return everything queued and its count.
+    def put_last(self, data: bytes, count: int = 1) -> bool:
+        """Queue *data* whatever the bounds (a closing connection's ``ERROR``);
+        False once closed."""
+        if self._closed:
+            return False
+        self.max_commands = max(self.max_commands, self._queued + count)
+        self.max_bytes = max(self.max_bytes, self._bytes + len(data))
+        return self.put(data, count)
 
-        Returns ``(b"", 0)`` on timeout or once closed and empty.
+    def take(self, timeout: float | None = None) -> tuple[list[bytes], int]:
+        """Wait (up to *timeout*) for data; return every chunk queued, in order,
+        and how many commands they hold (the chunks are the producers' own
+        objects, not copies).
+
+        Returns ``([], 0)`` on timeout or once closed and empty.
         """
         if not self._chunks:
             if self._closed:
-                return b"", 0
+                return [], 0
             self._ready.clear()
             self._ready.wait(timeout)
             if not self._chunks:
-                return b"", 0
+                return [], 0
         chunks, count = self._chunks, self._queued
         self._chunks = []
         self._queued = 0
+        self._bytes = 0
         self._ready.clear()
         if resources.ENABLED:
             resources.released("queued command", count)
-        return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), count
+        return chunks, count
 
-    def wait_for_room(self, needed: int, timeout: float | None = None) -> bool:
-        """Block until *needed* commands fit (or the queue closes); for producers
-        that would rather wait than overflow, like database catch-up."""
+    def wait_for_room(self, needed: int, timeout: float | None = None, size: int = 0) -> bool:
+        """Block until *needed* commands of *size* bytes fit (or the queue closes);
+        for producers that would rather wait than overflow, like database catch-up."""
         needed = min(needed, self.max_commands)
-        if self._queued + needed <= self.max_commands:
+        if self.fits(needed, size):
             return True
         # The writer takes everything at once, so the queue becomes empty, not just
         # smaller: poll cheaply on the writer's progress.
@@ -95,7 +132,7 @@ class OutboundQueue:
 
         waited = 0.0
         step = 0.001
-        while self._queued + needed > self.max_commands and not self._closed:
+        while not self.fits(needed, size) and not self._closed:
             if timeout is not None and waited >= timeout:
                 return False
             gevent.sleep(step)
@@ -114,3 +151,4 @@ class OutboundQueue:
             resources.released("queued command", self._queued)
         self._chunks = []
         self._queued = 0
+        self._bytes = 0

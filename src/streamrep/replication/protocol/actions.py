@@ -32,6 +32,8 @@ class DisconnectReason:
     TOO_MANY_CONNECTIONS = "too_many_connections"
     CATCH_UP_FAILED = "catch_up_failed"
     GAP_UNFILLED = "gap_unfilled"
+    IDLE_TIMEOUT = "idle_timeout"
+    PENDING_EVICTED = "pending_evicted"
 
 
 @dataclass(slots=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
 
 from streamrep.replication import commands as C
-from streamrep.replication.protocol.actions import Action, FillGap, Publish, Relay
+from streamrep.replication.protocol.actions import Action, Close, DisconnectReason, FillGap, Publish, Relay
 from streamrep.replication.protocol.settings import ConnectionSettings
 
 from streamrep.replication.protocol.hub_peer import HubPeer
@@ -66,10 +66,14 @@ class HubState:
         self.positions: dict[tuple[str, str], int] = {}
         self.known_streams: dict[str, None] = dict.fromkeys(sorted(listed))
         self.syncing_users: dict[str, set[str]] = {}
-        self.peers: list[HubPeer] = []
+        #: every peer, in the order they connected
+        self.peers: dict[HubPeer, None] = {}
         self._writer_peers: dict[str, HubPeer] = {}
         self._verified: dict[tuple[str, str], int] = {}
         self._peers_per_host: dict[str, int] = {}
+        # Peers not active yet, oldest first: in all, and per address.
+        self._pending: dict[HubPeer, None] = {}
+        self._pending_per_host: dict[str, dict[HubPeer, None]] = {}
 
     # --- peers -------------------------------------------------------------------------------
 
@@ -81,23 +85,66 @@ class HubState:
             return f"too many connections from {host} (limit {self.settings.max_connections_per_host})"
         return None
 
+    def make_room(self, host: str) -> list[tuple[HubPeer, Close]]:
+        """The pending peers to close before a new connection from *host* is
+        accepted, oldest first, each with its ``Close``: one per pending limit the
+        new connection would exceed (``max_pending_per_host``, then
+        ``max_pending_connections``). Call before :meth:`admit`."""
+        settings = self.settings
+        out: list[tuple[HubPeer, Close]] = []
+        mine = self._pending_per_host.get(host)
+        while mine and len(mine) >= settings.max_pending_per_host:
+            out.append(self._evict(next(iter(mine)), f"from {host}", settings.max_pending_per_host))
+        while self._pending and len(self._pending) >= settings.max_pending_connections:
+            out.append(self._evict(next(iter(self._pending)), "in all", settings.max_pending_connections))
+        return out
+
+    def _evict(self, peer: HubPeer, scope: str, limit: int) -> tuple[HubPeer, Close]:
+        self._forget_pending(peer)
+        peer.closing(DisconnectReason.PENDING_EVICTED)
+        return peer, Close(DisconnectReason.PENDING_EVICTED,
+                           f"closed for a new connection: more than {limit} connections {scope} sent no "
+                           "REPLICATE, RDATA or POSITION after NAME; the oldest is closed")
+
     def new_peer(self, label: str, host: str = "", now: float | None = None) -> HubPeer:
-        """The session of a connection just accepted (after :meth:`admit`)."""
+        """The session of a connection just accepted (after :meth:`admit`); pending
+        until it becomes active (:meth:`peer_active`)."""
         peer = HubPeer(self, label, host, now)
-        self.peers.append(peer)
+        self.peers[peer] = None
         self._peers_per_host[host] = self._peers_per_host.get(host, 0) + 1
+        self._pending[peer] = None
+        self._pending_per_host.setdefault(host, {})[peer] = None
         return peer
+
+    def peer_active(self, peer: HubPeer) -> None:
+        """*peer* named itself and acted: it no longer counts as pending."""
+        self._forget_pending(peer)
+
+    def pending_count(self, host: str | None = None) -> int:
+        """Peers not active yet (from *host*, or in all)."""
+        if host is None:
+            return len(self._pending)
+        return len(self._pending_per_host.get(host, ()))
+
+    def _forget_pending(self, peer: HubPeer) -> None:
+        if self._pending.pop(peer, 0) is None:
+            mine = self._pending_per_host[peer.host]
+            del mine[peer]
+            if not mine:
+                del self._pending_per_host[peer.host]
 
     def peer_lost(self, peer: HubPeer) -> list[Action]:
         """A connection ended: forget it; its instances' syncing users go too
-        (announced to the others as ``CLEAR_USER_SYNC``)."""
-        if peer in self.peers:
-            self.peers.remove(peer)
-            left = self._peers_per_host.get(peer.host, 1) - 1
-            if left > 0:
-                self._peers_per_host[peer.host] = left
-            else:
-                self._peers_per_host.pop(peer.host, None)
+        (announced to the others as ``CLEAR_USER_SYNC``). Only the first call for a
+        peer does anything."""
+        self._forget_pending(peer)
+        if self.peers.pop(peer, 0) is not None:
+            return []
+        left = self._peers_per_host.get(peer.host, 1) - 1
+        if left > 0:
+            self._peers_per_host[peer.host] = left
+        else:
+            self._peers_per_host.pop(peer.host, None)
         if peer.name is not None and self._writer_peers.get(peer.name) is peer:
             del self._writer_peers[peer.name]
         out: list[Action] = []

@@ -19,6 +19,9 @@ __all__ = ["HubPeer"]
 
 _group_rdata = C.group_rdata
 _ALL = "ALL"
+#: Commands that do not make a peer active: a peer that sends only these holds a
+#: slot without replicating, writing or relaying anything.
+_NOT_ACTIVITY = frozenset({"NAME", "PING", "ERROR"})
 
 
 class HubPeer(Session):
@@ -29,6 +32,12 @@ class HubPeer(Session):
     writer is gathered per fact and published once per read as the writer's exact
     lines; a row that does not fit its stream (or is not JSON), a ``batch`` run longer than
     ``max_pending_rows``, or a stream the peer may not write closes it with ``ERROR``.
+
+    A peer is *pending* until it is :attr:`active`: named, and it sent a command the
+    hub acts on (``REPLICATE``, ``RDATA``, ``POSITION``, a relayed command; not
+    ``PING``). A pending peer still pending ``idle_timeout`` seconds after it
+    connected is closed, and :class:`HubState` closes the oldest pending peers when
+    new connections exceed the pending limits.
     """
 
     peer_side = CLIENT_SIDE
@@ -54,6 +63,9 @@ class HubPeer(Session):
         self._relay: dict[str, list[Any]] = {}
         #: writers whose RDATA or POSITION this read took: answered with their position
         self._acks: set[tuple[str, str]] = set()
+        #: named and sent a command the hub acts on (see the class docstring)
+        self.active = False
+        self._acted = False
 
     def greeting(self) -> list[Action]:
         """``SERVER <name>`` and ``PING``."""
@@ -65,11 +77,30 @@ class HubPeer(Session):
         return (self.live_all or stream in self.live_streams) and stream not in self.catching_up
 
     def tick(self, now: float, idle: bool) -> list[Action]:
-        if not self.closed and self.name is None and now - self.started_at > self.settings.handshake_timeout:
-            self._mark_closed(DisconnectReason.HANDSHAKE_TIMEOUT)
-            return [Close(DisconnectReason.HANDSHAKE_TIMEOUT,
-                          f"no NAME received within {self.settings.handshake_timeout:g} seconds")]
+        if not self.closed and not self.active:
+            settings = self.settings
+            waited = now - self.started_at
+            if self.name is None and waited > settings.handshake_timeout:
+                self._mark_closed(DisconnectReason.HANDSHAKE_TIMEOUT)
+                return [Close(DisconnectReason.HANDSHAKE_TIMEOUT,
+                              f"no NAME received within {settings.handshake_timeout:g} seconds")]
+            if waited > settings.idle_timeout:
+                self._mark_closed(DisconnectReason.IDLE_TIMEOUT)
+                return [Close(DisconnectReason.IDLE_TIMEOUT,
+                              f"idle: no REPLICATE, RDATA, POSITION or other command after NAME within "
+                              f"{settings.idle_timeout:g} seconds of connecting")]
         return super().tick(now, idle)
+
+    def _note_activity(self, commands: list[Any]) -> None:
+        """Become active once named and a command the hub acts on has come."""
+        if not self._acted:
+            for command in commands:
+                if command.NAME not in _NOT_ACTIVITY:
+                    self._acted = True
+                    break
+        if self._acted and self.name is not None and not self.closed:
+            self.active = True
+            self.hub.peer_active(self)
 
     def catch_up_done(self, stream: str) -> None:
         """The transport streamed *stream*'s catch-up: live rows flow again."""
@@ -78,6 +109,15 @@ class HubPeer(Session):
     # --- dispatch ----------------------------------------------------------------------------
 
     def _dispatch(self, commands: list[Any], out: list[Action]) -> None:
+        if not self.active:
+            try:
+                self._dispatch_commands(commands, out)
+            finally:
+                self._note_activity(commands)
+            return
+        self._dispatch_commands(commands, out)
+
+    def _dispatch_commands(self, commands: list[Any], out: list[Action]) -> None:
         # A writer's RDATA comes grouped per fact by the core; consecutive facts of
         # one writer are checked together and gathered per stream, published once
         # per read; anything else first flushes what was gathered, keeping the order.

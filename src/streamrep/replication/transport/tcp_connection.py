@@ -2,8 +2,10 @@
 writes replication sockets.
 
 Three greenlets per connection: the read loop (decode, hand the commands to the
-session, pass its actions to the owner), the writer (one ``sendall`` of
-everything queued at a time, from a bounded :class:`OutboundQueue`) and the
+session, pass its actions to the owner), the writer (everything queued at a
+time, from a bounded :class:`OutboundQueue`, in one scatter-gather ``sendmsg`` over
+the queued chunks as they are, so a burst shared by every reader is never copied
+per reader) and the
 keepalive timer (the session's :meth:`~streamrep.replication.protocol.Session.tick`).
 A TLS layer wraps the socket before it gets here; an authentication gate
 (:attr:`TcpConnection.gate`) sees every read before the session until it has
@@ -13,6 +15,7 @@ nothing left to check.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import time
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
@@ -64,6 +67,51 @@ _CLOSE_FLUSH_SECONDS = 1.0
 # yet: our ERROR, or a writer's last RDATA.
 _CLOSE_DRAIN_SECONDS = 1.0
 _READ_SIZE = 262144
+#: Buffers per ``sendmsg`` (the kernel refuses more than IOV_MAX).
+_IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
+#: Largest piece small chunks are joined into on a TLS socket.
+_TLS_PIECE = 65536
+
+
+def _send_scattered(sendmsg: Callable[[list[Any]], int], chunks: list[bytes]) -> None:
+    """Write every chunk with as few ``sendmsg`` calls as the socket allows, resuming
+    after a partial write through a memoryview (no chunk is copied)."""
+    total = len(chunks)
+    start = 0
+    head: memoryview | None = None  # what is left of chunks[start] after a partial write
+    while start < total:
+        end = min(total, start + _IOV_MAX)
+        batch: list[Any] = chunks[start:end]
+        if head is not None:
+            batch[0] = head
+        sent = sendmsg(batch)
+        for buf in batch:
+            size = len(buf)
+            if sent < size:
+                if sent:
+                    head = memoryview(buf)[sent:]
+                break
+            sent -= size
+            start += 1
+            head = None
+
+
+def _send_coalesced(sendall: Callable[[Any], None], chunks: list[bytes]) -> None:
+    """Write *chunks* through ``sendall``: large ones alone, small ones joined into
+    pieces of at most :data:`_TLS_PIECE` bytes."""
+    piece: list[bytes] = []
+    size = 0
+    for chunk in chunks:
+        if size and size + len(chunk) > _TLS_PIECE:
+            sendall(piece[0] if len(piece) == 1 else b"".join(piece))
+            piece, size = [], 0
+        if len(chunk) >= _TLS_PIECE:
+            sendall(chunk)
+            continue
+        piece.append(chunk)
+        size += len(chunk)
+    if piece:
+        sendall(piece[0] if len(piece) == 1 else b"".join(piece))
 
 
 class TcpConnection:
@@ -90,7 +138,7 @@ class TcpConnection:
         self.settings = settings
         self.metrics = metrics
         self.session = session if session is not None else Session(settings)
-        self.queue = OutboundQueue(settings.max_queued_commands)
+        self.queue = OutboundQueue(settings.max_queued_commands, settings.max_queued_bytes)
         self.decoder = C.new_decoder(settings.max_line_length)
         self.closed = False
         self.close_reason: str | None = None
@@ -157,8 +205,7 @@ class TcpConnection:
             self.queue.clear()
         if error is not None:
             # ERROR lines go out even when the bound was reached.
-            self.queue.max_commands += 1
-            self.queue.put(C.encode_one(C.error(error)), 1)
+            self.queue.put_last(C.encode_one(C.error(error)), 1)
             if self.metrics is not None:
                 self.metrics.sent("ERROR", 1)
         self.queue.close()
@@ -301,9 +348,13 @@ class TcpConnection:
         """
         if self.closed:
             return False
-        if not self.queue.put(data, count):
-            self.close(DisconnectReason.SLOW_CONSUMER,
-                       f"too far behind: more than {self.queue.max_commands} commands queued")
+        queue = self.queue
+        if not queue.put(data, count):
+            if len(queue) + count > queue.max_commands:
+                why = f"more than {queue.max_commands} commands queued"
+            else:
+                why = f"more than {queue.max_bytes} bytes queued"
+            self.close(DisconnectReason.SLOW_CONSUMER, f"too far behind: {why}")
             return False
         if self.metrics is not None:
             self.metrics.sent(name, count)
@@ -311,24 +362,37 @@ class TcpConnection:
 
     def _write_loop(self) -> None:
         queue = self.queue
-        sendall = self.sock.sendall
+        write = self._chunk_writer()
         session = self.session
         while True:
-            data, _count = queue.take()
-            if not data:
+            chunks, _count = queue.take()
+            if not chunks:
                 if queue.closed:
                     return
                 continue
             self._in_flight = True
             try:
-                sendall(data)
+                write(chunks)
             except OSError as exc:
                 logger.debug("write to %s failed: %s", self.name, exc)
                 self.close(DisconnectReason.SOCKET_ERROR)
                 return
             finally:
                 self._in_flight = False
+                del chunks
             session.data_sent(time.monotonic())
+
+    def _chunk_writer(self) -> Callable[[list[bytes]], None]:
+        """How this socket writes a list of chunks: ``sendmsg`` over them as they
+        are; a TLS socket (which has no ``sendmsg``) gets them coalesced into
+        pieces of at most :data:`_TLS_PIECE` bytes, so what is copied per peer
+        stays small."""
+        sock = self.sock
+        if hasattr(sock, "getpeercert") or not hasattr(sock, "sendmsg"):
+            sendall = sock.sendall
+            return lambda chunks: _send_coalesced(sendall, chunks)
+        sendmsg = sock.sendmsg
+        return lambda chunks: _send_scattered(sendmsg, chunks)
 
     def idle(self) -> bool:
         """True when everything queued has been handed to the socket."""

@@ -148,6 +148,10 @@ class ReplicationHub:
             row_check=row_check,
         )
         self.connections: list[HubConnection] = []
+        self._by_session: dict[HubPeer, HubConnection] = {}
+        # Sessions whose socket is still in its TLS or authentication handshake,
+        # with the greenlet doing it.
+        self._handshaking: dict[HubPeer, Greenlet] = {}
         self.metrics = ReplicationMetrics(
             positions=lambda: dict(self.state.positions),
             queue_depths=lambda: {f"{c.name}#{id(c):x}": len(c.queue) for c in self.connections},
@@ -316,25 +320,54 @@ class ReplicationHub:
     def _serve(self, sock: socket.socket, address: Any) -> None:
         host = str(address[0])
         label = f"{host}:{address[1]}"
-        refusal = self.state.admit(host)
+        state = self.state
+        for peer, close in state.make_room(host):
+            self._evict(peer, close)
+        refusal = state.admit(host)
         if refusal is not None:
             self._refuse_early(sock, host, refusal)
             return
+        # The session exists from the accept on: a peer still in its TLS or
+        # authentication handshake is pending like one that has not sent NAME.
+        session = state.new_peer(label, host)
+        self._handshaking[session] = gevent.getcurrent()
         try:
             sock = self.wrap_socket(sock)
             if not self.before_name(sock, label):
                 sock.close()
                 return
         except (OSError, StreamrepError) as exc:
-            logger.info("replication connection %s failed its handshake: %s", label, exc)
+            if not session.closed:
+                logger.info("replication connection %s failed its handshake: %s", label, exc)
             sock.close()
             return
-        session = self.state.new_peer(label, host)
+        finally:
+            self._handshaking.pop(session, None)
+            if session.closed or sock.fileno() < 0:
+                state.peer_lost(session)
+        if session.closed:  # closed for a newer connection during its handshake
+            sock.close()
+            return
         conn = HubConnection(self, sock, label, session)
         gate = conn.gate = self.gate(sock)
         self.connections.append(conn)
+        self._by_session[session] = conn
         self.metrics.connected()
         conn.run(gate.greeting(session.greeting()) if gate is not None else session.greeting())
+
+    def _evict(self, peer: HubPeer, close: Close) -> None:
+        """Close a pending peer to make room for a new connection."""
+        conn = self._by_session.get(peer)
+        if conn is not None:
+            conn.close(close.reason, close.error)
+            return
+        # Still in its handshake: nothing can be said to it yet. Killing its
+        # greenlet ends the handshake, which closes the socket.
+        handshake = self._handshaking.pop(peer, None)
+        self.metrics.disconnected(close.reason)
+        self.state.peer_lost(peer)
+        if handshake is not None and handshake is not gevent.getcurrent():
+            handshake.kill(block=False)
 
     def _refuse_early(self, sock: socket.socket, host: str, refusal: str) -> None:
         self.metrics.disconnected(DisconnectReason.TOO_MANY_CONNECTIONS)
@@ -359,7 +392,7 @@ class ReplicationHub:
 
     def connection_lost(self, conn: TcpConnection, reason: str) -> None:
         assert isinstance(conn, HubConnection)
-        if conn in self.connections:
+        if self._by_session.pop(conn.session, None) is not None:
             self.connections.remove(conn)
         actions = self.state.peer_lost(conn.session)
         if not self.stopped.is_set():
@@ -514,13 +547,13 @@ class ReplicationHub:
                                f"catch-up of {stream} must queue {count} positions at once, more than "
                                f"the queue bound ({queue.max_commands}); raise backpressure.max_queue")
                     return
-                if queue.room() >= count:
+                if queue.fits(count, len(data)):
                     # Switch to live: nothing yielded since the check above.
                     conn.session.catch_up_done(stream)
                     if count:
                         conn.send_lines(data, count, "POSITION")
                     return
-                if not queue.wait_for_room(count, timeout=wait):
+                if not queue.wait_for_room(count, timeout=wait, size=len(data)):
                     self._too_slow(conn)
                     return
                 continue  # the wait yielded: look again for newer rows
@@ -536,19 +569,28 @@ class ReplicationHub:
 
     def _send_catch_up_rows(self, conn: HubConnection, stream: str, instance: str,
                             rows: list[tuple[int, bytes]]) -> bool:
-        """Queue one page of catch-up rows, in pieces that fit the queue even when one
-        fact is larger than the whole bound; False when the peer is gone or too slow."""
+        """Queue one page of catch-up rows, in pieces that fit the queue (at most half
+        its bound in commands and in bytes; a single larger row goes alone), even when
+        one fact is larger than the whole bound; False when the peer is gone or too slow."""
         queue = conn.queue
-        lines = C.rdata_line_list(stream, instance, rows)
-        piece = max(1, queue.max_commands // 2)
-        for i in range(0, len(lines), piece):
-            chunk = lines[i : i + piece]
-            if not queue.wait_for_room(len(chunk), timeout=self.settings.ping_timeout):
-                self._too_slow(conn)
-                return False
-            if not conn.send_lines(b"".join(chunk), len(chunk), "RDATA"):
-                return False
-        return True
+        most_lines = max(1, queue.max_commands // 2)
+        most_bytes = max(1, queue.max_bytes // 2)
+        piece: list[bytes] = []
+        size = 0
+        for line in C.rdata_line_list(stream, instance, rows):
+            if piece and (len(piece) >= most_lines or size + len(line) > most_bytes):
+                if not self._queue_catch_up_piece(conn, piece, size):
+                    return False
+                piece, size = [], 0
+            piece.append(line)
+            size += len(line)
+        return not piece or self._queue_catch_up_piece(conn, piece, size)
+
+    def _queue_catch_up_piece(self, conn: HubConnection, piece: list[bytes], size: int) -> bool:
+        if not conn.queue.wait_for_room(len(piece), timeout=self.settings.ping_timeout, size=size):
+            self._too_slow(conn)
+            return False
+        return conn.send_lines(b"".join(piece), len(piece), "RDATA")
 
     def _too_slow(self, conn: TcpConnection) -> None:
         if not conn.closed:
