@@ -13,6 +13,9 @@ from streamrep.wire_commands import CLIENT_SIDE, SERVER_SIDE, SPECS, accepted_fr
 
 __all__ = ["Session"]
 
+# Session class -> its (command, handler method) pairs, found once per class.
+_HANDLER_NAMES: dict[type, tuple[tuple[str, str], ...]] = {}
+
 
 class Session:
     """What every session shares: dispatch bound once, keepalive, closing.
@@ -31,12 +34,18 @@ class Session:
         self.started_at = now
         self.closed = False
         self.close_reason: str | None = None
-        allowed = SPECS.keys() if self.peer_side is None else accepted_from(self.peer_side)
-        self._handlers: dict[str, Callable[[Any, list[Action]], None]] = {}
-        for name in allowed:
-            handler = getattr(self, f"on_{name}", None)
-            if handler is not None:
-                self._handlers[name] = handler
+        names = _HANDLER_NAMES.get(type(self))
+        if names is None:
+            names = _HANDLER_NAMES[type(self)] = self._handler_names()
+        self._handlers: dict[str, Callable[[Any, list[Action]], None]] = {
+            name: getattr(self, attribute) for name, attribute in names}
+
+    @classmethod
+    def _handler_names(cls) -> tuple[tuple[str, str], ...]:
+        """``(command, method)`` for every command the peer may send that this class
+        handles; looked up once per class, bound once per session."""
+        allowed = SPECS.keys() if cls.peer_side is None else accepted_from(cls.peer_side)
+        return tuple((name, f"on_{name}") for name in allowed if hasattr(cls, f"on_{name}"))
 
     # --- driven by the transport ---------------------------------------------------------
 

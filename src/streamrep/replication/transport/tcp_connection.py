@@ -140,6 +140,8 @@ class TcpConnection:
         self.session = session if session is not None else Session(settings)
         self.queue = OutboundQueue(settings.max_queued_commands, settings.max_queued_bytes)
         self.decoder = C.new_decoder(settings.max_line_length)
+        #: whether anything was ever read from the peer
+        self.heard = False
         self.closed = False
         self.close_reason: str | None = None
         #: what the peer's last ``ERROR`` said (None: it sent none)
@@ -168,16 +170,20 @@ class TcpConnection:
 
     # --- lifecycle -------------------------------------------------------------------------
 
-    def start(self, greeting: Sequence[Action] = ()) -> None:
-        """Start the writer and keepalive greenlets and carry out *greeting*."""
+    def start(self, greeting: Sequence[Action] = (), keepalive: bool = True) -> None:
+        """Start the writer greenlet (and, with *keepalive*, the keepalive timer; an
+        owner of many connections calls :meth:`tick` itself instead) and carry out
+        *greeting*."""
         self._writer = gevent.spawn(self._write_loop)
-        self._greenlets = [self._writer, gevent.spawn(self._keepalive_loop)]
+        self._greenlets = [self._writer]
+        if keepalive:
+            self._greenlets.append(gevent.spawn(self._keepalive_loop))
         if greeting:
             self._perform(self, list(greeting))
 
-    def run(self, greeting: Sequence[Action] = ()) -> None:
+    def run(self, greeting: Sequence[Action] = (), keepalive: bool = True) -> None:
         """Start, then read in the current greenlet until the connection ends."""
-        self.start(greeting)
+        self.start(greeting, keepalive)
         self._read_loop()
         # Stay until the last lines are flushed: the caller may close the socket
         # as soon as this returns.
@@ -211,7 +217,11 @@ class TcpConnection:
         self.queue.close()
         if self.metrics is not None:
             self.metrics.disconnected(reason)
-        logger.info("replication connection %s closed: %s%s", self.name, reason, f" ({error})" if error else "")
+        # A connection that closed before saying anything is routine (a port
+        # check, a load balancer's probe): not worth a line per connection.
+        quiet = reason == DisconnectReason.PEER_CLOSED and not self.heard
+        (logger.debug if quiet else logger.info)(
+            "replication connection %s closed: %s%s", self.name, reason, f" ({error})" if error else "")
         self._closer = gevent.spawn(self._finish_close)
         if self._on_lost is not None:
             try:
@@ -297,6 +307,7 @@ class TcpConnection:
                 return
             if self.closed:
                 continue
+            self.heard = True
             try:
                 commands = feed(data)
             except ProtocolError as exc:
@@ -398,12 +409,16 @@ class TcpConnection:
         """True when everything queued has been handed to the socket."""
         return len(self.queue) == 0 and not self._in_flight
 
+    def tick(self, now: float) -> None:
+        """The session's timers (pings, timeouts, deadlines), carried out."""
+        if self.closed:
+            return
+        actions = self.session.tick(now, len(self.queue) == 0)
+        if actions:
+            self._perform(self, actions)
+
     def _keepalive_loop(self) -> None:
         step = self.session.keepalive.check_interval
         while not self.closed:
             gevent.sleep(step)
-            if self.closed:
-                return
-            actions = self.session.tick(time.monotonic(), len(self.queue) == 0)
-            if actions:
-                self._perform(self, actions)
+            self.tick(time.monotonic())

@@ -14,9 +14,14 @@ out those decisions and does the database reads they ask for:
   catch-up that cannot proceed (database error, a peer that stops reading, a
   queue too small for the final positions) closes that peer with ``ERROR``.
 
-Connections beyond ``max_connections`` (or ``max_connections_per_host`` from one
-address) get ``ERROR`` and are closed at once; running out of file descriptors
-pauses accepting instead of failing.
+Accepting is gevent's :class:`~gevent.server.StreamServer` (its accept loop runs in
+the event loop's callback, up to 100 connections per wake-up, each handed to a
+greenlet of its own) on a socket listening with the kernel's largest backlog
+(``/proc/sys/net/core/somaxconn``), so a burst of connections waits in the kernel
+instead of overflowing it. Connections beyond ``max_connections`` (or
+``max_connections_per_host`` from one address) get ``ERROR`` and are closed at once;
+pending peers beyond the pending limits close the oldest pending peer; running out
+of file descriptors pauses accepting instead of failing.
 
 With *security*, every accepted socket gets TLS first
 (:meth:`ReplicationHub.wrap_socket`, within the handshake timeout), and each
@@ -32,12 +37,14 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+import time
 from typing import Any, Callable, Collection, Mapping, Sequence
 
 import gevent
 import gevent.event
 from gevent import Greenlet
 from gevent import socket as gsocket
+from gevent.server import StreamServer
 
 from streamrep.errors import StreamrepError
 from streamrep.replication import commands as C
@@ -51,6 +58,7 @@ from streamrep.replication.protocol import (
     FillGap,
     HubPeer,
     HubState,
+    Keepalive,
     Publish,
     Received,
     Relay,
@@ -76,6 +84,43 @@ _RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.E
 _PAUSE_WHEN_OUT_OF_DESCRIPTORS = 0.1
 #: How many distinct refusals are logged at WARNING before they go to DEBUG.
 _LOGGED_REFUSALS_LIMIT = 1000
+
+
+def listen_backlog() -> int:
+    """The listen backlog: the kernel's own ceiling (``net.core.somaxconn``), which
+    it applies anyway, so a burst of connections is never refused by a smaller one."""
+    try:
+        with open("/proc/sys/net/core/somaxconn") as fh:
+            return int(fh.read())
+    except (OSError, ValueError):
+        return socket.SOMAXCONN
+
+
+class _Acceptor(StreamServer):  # type: ignore[misc]  # gevent.server has no type information
+    """gevent's accept loop on the hub's listening socket. Running out of file
+    descriptors pauses accepting for a tenth of a second (told once to *on_exhausted*)
+    instead of a traceback per attempt."""
+
+    def __init__(self, listener: socket.socket, handle: Callable[[socket.socket, Any], None],
+                 on_exhausted: Callable[[OSError], None]) -> None:
+        super().__init__(listener, handle)
+        self._on_exhausted = on_exhausted
+
+    def do_read(self) -> Any:
+        try:
+            return super().do_read()
+        except OSError as exc:
+            if exc.errno in _RESOURCE_ERRORS:
+                self._on_exhausted(exc)
+                self.stop_accepting()
+                gevent.spawn_later(_PAUSE_WHEN_OUT_OF_DESCRIPTORS, self._resume)
+            else:
+                logger.debug("accept failed: %s", exc)
+            return None
+
+    def _resume(self) -> None:
+        if self.started:
+            self.start_accepting()
 
 
 class HubConnection(TcpConnection):
@@ -158,8 +203,9 @@ class ReplicationHub:
         )
         self._host, self._port = host, port
         self._listener: socket.socket | None = None
-        self._acceptor: Greenlet | None = None
+        self._acceptor: _Acceptor | None = None
         self._watcher: Greenlet | None = None
+        self._ticker: Greenlet | None = None
         self._metrics_listen = metrics_listen
         self._metrics_server: Any = None
         self._refusals_logged: set[tuple[str, str]] = set()
@@ -231,9 +277,11 @@ class ReplicationHub:
         listener = gsocket.socket(family, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((self._host, self._port))
-        listener.listen(128)
+        listener.listen(listen_backlog())
         self._listener = listener
-        self._acceptor = gevent.spawn(self._accept_loop, listener)
+        self._acceptor = _Acceptor(listener, self._serve, self._out_of_descriptors)
+        self._acceptor.start()
+        self._ticker = gevent.spawn(self._tick_connections)
         if self.source is not None and self.settings.database_poll_interval > 0:
             self._watcher = gevent.spawn(self._watch_database)
         if self._metrics_listen is not None:
@@ -251,9 +299,11 @@ class ReplicationHub:
         if self.stopped.is_set():
             return
         if self._acceptor is not None:
-            self._acceptor.kill(block=False)
+            self._acceptor.close()
         if self._watcher is not None:
             self._watcher.kill(block=False)
+        if self._ticker is not None:
+            self._ticker.kill(block=False)
         if self._listener is not None:
             self._listener.close()
         closing = list(self.connections)
@@ -301,21 +351,23 @@ class ReplicationHub:
 
     # --- connections ---------------------------------------------------------------------------
 
-    def _accept_loop(self, listener: socket.socket) -> None:
-        while not self.stopped.is_set():
-            try:
-                sock, address = listener.accept()
-            except OSError as exc:
-                if self.stopped.is_set() or exc.errno == errno.EBADF:
-                    return
-                if exc.errno in _RESOURCE_ERRORS:
-                    self._log_refusal("*", f"cannot accept connections: {exc.strerror}; raise the "
-                                           "file descriptor limit (ulimit -n) or lower max_connections")
-                    gevent.sleep(_PAUSE_WHEN_OUT_OF_DESCRIPTORS)
-                    continue
-                logger.debug("accept failed: %s", exc)
-                continue
-            gevent.spawn(self._serve, sock, address)
+    def _tick_connections(self) -> None:
+        """Every connection's keepalive and deadlines, from one greenlet: a greenlet
+        and a timer per connection would cost every accept and every close."""
+        step = Keepalive(self.settings, 0.0).check_interval
+        while True:
+            gevent.sleep(step)
+            now = time.monotonic()
+            for conn in tuple(self.connections):
+                try:
+                    conn.tick(now)
+                except Exception:
+                    logger.exception("keepalive of %s failed", conn.name)
+                    conn.close(DisconnectReason.LOCAL_CLOSE, "internal error")
+
+    def _out_of_descriptors(self, exc: OSError) -> None:
+        self._log_refusal("*", f"cannot accept connections: {exc.strerror}; raise the "
+                               "file descriptor limit (ulimit -n) or lower max_connections")
 
     def _serve(self, sock: socket.socket, address: Any) -> None:
         host = str(address[0])
@@ -353,7 +405,8 @@ class ReplicationHub:
         self.connections.append(conn)
         self._by_session[session] = conn
         self.metrics.connected()
-        conn.run(gate.greeting(session.greeting()) if gate is not None else session.greeting())
+        # Keepalive: one timer for every connection (_tick_connections), not one each.
+        conn.run(gate.greeting(session.greeting()) if gate is not None else session.greeting(), keepalive=False)
 
     def _evict(self, peer: HubPeer, close: Close) -> None:
         """Close a pending peer to make room for a new connection."""
