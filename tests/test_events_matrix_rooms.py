@@ -168,7 +168,8 @@ def test_visibility_changes_mid_room(store: EventStore) -> None:
     assert store.get_event(after_bob["event_id"]).history_visibility == "joined"
 
 
-def test_shared_history_follows_current_membership(store: EventStore) -> None:
+def test_shared_history_is_seen_by_who_joined_after_it_even_once_they_left(
+        store: EventStore) -> None:
     r, ids = new_room(store)
     old = message(r, ANN, "old")
     bob_join = member(r, BOB, "join")
@@ -179,9 +180,10 @@ def test_shared_history_follows_current_membership(store: EventStore) -> None:
     bob_leave = member(r, BOB, "leave")
     later = message(r, ANN, "later")
     store.persist_events([bob_leave, later])
-    # Left: no longer sees shared history from before joining, nor what came after.
+    # Left: he joined after the shared history, so he still sees it (and his own
+    # leave); not what came after he left.
     assert [e.event_id for e in store.paginate_back(r.room_id, BOB, None, 10)[0]] == [
-        bob_leave["event_id"], bob_join["event_id"]]
+        bob_leave["event_id"], bob_join["event_id"], old["event_id"], *history]
 
 
 def test_sync_initial_sync_and_rooms(store: EventStore) -> None:

@@ -202,14 +202,16 @@ def test_visibility_changes_mid_room(store):
     assert store.get_event("$after_bob").history_visibility == "joined"
 
 
-def test_shared_history_follows_current_membership(store):
+def test_shared_history_is_seen_by_who_joined_after_it_even_once_they_left(store):
     create_room(store)
     store.persist_events([ev("$old", ["$ann_join"], 3), member("$bj", ["$old"], 4, BOB, "join")])
     assert [e.event_id for e in store.paginate_back(ROOM, BOB, None, 10)[0]] == [
         "$bj", "$old", "$ann_join", "$create"]
     store.persist_events([member("$bl", ["$bj"], 5, BOB, "leave"), ev("$later", ["$bl"], 6)])
-    # Left: no longer sees shared history from before joining, nor what came after.
-    assert [e.event_id for e in store.paginate_back(ROOM, BOB, None, 10)[0]] == ["$bl", "$bj"]
+    # Left: he joined after the shared history, so he still sees it (and his own
+    # leave, allowed by the state before it); not what came after he left.
+    assert [e.event_id for e in store.paginate_back(ROOM, BOB, None, 10)[0]] == [
+        "$bl", "$bj", "$old", "$ann_join", "$create"]
 
 
 def test_invite_to_a_room_not_joined_reaches_sync(store):

@@ -174,7 +174,8 @@ def test_an_event_failing_only_the_current_state_is_soft_failed(store: EventStor
                                   {"membership": "ban"})])
     # Bob, unaware of the ban, sends from before it: fine by its auth events.
     late = r.event("late", [r.id("carol")], "m.room.message", None, BOB, {"body": "hey"})
-    result = store.persist_events([late])
+    # Received from Bob's server: checked against the current state too.
+    result = store.persist_events([late], remote=True)
     assert result.rejected == {}
     stored = store.get_event(late["event_id"])
     assert stored.soft_failed and not stored.rejected
@@ -463,7 +464,7 @@ def test_verdicts_within_one_batch_follow_each_state_event(store: EventStore,
     no_members = {k: v for k, v in r.state_after[tip].items() if k[0] != "m.room.member"}
     strays = [r.event(f"d{n}", [tip], "m.room.message", None, outsider, {"body": str(n)},
                       state=no_members) for n in range(2)]
-    result = store.persist_events([*early, ban, late, *strays])
+    result = store.persist_events([*early, ban, late, *strays], remote=True)
     assert set(result.rejected) == {r.id("d0"), r.id("d1")}
     assert all(reason.startswith("not_in_room") for reason in result.rejected.values())
     assert [store.get_event(e["event_id"]).soft_failed for e in [*early, late]] == [
@@ -512,7 +513,7 @@ def test_soft_failures_in_one_batch_follow_the_state_their_messages_read(
                 {"users": users, "events_default": 60}),
         r.event("m2", [tip], "m.room.message", None, BOB, {"body": "2"}),
     ]
-    assert store.persist_events(batch).rejected == {}
+    assert store.persist_events(batch, remote=True).rejected == {}
     assert [store.get_event(r.id(name)).soft_failed for name in ("m0", "m1", "m2")] == [
         False, False, True]
 
@@ -536,7 +537,7 @@ def test_verdicts_of_earlier_batches_hold_only_while_the_state_they_read_does(
         event = r.event(name, [prev], etype, state_key, sender, content or {"body": name},
                         state=r.state_after[cites])
         prev = event["event_id"]
-        assert store.persist_events([event]).rejected == {}
+        assert store.persist_events([event], remote=True).rejected == {}
         return bool(store.get_event(event["event_id"]).soft_failed)
 
     assert [send("m0"), send("m1")] == [False, False]

@@ -110,31 +110,45 @@ class DagModel:
 
     def _vis_value(self, event_id: str) -> str:
         value = self.events[event_id].content.get("history_visibility")
-        return value if value in VIS_RANK else "joined"
+        return value if value in VIS_RANK else "shared"
 
-    def membership_at(self, room_id: str, user_id: str, ev: ModelEvent) -> str | None:
-        best = None
-        for m in self.room_events(room_id):
-            if (m.type == "m.room.member" and m.state_key == user_id and not m.outlier
-                    and not m.rejected and not m.soft_failed
-                    and (m.depth, m.stream) <= (ev.depth, ev.stream)):
-                if best is None or (m.depth, m.stream) > (best.depth, best.stream):
-                    best = m
-        return None if best is None else best.content["membership"]
+    def _membership(self, event_id: str | None) -> str | None:
+        return None if event_id is None else self.events[event_id].content["membership"]
 
     def visible_timeline(self, room_id: str, user_id: str) -> list[str]:
-        """Every event the user may see, newest first in topological order."""
-        current = self.current_state(room_id).get(("m.room.member", user_id))
-        joined = current is not None and self.events[current].content["membership"] == "join"
+        """Every event the user may see, newest first in topological order: the
+        specification's rule on the state at each event (the state before and after
+        the user's own membership events), "joined after" by the user's latest join
+        in topological order."""
+        joins = [(m.depth, m.stream) for m in self.room_events(room_id)
+                 if m.type == "m.room.member" and m.state_key == user_id and not m.outlier
+                 and not m.rejected and not m.soft_failed
+                 and m.content["membership"] == "join"]
+        latest_join = max(joins) if joins else None
+        key = ("m.room.member", user_id)
         out = []
         for ev in self.room_events(room_id):
             if ev.outlier or ev.rejected or ev.soft_failed:
                 continue
             vis = self.visibility_at(ev.event_id)
-            mem = self.membership_at(room_id, user_id, ev)
-            own = ev.type == "m.room.member" and ev.state_key == user_id
-            if (vis == "world_readable" or own or mem == "join"
-                    or (vis == "invited" and mem == "invite") or (vis == "shared" and joined)):
+            joined_after = latest_join is not None and latest_join > (ev.depth, ev.stream)
+            if ev.type == "m.room.member" and ev.state_key == user_id:
+                memberships = [ev.content["membership"],
+                               self._membership(self.state_before(ev.event_id).get(key))]
+            else:
+                memberships = [self._membership(self.state_after(ev.event_id).get(key))]
+            if any(_may_see(vis, m, joined_after) for m in memberships):
                 out.append(ev)
         out.sort(key=lambda e: (e.depth, e.stream), reverse=True)
         return [e.event_id for e in out]
+
+
+def _may_see(setting: str, membership: str | None, joined_after: bool) -> bool:
+    """The specification's rule, restated (unknown settings count as shared)."""
+    if setting == "world_readable" or membership == "join":
+        return True
+    if setting == "invited":
+        return membership == "invite"
+    if setting == "joined":
+        return False
+    return joined_after

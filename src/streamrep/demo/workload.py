@@ -119,7 +119,7 @@ class Workload:
         self.room_version = room_version_id
         self.rng = random.Random(seed)
         self.server_name = server_name
-        #: distinguishes event IDs of several writers sharing one database
+        #: distinguishes the rooms (so the events) of several writers sharing one database
         self.prefix = prefix
         self.users = [f"@user{i}:{server_name}" for i in range(users or max(8, rooms * 4))]
         self.rooms: list[Room] = []
@@ -137,21 +137,20 @@ class Workload:
 
     # --- event construction -----------------------------------------------------------
 
-    def _event_id(self, _n: int) -> str:
-        self._counter += 1
-        return f"${self.prefix}e{self._counter}:{self.server_name}"
-
     def _event(self, room: Room, etype: str, sender: str, content: dict[str, Any],
                state_key: str | None = None, prev: list[str] | None = None,
                advance: bool = True, **extra: Any) -> dict[str, Any]:
+        self._counter += 1  # events built so far (receipts and to-device requests use it)
         return room.builder.event(etype, sender, content, state_key=state_key, prev=prev,
                                   advance=advance, **extra)
 
     def _create_room(self, index: int, late_join: bool) -> list[Op]:
         creator = self.users[index % len(self.users)]
+        # Event IDs are the events' reference hashes (RoomBuilder), so the events
+        # pass EventStore(verify_event_ids="strict").
         builder = RoomBuilder(f"!{self.prefix}room{index}:{self.server_name}", creator,
-                              self.room_version, event_id=self._event_id,
-                              first_ts=1_700_000_000_000 + index * 10_000_000)
+                              self.room_version, first_ts=1_700_000_000_000 + index * 10_000_000)
+        self._counter += 1
         room = Room(builder.room_id, creator, builder, levels={creator: 100})
         self.rooms.append(room)
         events = [builder.create]

@@ -40,10 +40,11 @@ def hold_rooms(txn: Transaction, rules: RoomRules, room_ids: Iterable[str]) -> N
             version = txn.fetchval("SELECT room_version FROM rooms WHERE room_id = ?",
                                    (room_id,))
             rows = txn.fetchall(
-                "SELECT event_id, json, rejected FROM events"
+                "SELECT event_id, json, rejected, redacted FROM events"
                 " WHERE room_id = ? AND state_key IS NOT NULL", (room_id,))
             rules.hold(room_id, None if version is None else str(version),
-                       [(event_id, bytes(raw), bool(rejected)) for event_id, raw, rejected in rows])
+                       [(event_id, bytes(raw), bool(rejected), bool(redacted))
+                        for event_id, raw, rejected, redacted in rows])
 
 
 class CurrentStateReader:
@@ -83,10 +84,12 @@ class CurrentStateReader:
 
 
 def authorize_batch(txn: Transaction, rules: RoomRules, records: list[EventRecord],
-                    backfilled: bool, known_state: Lru[str, GroupState]) -> Verdict:
+                    against_current: bool, known_state: Lru[str, GroupState]) -> Verdict:
     """The rules' verdict on *records* (the batch's events to write, in topological
-    order): against their auth events and, unless *backfilled*, the rooms' current
-    state (*known_state*: the store's cache of it)."""
+    order): against their auth events and, when *against_current* (live events
+    received from another server), the rooms' current state (*known_state*: the
+    store's cache of it)."""
     by_room = _batchrows.by_room(records)
     hold_rooms(txn, rules, by_room)
-    return rules.check(by_room, None if backfilled else CurrentStateReader(txn, known_state))
+    return rules.check(by_room,
+                       CurrentStateReader(txn, known_state) if against_current else None)

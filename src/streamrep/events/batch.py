@@ -12,6 +12,8 @@ from streamrep.events.resolver import StateKey, StateResolver
 from streamrep.events.state import GroupState, StateGroupStore
 from streamrep.events.writes import Writes
 from streamrep.lru import Lru
+from streamrep.matrix.room_versions import RoomVersion
+from streamrep.matrix.verdict import Rejection
 
 __all__ = ["Batch", "BatchCaches", "PersistOutcome"]
 
@@ -43,8 +45,15 @@ class PersistOutcome:
     max_stream: int = 0
     max_live: int = 0
     persisted: list[str] = field(default_factory=list)
-    #: each event the room rules rejected: ``"<reason>: <detail>"``
+    #: each event the room rules (or the event ID check) rejected:
+    #: ``"<reason>: <detail>"``
     rejected: dict[str, str] = field(default_factory=dict)
+    #: each membership event -> the membership event it replaced in the state before it
+    replaces_state: dict[str, str] = field(default_factory=dict)
+    #: the rooms whose create event the batch stored, and their versions
+    created_rooms: dict[str, RoomVersion] = field(default_factory=dict)
+    #: events stored although their ID or content hash did not match (``warn``)
+    unverified: dict[str, tuple[str, Rejection]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

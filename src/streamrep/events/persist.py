@@ -29,12 +29,14 @@ from streamrep.events.dag import update_extremities
 from streamrep.events.orderings import StreamAllocator
 from streamrep.events.plan import BatchPlan
 from streamrep.events.resolver import StateResolver
+from streamrep.events.roomversions import version_named_by_create
 from streamrep.events.rules import Verdict
 from streamrep.events.room_state import GroupRows, RoomStateAssigner
 from streamrep.events.state import StateGroupStore
 from streamrep.events.validation import EventRecord
 from streamrep.events.visibility import normalise_visibility
 from streamrep.events.writes import Writes, writes_for
+from streamrep.matrix.room_versions import RoomVersion
 
 __all__ = ["EventRows", "PersistOutcome", "persist_batch"]
 
@@ -102,7 +104,8 @@ class EventRows:
         if not record.rejected and not record.soft_failed:
             self.members.append((record.event_id, user_id, record.sender,
                                  record.room_id, record.membership, stream, record.depth,
-                                 int(record.outlier)))
+                                 int(record.outlier),
+                                 self.out.replaces_state.get(record.event_id)))
         if not record.rejected and not self.backfilled:
             # Same rule as a worker applying the ``ev`` row (which has no soft-failed
             # flag): conservative for soft-failed events.
@@ -120,7 +123,7 @@ class EventRows:
                " received_ts, json", self.plain_events)
         insert("event_edges", "event_id, prev_event_id, room_id", self.edges)
         insert("room_memberships", "event_id, user_id, sender, room_id, membership,"
-               " stream_ordering, topological_ordering, outlier", self.members)
+               " stream_ordering, topological_ordering, outlier, replaces_state", self.members)
         insert("room_history_visibility", "event_id, room_id, history_visibility",
                self.history, " ON CONFLICT DO NOTHING")
 
@@ -159,6 +162,17 @@ def queue_verdict_rows(writes: Writes, verdict: Verdict, deoutliered: list[str])
                   " ON CONFLICT (room_id) DO NOTHING")
 
 
+def _created_rooms(todo: list[EventRecord]) -> dict[str, RoomVersion]:
+    """The rooms whose create event the batch stores (not rejected), and versions."""
+    out: dict[str, RoomVersion] = {}
+    for record in todo:
+        if record.type == "m.room.create" and record.state_key == "" and not record.rejected:
+            version = version_named_by_create(record.content)
+            if version is not None:
+                out.setdefault(record.room_id, version)
+    return out
+
+
 def rejection_lines(verdict: Verdict) -> dict[str, str]:
     """Each rejected event's reason as ``"<reason>: <detail>"``."""
     return {e: f"{r.reason}: {r.detail}" for e, r in verdict.rejected.items()}
@@ -174,18 +188,18 @@ def _apply_redactions(txn: Transaction, todo: list[EventRecord], out: PersistOut
                 out.redacted.add(record.redacts)
 
 
-def persist_batch(txn: Transaction, plan: BatchPlan, verdict: Verdict | None,
-                  backfilled: bool, *, states: StateGroupStore, resolver: StateResolver,
+def persist_batch(txn: Transaction, plan: BatchPlan, verdict: Verdict, backfilled: bool, *,
+                  rule_tables: bool, states: StateGroupStore, resolver: StateResolver,
                   allocator: StreamAllocator, caches: BatchCaches) -> PersistOutcome:
-    """Write the batch *plan* holds in *txn*, with the flags of the room rules'
-    *verdict* (None for a store without room rules) and its rows."""
+    """Write the batch *plan* holds in *txn*, with the flags of *verdict* (the room
+    rules' and the event ID check's) and, with *rule_tables* (the store has room
+    rules), the rows of the rules' tables it names."""
     out = PersistOutcome()
     if not plan.todo:
         return out
-    todo = plan.todo
-    if verdict is not None:
-        todo = flag_records(todo, verdict)
-        out.rejected = rejection_lines(verdict)
+    todo = flag_records(plan.todo, verdict)
+    out.rejected = rejection_lines(verdict)
+    out.created_rooms = _created_rooms(todo)
     lookup, deoutliered = plan.lookup, plan.deoutliered
     # The only BYTEA written is event JSON, which validation has checked is UTF-8.
     batch = Batch(txn, writes_for(txn, utf8_bytea=True), states, resolver, allocator,
@@ -218,7 +232,7 @@ def persist_batch(txn: Transaction, plan: BatchPlan, verdict: Verdict | None,
     for room_id in rooms:
         if room_id in out.forward:
             update_current_state(batch, room_id, batch_memberships)
-    if verdict is not None:
+    if rule_tables:
         queue_verdict_rows(batch.writes, verdict, deoutliered)
     batch.writes.flush()
     _apply_redactions(txn, todo, out)

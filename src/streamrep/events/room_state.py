@@ -112,6 +112,10 @@ class RoomStateAssigner:
         before, base_group = self._state_before(prev_groups)
         changes_state = record.is_state and not record.rejected
         key: StateKey = (record.type, record.state_key or "")
+        if changes_state and record.membership is not None:
+            replaced = before.get(key)
+            if replaced is not None:
+                self.out.replaces_state[record.event_id] = replaced
         setting = self._visibility_in(before)
         if base_group is not None and base_group not in self._visibility_at_group:
             self._visibility_at_group[base_group] = setting

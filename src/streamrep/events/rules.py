@@ -11,7 +11,7 @@ the :class:`Verdict` they return.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Protocol
+from typing import Any, Collection, Iterable, Mapping, Protocol
 
 from streamrep.events.resolver import StateResolver
 from streamrep.matrix.verdict import NO_VERDICT, Rejection, StateReader, Verdict
@@ -34,16 +34,23 @@ class RoomRules(Protocol):
         ...
 
     def hold(self, room_id: str, version_id: str | None,
-             state_events: Iterable[tuple[str, bytes, bool]]) -> None:
+             state_events: Iterable[tuple[str, bytes, bool, bool]]) -> None:
         """Hold a room as stored: the version its ``rooms`` row names (None when it
-        has none) and its state events, ``(event_id, json, rejected)``."""
+        has none) and its state events, ``(event_id, json, rejected, redacted)``
+        (the JSON as received: the rules prune redacted events themselves)."""
+        ...
+
+    def redact(self, event_ids: Collection[str]) -> None:
+        """Events among *event_ids* that a held room holds were redacted (a batch
+        that committed marked them): hold them pruned from now on."""
         ...
 
     def check(self, records_by_room: Mapping[str, list[Any]],
               current: StateReader | None) -> Verdict:
         """The verdict on a batch's records (validated, by room, each room held):
-        against their auth events and, with *current* (None for a backfill),
-        against the rooms' current state. Records are not modified."""
+        against their auth events and, with *current* (live events received from
+        another server), against the rooms' current state; an event that passes the
+        first and fails the second is soft-failed. Records are not modified."""
         ...
 
     def forget(self, room_id: str | None = None) -> None:

@@ -6,7 +6,12 @@ state tooling written for its databases also runs here.
 
 from __future__ import annotations
 
-from streamrep.db import Migration, register_schema
+from typing import Any
+
+import orjson
+
+from streamrep.db import Migration, Transaction, register_schema
+from streamrep.matrix.visibility import normalise_visibility
 
 COMPONENT = "events"
 
@@ -105,5 +110,43 @@ MIGRATIONS = [
         description="event JSON stored in the events row",
     ),
 ]
+
+def _settings_as_read_now(txn: Transaction) -> None:
+    """Every ``room_history_visibility`` value as its event's JSON names it now (a
+    value streamrep does not know counts as ``shared``, which an earlier release
+    recorded as ``joined``)."""
+    changed: list[tuple[str, str]] = []
+    for event_id, raw, recorded in txn.fetchall(
+            "SELECT e.event_id, e.json, v.history_visibility FROM room_history_visibility v"
+            " JOIN events e ON e.event_id = v.event_id", ()):
+        try:
+            body: Any = orjson.loads(bytes(raw))
+        except orjson.JSONDecodeError:
+            continue
+        setting = normalise_visibility(body.get("content") if isinstance(body, dict) else None)
+        if setting != recorded:
+            changed.append((setting, event_id))
+    if changed:
+        txn.executemany("UPDATE room_history_visibility SET history_visibility = ?"
+                        " WHERE event_id = ?", changed)
+
+
+MIGRATIONS.append(Migration(
+    version=3,
+    # Each membership event names the one it replaced in the state before it, for the
+    # history visibility of a user's own membership events. Rows stored before take
+    # the user's previous membership event in topological order (the same for linear
+    # history).
+    sql=["ALTER TABLE room_memberships ADD COLUMN replaces_state TEXT",
+         "UPDATE room_memberships SET replaces_state = (SELECT p.event_id FROM room_memberships p"
+         " WHERE p.room_id = room_memberships.room_id AND p.user_id = room_memberships.user_id"
+         " AND NOT p.outlier AND (p.topological_ordering < room_memberships.topological_ordering"
+         " OR (p.topological_ordering = room_memberships.topological_ordering"
+         " AND p.stream_ordering < room_memberships.stream_ordering))"
+         " ORDER BY p.topological_ordering DESC, p.stream_ordering DESC LIMIT 1)"
+         " WHERE NOT outlier"],
+    run=_settings_as_read_now,
+    description="membership events name the one they replace; visibility values read anew",
+))
 
 register_schema(COMPONENT, MIGRATIONS)

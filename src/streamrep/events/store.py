@@ -7,7 +7,9 @@ pagination) from in-memory caches where it can. See docs/events.md.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import logging
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Final, Iterable, Mapping, Sequence
@@ -30,6 +32,9 @@ from streamrep.events.orderings import GeneratorAllocator, StreamAllocator
 from streamrep.events.persist import persist_batch
 from streamrep.events.plan import plan_batch
 from streamrep.events.reading import (
+    NEWEST_FIRST,
+    STREAM_ORDER,
+    Readers,
     StoredEvent,
     fetch_events,
     user_membership_changes,
@@ -37,10 +42,12 @@ from streamrep.events.reading import (
 )
 from streamrep.events.resolver import DepthOrderResolver, StateKey, StateResolver
 from streamrep.events.room_state import current_state_of
-from streamrep.events.rules import RoomRules
+from streamrep.events.roomversions import RoomVersions
+from streamrep.events.rules import NO_VERDICT, Rejection, RoomRules
 from streamrep.events.state import GroupState, StateGroupStore, StateOverlay
 from streamrep.events.tokens import StreamToken, TopologicalToken, parse_token
 from streamrep.events.validation import EventRecord, parse_event
+from streamrep.events.verify import VerifyMode, batch_versions, check_mode, verify_batch
 from streamrep.lru import Lru
 from streamrep.matrix.rules import MatrixRoomRules
 
@@ -49,6 +56,8 @@ if TYPE_CHECKING:
     from streamrep.streams import Streams
 else:
     _core_changecache = _impl.load("changecache")
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["EventStore", "PersistResult", "SyncResult", "RoomTimeline", "MATRIX_RULES"]
 
@@ -124,6 +133,10 @@ class EventStore:
     ``room_rules=None`` is for DAG data that is not a Matrix room: nothing is
     authorized, and the default resolver is
     :class:`~streamrep.events.resolver.DepthOrderResolver`.
+
+    ``verify_event_ids`` (``"strict"``, ``"warn"``, the default, or ``"off"``):
+    whether each event of a room of version 3 or later must match its ID (the
+    reference hash) and its content hash; see :mod:`streamrep.events.verify`.
     """
 
     def __init__(
@@ -138,6 +151,7 @@ class EventStore:
         on_persisted: Callable[[PersistOutcome, list[CacheRow]], None] | None = None,
         streams: "Streams | None" = None,
         room_rules: RoomRules | None | _DefaultRules = MATRIX_RULES,
+        verify_event_ids: VerifyMode = "warn",
     ) -> None:
         self._owns_db = isinstance(database, str)
         self.db = Database.open(database, migrate=False) if isinstance(database, str) else database
@@ -147,6 +161,12 @@ class EventStore:
         self.room_rules = rules
         if rules is not None:
             self.db.ensure_schema(rules_schema.COMPONENT)
+        self.verify_event_ids: VerifyMode = check_mode(verify_event_ids)
+        #: room -> events stored although they did not match their ID or content
+        #: hash (``verify_event_ids="warn"``); each room is logged once
+        self.unverified_events: dict[str, int] = {}
+        self.room_versions = RoomVersions(
+            rooms_table=self.db.schema_version(rules_schema.COMPONENT) > 0)
         self.resolver: StateResolver = resolver or (
             rules.resolver if rules is not None else DepthOrderResolver())
         self.states = StateGroupStore(max_delta_hops, cache_size, max_cached_state_entries)
@@ -176,6 +196,7 @@ class EventStore:
             "current_state", cache_size, max_cached_state_entries // 4, lambda s: len(s) + 1)
         self._visibility_values: Lru[str, str] = Lru("history_visibility", cache_size)
         self.event_cache: Lru[str, StoredEvent] = Lru("get_event", cache_size)
+        self._readers = Readers(self.states, self._visibility_values, self.room_versions)
         self._on_persisted = on_persisted
         live, _ = self.db.run(lambda txn: self._allocator.current(txn), name="positions")
         # Everything at or below this live position is reflected in the caches.
@@ -198,7 +219,8 @@ class EventStore:
 
     # -- writing --------------------------------------------------------------------
 
-    def persist_events(self, events: Iterable[Any], backfilled: bool = False) -> PersistResult:
+    def persist_events(self, events: Iterable[Any], backfilled: bool = False, *,
+                       remote: bool = False) -> PersistResult:
         """Persist a batch of events in one transaction.
 
         Each event is a mapping with ``event_id`` beside the event's own fields
@@ -208,11 +230,18 @@ class EventStore:
         ones. Events already stored are skipped, except that an outlier persisted
         again as a non-outlier is de-outliered. Raises :class:`InvalidEventError`
         (and stores nothing) when any event of the batch is invalid.
+
+        ``remote``: the events were received from another server. The room rules
+        check every event against its auth events; a live event received from
+        another server is also checked against the room's current state, and
+        soft-failed if it fails there. Events this deployment created (the default)
+        are not: they were authorized by the state they were created on.
         """
         records = self._validate(events)
         with self._write_lock:
             try:
-                outcome = self.db.run(self._persist_txn, records, backfilled, name="persist_events")
+                outcome = self.db.run(self._persist_txn, records, backfilled, remote,
+                                      name="persist_events")
             except BaseException:
                 if self.room_rules is not None:
                     self.room_rules.forget()
@@ -250,18 +279,32 @@ class EventStore:
                 records[record.event_id] = record
         return list(records.values())
 
-    def _persist_txn(self, txn: Transaction, records: list[EventRecord],
-                     backfilled: bool) -> PersistOutcome:
-        """One batch, forward: what to write, the rules' verdict on it, the writes."""
+    def _persist_txn(self, txn: Transaction, records: list[EventRecord], backfilled: bool,
+                     remote: bool) -> PersistOutcome:
+        """One batch, forward: what to write, the event ID check and the rules'
+        verdict on it, the writes."""
         plan = plan_batch(txn, records)
+        if not plan.todo:
+            return PersistOutcome()
         rules = self.room_rules
-        verdict = None
-        if rules is not None and plan.todo:
-            verdict = authorize_batch(txn, rules, plan.todo, backfilled, self._current_state)
-        return persist_batch(
-            txn, plan, verdict, backfilled, states=self.states, resolver=self.resolver,
-            allocator=self._allocator,
+        checked = verify_batch(plan.todo, batch_versions(txn, plan.todo, self.room_versions),
+                               self.verify_event_ids) if self.verify_event_ids != "off" else None
+        if checked is not None and checked.rejected:
+            plan = dataclasses.replace(plan, todo=checked.records)
+        verdict = NO_VERDICT
+        if rules is not None:
+            verdict = authorize_batch(txn, rules, plan.todo, remote and not backfilled,
+                                      self._current_state)
+        if checked is not None and checked.rejected:
+            verdict = dataclasses.replace(verdict, rejected={**verdict.rejected,
+                                                             **checked.rejected})
+        outcome = persist_batch(
+            txn, plan, verdict, backfilled, rule_tables=rules is not None, states=self.states,
+            resolver=self.resolver, allocator=self._allocator,
             caches=BatchCaches(self._forward, self._current_state, self._visibility_values))
+        if checked is not None:
+            outcome.unverified = checked.unverified
+        return outcome
 
     def _apply_outcome(self, outcome: PersistOutcome) -> list[CacheRow]:
         """Bring the caches up to date with a committed batch; return the ``caches``
@@ -280,6 +323,12 @@ class EventStore:
             self._visibility_values.put(event_id, setting)
         self.event_cache.pop_many(outcome.persisted)
         self.event_cache.pop_many(outcome.redacted)
+        if outcome.redacted and self.room_rules is not None:
+            self.room_rules.redact(outcome.redacted)
+        for room_id, version in outcome.created_rooms.items():
+            self.room_versions.learn(room_id, version)
+        for event_id, (room_id, why) in outcome.unverified.items():
+            self._count_unverified(room_id, event_id, why)
         if outcome.max_live > self._position:
             self._position = outcome.max_live
         for room_id, pos in outcome.room_positions.items():
@@ -292,6 +341,15 @@ class EventStore:
         for event_id in sorted(outcome.redacted):
             rows.append(("get_event", [event_id]))
         return rows
+
+    def _count_unverified(self, room_id: str, event_id: str, why: Rejection) -> None:
+        seen = self.unverified_events.get(room_id, 0)
+        self.unverified_events[room_id] = seen + 1
+        if not seen:
+            logger.warning(
+                "room %s: event %s does not match its hashes (%s: %s); stored as given "
+                "(verify_event_ids=warn; further events of this room are counted in "
+                "unverified_events, not logged)", room_id, event_id, why.reason, why.detail)
 
     def invalidate_extremities(self, room_id: str) -> None:
         """Drop the cached forward extremities of *room_id* (another process wrote)."""
@@ -346,7 +404,7 @@ class EventStore:
         cached = self.event_cache.get(event_id)
         if cached is not None:
             return cached
-        found = self.db.run(fetch_events, [event_id], name="get_event").get(event_id)
+        found = self.db.run(fetch_events, [event_id], self.room_versions, name="get_event").get(event_id)
         if found is None:
             raise EventNotFoundError(f"event {event_id} is not stored")
         self.event_cache.put(event_id, found)
@@ -363,7 +421,7 @@ class EventStore:
             else:
                 out[event_id] = cached
         if missing:
-            found = self.db.run(fetch_events, missing, name="get_events")
+            found = self.db.run(fetch_events, missing, self.room_versions, name="get_events")
             for event_id, event in found.items():
                 self.event_cache.put(event_id, event)
             out.update(found)
@@ -470,7 +528,7 @@ class EventStore:
                 " WHERE n.user_id = m.user_id AND n.room_id = m.room_id"
                 " AND n.stream_ordering > m.stream_ordering)"
                 " ORDER BY m.stream_ordering DESC", (user_id, "invite"))
-            found = fetch_events(txn, [r[0] for r in rows])
+            found = fetch_events(txn, [r[0] for r in rows], self.room_versions)
             return [found[r[0]] for r in rows if r[0] in found]
 
         return self.db.run(run, name="pending_invites")
@@ -483,7 +541,8 @@ class EventStore:
         now = self.current_token().stream
 
         def run(txn: Transaction) -> SyncResult:
-            memberships = user_membership_changes(txn, user_id, since_pos, now, limit)
+            memberships = user_membership_changes(txn, user_id, since_pos, now, limit,
+                                                  self.room_versions)
             rooms = {r[0] for r in txn.fetchall(
                 "SELECT room_id FROM current_state_events WHERE type = ? AND state_key = ?"
                 " AND membership = ?", ("m.room.member", user_id, "join"))}
@@ -494,7 +553,8 @@ class EventStore:
                 events.extend(visible_timeline(
                     txn, room_id, user_id,
                     where="e.stream_ordering > ? AND e.stream_ordering <= ?",
-                    params=(since_pos, now), order="x.stream_ordering", limit=limit))
+                    params=(since_pos, now), order=STREAM_ORDER, limit=limit,
+                    readers=self._readers))
             events.sort(key=lambda e: e.stream_ordering)
             return SyncResult(events[:limit], memberships, StreamToken(now))
 
@@ -515,8 +575,8 @@ class EventStore:
             out = []
             for room_id, _ in room_rows:
                 newest = visible_timeline(
-                    txn, room_id, user_id, where="1 = 1", params=(),
-                    order="x.topological_ordering DESC, x.stream_ordering DESC",
+                    txn, room_id, user_id, where="1 = 1", params=(), order=NEWEST_FIRST,
+                    readers=self._readers,
                     limit=events_per_room)
                 newest.reverse()
                 prev = newest[0].token if newest else None
@@ -560,7 +620,7 @@ class EventStore:
                 where="(e.topological_ordering < ? OR (e.topological_ordering = ?"
                       " AND e.stream_ordering < ?))",
                 params=(bound.topological, bound.topological, bound.stream),
-                order="x.topological_ordering DESC, x.stream_ordering DESC", limit=limit)
+                order=NEWEST_FIRST, limit=limit, readers=self._readers)
 
         events = self.db.run(run, name="paginate")
         next_token = events[-1].token if len(events) == limit else None

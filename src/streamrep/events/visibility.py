@@ -1,75 +1,126 @@
-"""History visibility: computed once per event when it is persisted.
+"""History visibility on the room's DAG state: what persisting records, and the
+view readers filter timelines through (the rule is
+:func:`streamrep.matrix.visibility.may_see`).
 
-Each non-outlier event stores the room's ``m.room.history_visibility`` at the
-event (the state before it; for a visibility change itself the more permissive
-of the old and new setting). Whether a user may see the event then depends only
-on that value, the user's membership at the event and whether the user is in the
-room now, which :data:`VISIBLE_TO_USER_SQL` checks inside the reading queries.
+When an event is persisted the store records the setting in the state before it
+(``events.history_visibility``; for a change of the setting, the more permissive of
+the old and new one) and, for a membership event, the membership event of the same
+user it replaces in that state (``room_memberships.replaces_state``).
+
+:class:`UserView` answers for one user and room: the setting and the user's
+membership at an event come from the state after it (its state group, read through
+the state group cache; for any event but the user's own membership events and
+changes of the setting, the state before and after agree on both), those two
+kinds are allowed when the state before or after them allows, and "joined at any
+point after the event" compares the event's place with the user's latest join in
+the room.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
-__all__ = [
-    "DEFAULT_VISIBILITY",
-    "VISIBILITY_LEVELS",
-    "more_permissive",
-    "normalise_visibility",
-    "visible_to_user",
-    "VISIBLE_TO_USER_SQL",
-]
-
-#: Most permissive first.
-VISIBILITY_LEVELS = ("world_readable", "shared", "invited", "joined")
-#: The setting of a room without an ``m.room.history_visibility`` event.
-DEFAULT_VISIBILITY = "shared"
-
-_RANK = {v: i for i, v in enumerate(VISIBILITY_LEVELS)}
-
-
-def normalise_visibility(content: Any) -> str:
-    """The setting named by an ``m.room.history_visibility`` event's content;
-    unknown values count as the strictest, ``joined``."""
-    value = content.get("history_visibility") if isinstance(content, dict) else None
-    return value if value in _RANK else "joined"
-
-
-def more_permissive(a: str, b: str) -> str:
-    return a if _RANK[a] <= _RANK[b] else b
-
-
-def visible_to_user(visibility: str, membership_at_event: str | None,
-                    currently_joined: bool, own_membership_event: bool) -> bool:
-    """The visibility rule, in Python (the SQL below is the same rule)."""
-    if visibility == "world_readable" or own_membership_event:
-        return True
-    if membership_at_event == "join":
-        return True
-    if visibility == "invited":
-        return membership_at_event == "invite"
-    if visibility == "shared":
-        return currently_joined
-    return False
-
-
-# The user's membership at an event: their latest non-outlier membership event in
-# the room at or before the event in topological order. Parameters: user_id.
-MEMBERSHIP_AT_EVENT_SQL = (
-    "(SELECT m.membership FROM room_memberships m"
-    " WHERE m.room_id = e.room_id AND m.user_id = ? AND NOT m.outlier"
-    " AND (m.topological_ordering < e.topological_ordering"
-    "  OR (m.topological_ordering = e.topological_ordering"
-    "      AND m.stream_ordering <= e.stream_ordering))"
-    " ORDER BY m.topological_ordering DESC, m.stream_ordering DESC LIMIT 1)"
+from streamrep.db import Transaction
+from streamrep.db.inlists import chunks, in_list
+from streamrep.events.resolver import StateKey
+from streamrep.events.state import StateGroupStore
+from streamrep.lru import Lru
+from streamrep.matrix.visibility import (
+    DEFAULT_VISIBILITY,
+    VISIBILITY_LEVELS,
+    may_see,
+    more_permissive,
+    normalise_visibility,
 )
 
-# Applied to a derived table carrying ``mem`` (MEMBERSHIP_AT_EVENT_SQL) beside the
-# event's columns. Parameters: user_id (own membership event), currently_joined (0/1).
-VISIBLE_TO_USER_SQL = (
-    "(x.history_visibility = 'world_readable'"
-    " OR (x.type = 'm.room.member' AND x.state_key = ?)"
-    " OR x.mem = 'join'"
-    " OR (x.history_visibility = 'invited' AND x.mem = 'invite')"
-    " OR (x.history_visibility = 'shared' AND ? = 1))"
-)
+__all__ = ["DEFAULT_VISIBILITY", "VISIBILITY_LEVELS", "HISTORY_VISIBILITY_KEY", "UserView",
+           "more_permissive", "normalise_visibility"]
+
+HISTORY_VISIBILITY_KEY: StateKey = ("m.room.history_visibility", "")
+_MEMBER = "m.room.member"
+
+
+class UserView:
+    """Whether *user_id* may see events of *room_id* (see the module docstring);
+    *settings* caches each ``m.room.history_visibility`` event's setting."""
+
+    def __init__(self, txn: Transaction, room_id: str, user_id: str, states: StateGroupStore,
+                 settings: Lru[str, str]) -> None:
+        self._txn = txn
+        self._user_id = user_id
+        self._states = states
+        self._settings = settings
+        self._member_key: StateKey = (_MEMBER, user_id)
+        row = txn.fetchone(
+            "SELECT topological_ordering, stream_ordering FROM room_memberships"
+            " WHERE room_id = ? AND user_id = ? AND membership = ? AND NOT outlier"
+            " ORDER BY topological_ordering DESC, stream_ordering DESC LIMIT 1",
+            (room_id, user_id, "join"))
+        #: The place of the user's latest join in the room's topological order.
+        self._latest_join = (int(row[0]), int(row[1])) if row is not None else None
+        # Per state group: (setting, the user's membership event) in its state.
+        self._at_group: dict[int, tuple[str, str | None]] = {}
+        self._memberships: dict[str, str | None] = {}
+
+    def allows(self, event: Any, group: int | None, replaces: str | None) -> bool:
+        """Whether the user may see *event* (a ``StoredEvent``), whose state group is
+        *group* and which, when it is a membership event of the user, replaced the
+        membership event *replaces* in the state before it."""
+        setting, member_event = self._at(group)
+        joined_after = self._latest_join is not None and self._latest_join > (
+            event.topological_ordering, event.stream_ordering)
+        if event.type == HISTORY_VISIBILITY_KEY[0] and event.state_key == "":
+            # The setting before it or after it, whichever allows more.
+            before_or_after = event.history_visibility
+            if before_or_after in VISIBILITY_LEVELS:
+                setting = more_permissive(setting, before_or_after)
+        if event.type == _MEMBER and event.state_key == self._user_id:
+            return may_see(setting, event.membership, joined_after) or may_see(
+                setting, self._membership_of(replaces), joined_after)
+        return may_see(setting, self._membership_of(member_event), joined_after)
+
+    def prepare(self, groups: Sequence[int | None], replaced: Sequence[str | None]) -> None:
+        """Read at once what :meth:`allows` will ask of *groups* and *replaced*."""
+        members = [r for r in replaced if r is not None]
+        for group in groups:
+            members_at = self._at(group)[1]
+            if members_at is not None:
+                members.append(members_at)
+        wanted = [m for m in set(members) if m not in self._memberships]
+        for chunk in chunks(wanted):
+            params: list[Any] = []
+            for event_id, membership in self._txn.fetchall(
+                    "SELECT event_id, membership FROM events WHERE "
+                    + in_list(self._txn, "event_id", chunk, params), params):
+                self._memberships[event_id] = membership
+        for m in wanted:
+            self._memberships.setdefault(m, None)
+
+    def _at(self, group: int | None) -> tuple[str, str | None]:
+        if group is None:
+            return DEFAULT_VISIBILITY, None
+        found = self._at_group.get(group)
+        if found is None:
+            state = self._states.load(self._txn, group)[0]
+            setting_event = state.get(HISTORY_VISIBILITY_KEY)
+            setting = self._setting(setting_event) if setting_event else DEFAULT_VISIBILITY
+            found = self._at_group[group] = (setting, state.get(self._member_key))
+        return found
+
+    def _setting(self, event_id: str) -> str:
+        setting = self._settings.get(event_id)
+        if setting is None:
+            stored = self._txn.fetchval(
+                "SELECT history_visibility FROM room_history_visibility WHERE event_id = ?",
+                (event_id,))
+            setting = stored if stored in VISIBILITY_LEVELS else DEFAULT_VISIBILITY
+            self._settings.put(event_id, setting)
+        return setting
+
+    def _membership_of(self, event_id: str | None) -> str | None:
+        if event_id is None:
+            return None
+        if event_id not in self._memberships:
+            self._memberships[event_id] = self._txn.fetchval(
+                "SELECT membership FROM events WHERE event_id = ?", (event_id,))
+        return self._memberships[event_id]

@@ -52,6 +52,10 @@ class RejectionReason(str, enum.Enum):
     OTHERS_STATE = "others_state"
     BAD_POWER_LEVELS = "bad_power_levels"
     MALFORMED = "malformed"
+    #: Room versions 3 on: the event ID is not the event's reference hash.
+    BAD_EVENT_ID = "bad_event_id"
+    #: The content hash the event carries is missing or not its content's.
+    BAD_CONTENT_HASH = "bad_content_hash"
 
 
 class AuthRejection(MatrixError):

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping
 import orjson
 
 from streamrep.matrix.errors import MatrixError
+from streamrep.matrix.eventformat import prune_event
 from streamrep.matrix.events import CREATE, MatrixEvent, StateKey, parse_event
 from streamrep.matrix.room_versions import DEFAULT_ROOM_VERSION, RoomVersion, room_version
 from streamrep.matrix.stateres import InMemoryEventSource
@@ -47,26 +48,51 @@ class RoomModel:
 
     @classmethod
     def from_stored(cls, room_id: str, version_id: str | None,
-                    state_events: Iterable[tuple[str, bytes, bool]]) -> "RoomModel":
+                    state_events: Iterable[tuple[str, bytes, bool, bool]]) -> "RoomModel":
         """The model of a stored room: *version_id* as its ``rooms`` row names it
         (None when it has none), and its state events as ``(event_id, json,
-        rejected)``. Without a stored version the room's create event gives it."""
+        rejected, redacted)``, the redacted ones held as the room version's
+        redaction algorithm prunes them. Without a stored version the room's
+        create event gives it."""
         version = room_version(version_id) if version_id is not None else None
         bodies = []
-        for event_id, raw, rejected in state_events:
+        for event_id, raw, rejected, redacted in state_events:
             body = orjson.loads(raw)
-            bodies.append((event_id, body, rejected))
+            bodies.append((event_id, body, rejected, redacted))
             if version is None and body.get("type") == CREATE and body.get(
                     "state_key") == "" and not rejected and known_version(body):
                 version = room_version(version_of(body))
         model = cls(room_id, version)
         if version is not None:
-            for event_id, body, rejected in bodies:
+            for event_id, body, rejected, redacted in bodies:
+                if redacted:
+                    body = prune_event(body, version)
                 try:
                     model.add(parse_held(event_id, body, version), rejected)
                 except MatrixError:
                     continue  # stored before these rules; it can authorize nothing
         return model
+
+    def redact(self, event_id: str) -> None:
+        """Hold *event_id*, if held, as redaction leaves it."""
+        event = self.source.events.get(event_id)
+        if event is None or self.version is None:
+            return
+        fields: dict[str, Any] = {"type": event.type, "room_id": event.room_id,
+                                  "sender": event.sender, "content": dict(event.content),
+                                  "prev_events": list(event.prev_events),
+                                  "auth_events": list(event.auth_events),
+                                  "depth": event.depth, "origin_server_ts": event.origin_server_ts}
+        if event.state_key is not None:
+            fields["state_key"] = event.state_key
+        if event.redacts is not None:
+            fields["redacts"] = event.redacts
+        pruned = prune_event(fields, self.version)
+        try:
+            held = parse_held(event_id, pruned, self.version)
+        except MatrixError:
+            return
+        self.add(held, rejected=event_id in self.source.rejected)
 
     def add(self, event: MatrixEvent, rejected: bool) -> None:
         """Hold *event* (a state event) for later authorization and resolution."""

@@ -15,7 +15,7 @@ It satisfies the event store's :class:`streamrep.events.rules.RoomRules` protoco
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 from streamrep.matrix.batchcheck import BatchCheck, CurrentState
 from streamrep.matrix.errors import MatrixError
@@ -44,10 +44,16 @@ class MatrixRoomRules:
         return room_id in self._rooms
 
     def hold(self, room_id: str, version_id: str | None,
-             state_events: Iterable[tuple[str, bytes, bool]]) -> None:
+             state_events: Iterable[tuple[str, bytes, bool, bool]]) -> None:
         """Hold the room as stored: its ``rooms`` row's version (None when it has
-        none) and its state events as ``(event_id, json, rejected)``."""
+        none) and its state events as ``(event_id, json, rejected, redacted)``."""
         self._rooms[room_id] = RoomModel.from_stored(room_id, version_id, state_events)
+
+    def redact(self, event_ids: Collection[str]) -> None:
+        """Hold the held ones of *event_ids* pruned (they were redacted)."""
+        for model in self._rooms.values():
+            for event_id in event_ids:
+                model.redact(event_id)
 
     def model(self, room_id: str) -> RoomModel:
         """The held room's model; :class:`MatrixError` when it is not held."""
