@@ -96,7 +96,7 @@ def _history(room: str) -> Iterator[dict[str, Any]]:
     from streamrep.matrix.room_builder import RoomBuilder
 
     alice = "@a:x"
-    builder = RoomBuilder(room, alice, "10", event_id=lambda n: f"${room}-{n}")
+    builder = RoomBuilder(room, alice, "10")
     yield builder.create
     yield builder.event("m.room.member", alice, {"membership": "join"}, state_key=alice)
     yield builder.event("m.room.power_levels", alice, {"users": {alice: 100}}, state_key="")

@@ -3,118 +3,344 @@
 ``streamrep._pure.eventhash``, whose docstrings define each function).
 
 The usual value (dicts with string keys, lists, strings, integers in range, booleans
-and null) is checked here with C type tests and written by orjson with sorted
-keys, which for such values writes exactly the canonical form; any other value
-(floats, integers past 64 bits, subclasses, tuples) and anything orjson refuses go
-to the pure twin, the one definition of what is canonical and of each error.
+and null) is written here, in C, into one buffer that SHA-256 (``sha256.h``) then
+hashes; a hash never builds the pruned event or the canonical bytes as Python
+objects. Any other value (floats, integers past 64 bits, subclasses, tuples) and
+anything refused go to the pure twin, the one definition of what is canonical and
+of each error.
 """
 
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.dict cimport PyDict_Copy, PyDict_DelItem, PyDict_GetItem, PyDict_Next
+from cpython.dict cimport PyDict_Copy, PyDict_GetItem, PyDict_Keys, PyDict_Next
 from cpython.dict cimport PyDict_SetItem
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyObject
 from cpython.set cimport PySet_Contains
 from cpython.unicode cimport PyUnicode_DecodeASCII
-
-import hashlib
-
-import orjson
+from libc.string cimport memcmp, memcpy
 
 from streamrep._pure import eventhash as _ref
-from streamrep._pure.eventhash import CanonicalJsonError, RedactionRules
+from streamrep._pure.eventhash import RedactionRules
 
 __all__ = list(_ref.__all__)
 
-cdef object _dumps = orjson.dumps
-cdef object _sort_keys = orjson.OPT_SORT_KEYS
-cdef object _encode_error = orjson.JSONEncodeError
-cdef object _sha256 = hashlib.sha256
-cdef object _pure_canonical = _ref.canonical_json
+cdef extern from "sha256.h":
+    int streamrep_sha256_accelerated()
+    void streamrep_sha256_force_portable(int portable)
+    void streamrep_sha256(const unsigned char* data, size_t n, unsigned char* out)
+
+cdef extern from "Python.h":
+    const char* PyUnicode_AsUTF8AndSize(object text, Py_ssize_t* size) except NULL
+
 cdef long long _MAX_SAFE = _ref.MAX_SAFE_INTEGER
-cdef tuple _CONTENT_EXCLUDED = tuple(_ref.CONTENT_HASH_EXCLUDED)
-cdef tuple _REFERENCE_EXCLUDED = tuple(_ref.REFERENCE_HASH_EXCLUDED)
-# Deeper values go to the pure twin (orjson refuses past 255 levels).
+cdef frozenset _CONTENT_EXCLUDED = frozenset(_ref.CONTENT_HASH_EXCLUDED)
+cdef frozenset _REFERENCE_EXCLUDED = frozenset(_ref.REFERENCE_HASH_EXCLUDED)
+# Deeper values go to the pure twin.
 cdef int _MAX_DEPTH = 200
+# What _write returns when the pure twin must write the value.
+cdef int _PURE = 1
 
 cdef const char* _STANDARD = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 cdef const char* _URLSAFE = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+cdef const char* _HEX = b"0123456789abcdef"
 
 
-cdef bint _writable(object value, bint strict, int depth) except -1:
-    """Whether orjson writes *value* as its canonical JSON (see the module docstring)."""
-    cdef object kind = type(value)
-    cdef Py_ssize_t pos = 0, i, n
+cdef struct Buffer:
+    char* data
+    Py_ssize_t length
+    Py_ssize_t capacity
+
+
+# One buffer for the module, grown as needed: every call runs under the GIL and
+# none runs Python code while writing (exact types only), so calls never overlap.
+cdef Buffer _buffer = Buffer(NULL, 0, 0)
+
+
+cdef inline int _reserve(Buffer* out, Py_ssize_t more) except -1:
+    if out.length + more <= out.capacity:
+        return 0
+    return _grow(out, more)
+
+
+cdef int _grow(Buffer* out, Py_ssize_t more) except -1:
+    cdef Py_ssize_t wanted = out.length + more
+    cdef Py_ssize_t capacity
+    cdef char* grown
+    capacity = out.capacity * 2 if out.capacity else 4096
+    while capacity < wanted:
+        capacity *= 2
+    grown = <char*>PyMem_Realloc(out.data, capacity)
+    if grown is NULL:
+        raise MemoryError()
+    out.data = grown
+    out.capacity = capacity
+    return 0
+
+
+cdef inline int _put(Buffer* out, const char* text, Py_ssize_t n) except -1:
+    _reserve(out, n)
+    memcpy(out.data + out.length, text, n)
+    out.length += n
+    return 0
+
+
+cdef inline int _byte(Buffer* out, char c) except -1:
+    if out.length == out.capacity:
+        _reserve(out, 1)
+    out.data[out.length] = c
+    out.length += 1
+    return 0
+
+
+cdef inline bint _plain_word(unsigned long long word):
+    """Whether none of the 8 bytes of *word* needs an escape (a control character,
+    ``"`` or ``\\``): the usual SWAR tests for a byte below 0x20 and for a zero byte
+    after XOR with each of the two."""
+    cdef unsigned long long ones = 0x0101010101010101ULL
+    cdef unsigned long long highs = 0x8080808080808080ULL
+    cdef unsigned long long quote = word ^ (0x22 * ones)
+    cdef unsigned long long backslash = word ^ (0x5C * ones)
+    cdef unsigned long long found = ((word - 0x20 * ones) | (quote - ones) | (backslash - ones)) \
+        & ~(word & highs) & highs
+    # A byte at or above 0x80 (UTF-8) never needs an escape; its high bit is masked.
+    return found == 0
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef int _utf8_string(Buffer* out, const unsigned char* p, Py_ssize_t n) except -1:
+    """The JSON string of the UTF-8 *p[0:n]*, with the shortest escapes."""
+    cdef Py_ssize_t i = 0, start = 0
+    cdef unsigned char c
+    cdef unsigned long long word
+    _reserve(out, n + 2)
+    out.data[out.length] = b'"'
+    out.length += 1
+    while i < n:
+        if i + 8 <= n:
+            memcpy(&word, p + i, 8)
+            if _plain_word(word):
+                i += 8
+                continue
+        c = p[i]
+        if c >= 0x20 and c != 0x22 and c != 0x5C:
+            i += 1
+            continue
+        _put(out, <const char*>p + start, i - start)
+        i += 1
+        start = i
+        if c == 0x22:
+            _put(out, b'\\"', 2)
+        elif c == 0x5C:
+            _put(out, b"\\\\", 2)
+        elif c == 0x08:
+            _put(out, b"\\b", 2)
+        elif c == 0x09:
+            _put(out, b"\\t", 2)
+        elif c == 0x0A:
+            _put(out, b"\\n", 2)
+        elif c == 0x0C:
+            _put(out, b"\\f", 2)
+        elif c == 0x0D:
+            _put(out, b"\\r", 2)
+        else:
+            _put(out, b"\\u00", 4)
+            _byte(out, _HEX[c >> 4])
+            _byte(out, _HEX[c & 15])
+    _put(out, <const char*>p + start, n - start)
+    _byte(out, b'"')
+    return 0
+
+
+cdef inline int _string(Buffer* out, object text) except -1:
+    """A JSON string (raises UnicodeEncodeError for a lone surrogate)."""
+    cdef Py_ssize_t n
+    cdef const char* p = PyUnicode_AsUTF8AndSize(text, &n)
+    return _utf8_string(out, <const unsigned char*>p, n)
+
+
+cdef int _integer(Buffer* out, long long number) except -1:
+    cdef char digits[24]
+    cdef int i = 24
+    cdef unsigned long long rest = <unsigned long long>(-number) if number < 0 else number
+    while True:
+        i -= 1
+        digits[i] = <char>(48 + rest % 10)
+        rest //= 10
+        if rest == 0:
+            break
+    if number < 0:
+        i -= 1
+        digits[i] = b"-"
+    return _put(out, digits + i, 24 - i)
+
+
+cdef struct Member:
+    PyObject* key
+    PyObject* value
+    const char* utf8
+    Py_ssize_t length
+
+
+cdef inline bint _before(Member* a, Member* b):
+    """Whether *a*'s key sorts before *b*'s: UTF-8 byte order is code point order."""
+    cdef Py_ssize_t n = a.length if a.length < b.length else b.length
+    cdef int order
+    if n and a.utf8[0] != b.utf8[0]:
+        return <unsigned char>a.utf8[0] < <unsigned char>b.utf8[0]
+    order = memcmp(a.utf8, b.utf8, n)
+    return order < 0 or (order == 0 and a.length < b.length)
+
+
+# Objects with more members than this sort through a Python list.
+DEF _SMALL = 32
+
+
+cdef int _object(Buffer* out, dict value, bint strict, int depth, frozenset leave_out,
+                 frozenset keep, dict content) except -1:
+    """A JSON object of *value*'s keys, less *leave_out*, only *keep* (when not None),
+    with *content* (when not None) for the value of ``content``."""
+    cdef Member members[_SMALL]
+    cdef Member member
+    cdef Py_ssize_t pos = 0, count = 0, i, j
     cdef PyObject* key
     cdef PyObject* item
+    if len(value) > _SMALL:
+        return _large_object(out, value, strict, depth, leave_out, keep, content)
+    while PyDict_Next(value, &pos, &key, &item):
+        if type(<object>key) is not str:
+            return _PURE
+        if leave_out is not None and PySet_Contains(leave_out, <object>key):
+            continue
+        if keep is not None and not PySet_Contains(keep, <object>key):
+            continue
+        member.key = key
+        member.value = item
+        member.utf8 = PyUnicode_AsUTF8AndSize(<object>key, &member.length)
+        if content is not None and member.length == 7 and memcmp(member.utf8, b"content", 7) == 0:
+            member.value = <PyObject*>content
+        # Insertion sort: objects are small.
+        j = count
+        while j > 0 and _before(&member, &members[j - 1]):
+            members[j] = members[j - 1]
+            j -= 1
+        members[j] = member
+        count += 1
+    _byte(out, b"{")
+    for i in range(count):
+        if i:
+            _byte(out, b",")
+        _utf8_string(out, <const unsigned char*>members[i].utf8, members[i].length)
+        _byte(out, b":")
+        if _write(out, <object>members[i].value, strict, depth + 1) == _PURE:
+            return _PURE
+    _byte(out, b"}")
+    return 0
+
+
+cdef int _large_object(Buffer* out, dict value, bint strict, int depth, frozenset leave_out,
+                       frozenset keep, dict content) except -1:
+    """:func:`_object` for objects of many members."""
+    cdef list keys = PyDict_Keys(value)
+    cdef bint first = True
+    cdef object item
+    for key in keys:
+        if type(key) is not str:
+            return _PURE
+    keys.sort()
+    _byte(out, b"{")
+    for key in keys:
+        if (leave_out is not None and PySet_Contains(leave_out, key)) or (
+                keep is not None and not PySet_Contains(keep, key)):
+            continue
+        if not first:
+            _byte(out, b",")
+        first = False
+        _string(out, key)
+        _byte(out, b":")
+        item = content if content is not None and key == "content" else (
+            <object>PyDict_GetItem(value, key))
+        if _write(out, item, strict, depth + 1) == _PURE:
+            return _PURE
+    _byte(out, b"}")
+    return 0
+
+
+cdef int _write(Buffer* out, object value, bint strict, int depth) except -1:
+    """Write *value*'s canonical JSON; :data:`_PURE` when the pure twin must."""
+    cdef object kind = type(value)
+    cdef Py_ssize_t i, n
     cdef long long number
     cdef int overflow = 0
-    if kind is str or value is None or value is True or value is False:
-        return True
+    if kind is str:
+        return _string(out, value)
+    if value is None:
+        return _put(out, b"null", 4)
+    if value is True:
+        return _put(out, b"true", 4)
+    if value is False:
+        return _put(out, b"false", 5)
     if depth > _MAX_DEPTH:
-        return False
+        return _PURE
     if kind is dict:
-        while PyDict_Next(value, &pos, &key, &item):
-            if type(<object>key) is not str or not _writable(<object>item, strict, depth + 1):
-                return False
-        return True
+        return _object(out, <dict>value, strict, depth, None, None, None)
     if kind is list:
+        _byte(out, b"[")
         n = PyList_GET_SIZE(value)
         for i in range(n):
-            if not _writable(<object>PyList_GET_ITEM(value, i), strict, depth + 1):
-                return False
-        return True
+            if i:
+                _byte(out, b",")
+            if _write(out, <object>PyList_GET_ITEM(value, i), strict, depth + 1) == _PURE:
+                return _PURE
+        return _byte(out, b"]")
     if kind is int:
         number = PyLong_AsLongLongAndOverflow(value, &overflow)
-        if overflow:
-            return False
-        return not strict or -_MAX_SAFE <= number <= _MAX_SAFE
-    return False
+        if overflow or (strict and not -_MAX_SAFE <= number <= _MAX_SAFE):
+            return _PURE
+        return _integer(out, number)
+    return _PURE
 
 
-cdef bytes _canonical(object value, bint strict):
-    if _writable(value, strict, 0):
-        try:
-            return _dumps(value, option=_sort_keys)
-        except _encode_error:
-            pass  # a lone surrogate, say: the pure twin names it
-    return _pure_canonical(value, strict)
+cdef bint _start(Buffer* out) except -1:
+    out.length = 0
+    return True
 
 
 def canonical_json(value, bint strict=True):
-    return _canonical(value, strict)
+    cdef Buffer* out = &_buffer
+    _start(out)
+    try:
+        if _write(out, value, strict, 0) == _PURE:
+            return _ref.canonical_json(value, strict)
+    except UnicodeEncodeError:
+        return _ref.canonical_json(value, strict)  # names the bad string
+    return PyBytes_FromStringAndSize(out.data, out.length)
 
 
-cdef dict _prune(dict event, object rules):
-    cdef frozenset top = rules.top_level
-    cdef dict content_rules = rules.content
-    cdef dict out = {}, pruned
+cdef dict _pruned_content(dict event, object rules):
+    """The content redaction leaves (see ``_ref.prune``)."""
+    cdef PyObject* found
+    cdef object content, etype, kept, value
+    cdef dict pruned
     cdef Py_ssize_t pos = 0
     cdef PyObject* key
     cdef PyObject* item
-    cdef PyObject* found
-    cdef object content, etype, kept, sub, value
-    while PyDict_Next(event, &pos, &key, &item):
-        if PySet_Contains(top, <object>key):
-            PyDict_SetItem(out, <object>key, <object>item)
     found = PyDict_GetItem(event, "content")
     content = None if found is NULL else <object>found
     found = PyDict_GetItem(event, "type")
     etype = None if found is NULL else <object>found
-    found = NULL
-    if type(content) is dict and type(etype) is str:
-        found = PyDict_GetItem(content_rules, etype)
+    if type(content) is not dict or type(etype) is not str:
+        return {}
+    found = PyDict_GetItem(rules.content, etype)
     if found is NULL:
-        out["content"] = {}
-        return out
+        return {}
     kept = <object>found
     if kept is None:
-        out["content"] = PyDict_Copy(content)
-        return out
+        return PyDict_Copy(content)
     pruned = {}
-    pos = 0
     while PyDict_Next(content, &pos, &key, &item):
         if PySet_Contains(kept, <object>key):
             PyDict_SetItem(pruned, <object>key, <object>item)
@@ -122,11 +348,21 @@ cdef dict _prune(dict event, object rules):
     if found is not NULL:
         for name, sub in (<dict>found).items():
             value = content.get(name)
-            if type(value) is dict:
-                pruned[name] = {k: v for k, v in (<dict>value).items() if k in sub}
-            elif isinstance(value, dict):
+            if isinstance(value, dict):
                 pruned[name] = {k: v for k, v in value.items() if k in sub}
-    out["content"] = pruned
+    return pruned
+
+
+cdef dict _prune(dict event, object rules):
+    cdef frozenset top = rules.top_level
+    cdef dict out = {}
+    cdef Py_ssize_t pos = 0
+    cdef PyObject* key
+    cdef PyObject* item
+    while PyDict_Next(event, &pos, &key, &item):
+        if PySet_Contains(top, <object>key):
+            PyDict_SetItem(out, <object>key, <object>item)
+    out["content"] = _pruned_content(event, rules)
     return out
 
 
@@ -136,41 +372,61 @@ def prune(event, rules):
     return _prune(<dict>event, rules)
 
 
+cdef int _content_digest(dict event, bint strict, unsigned char* digest) except -1:
+    """SHA-256 of the content hash's canonical JSON; :data:`_PURE` when the pure
+    twin must write it."""
+    cdef Buffer* out = &_buffer
+    _start(out)
+    if _object(out, event, strict, 0, _CONTENT_EXCLUDED, None, None) == _PURE:
+        return _PURE
+    streamrep_sha256(<const unsigned char*>out.data, out.length, digest)
+    return 0
+
+
+cdef int _reference_digest(dict event, object rules, bint strict,
+                           unsigned char* digest) except -1:
+    cdef Buffer* out = &_buffer
+    cdef frozenset top = rules.top_level
+    _start(out)
+    if _object(out, event, strict, 0, _REFERENCE_EXCLUDED, top,
+               _pruned_content(event, rules)) == _PURE:
+        return _PURE
+    if PyDict_GetItem(event, "content") is NULL and PySet_Contains(top, "content"):
+        return _PURE  # no content to replace: the pruned event gets {}
+    streamrep_sha256(<const unsigned char*>out.data, out.length, digest)
+    return 0
+
+
 def content_hash(event, bint strict=True):
-    cdef dict hashed
-    if type(event) is not dict:
-        return _ref.content_hash(event, strict)
-    hashed = PyDict_Copy(event)
-    for key in _CONTENT_EXCLUDED:
-        if PyDict_GetItem(hashed, key) is not NULL:
-            PyDict_DelItem(hashed, key)
-    return _sha256(_canonical(hashed, strict)).digest()
+    cdef unsigned char digest[32]
+    if type(event) is dict:
+        try:
+            if _content_digest(<dict>event, strict, digest) == 0:
+                return PyBytes_FromStringAndSize(<char*>digest, 32)
+        except UnicodeEncodeError:
+            pass
+    return _ref.content_hash(event, strict)
 
 
 def reference_hash(event, rules, bint strict=True):
-    cdef dict pruned
-    if type(event) is not dict or type(rules) is not RedactionRules:
-        return _ref.reference_hash(event, rules, strict)
-    pruned = _prune(<dict>event, rules)
-    for key in _REFERENCE_EXCLUDED:
-        if PyDict_GetItem(pruned, key) is not NULL:
-            PyDict_DelItem(pruned, key)
-    return _sha256(_canonical(pruned, strict)).digest()
+    cdef unsigned char digest[32]
+    if type(event) is dict and type(rules) is RedactionRules:
+        try:
+            if _reference_digest(<dict>event, rules, strict, digest) == 0:
+                return PyBytes_FromStringAndSize(<char*>digest, 32)
+        except UnicodeEncodeError:
+            pass
+    return _ref.reference_hash(event, rules, strict)
 
 
 @cython.boundscheck(False)
 @cython.wraparound(False)
-cdef str _base64(bytes data, bint urlsafe, bint with_dollar):
-    """*data* in unpadded Base64 (after a ``$`` when *with_dollar*)."""
-    cdef const unsigned char* src = <const unsigned char*>PyBytes_AS_STRING(data)
-    cdef Py_ssize_t n = PyBytes_GET_SIZE(data), i = 0, j = 0
+cdef Py_ssize_t _base64_into(const unsigned char* src, Py_ssize_t n, bint urlsafe,
+                             char* dst):
+    """Write *src* in unpadded Base64 to *dst*; return the characters written."""
     cdef const char* alphabet = _URLSAFE if urlsafe else _STANDARD
+    cdef Py_ssize_t i = 0, j = 0
     cdef unsigned int triple
-    cdef bytes out = PyBytes_FromStringAndSize(NULL, (n * 4 + 2) // 3 + with_dollar)
-    cdef char* dst = PyBytes_AS_STRING(out)
-    if with_dollar:
-        dst[0] = b"$"
-        j = 1
     while i + 3 <= n:
         triple = (src[i] << 16) | (src[i + 1] << 8) | src[i + 2]
         dst[j] = alphabet[(triple >> 18) & 63]
@@ -183,12 +439,24 @@ cdef str _base64(bytes data, bint urlsafe, bint with_dollar):
         triple = src[i] << 16
         dst[j] = alphabet[(triple >> 18) & 63]
         dst[j + 1] = alphabet[(triple >> 12) & 63]
+        j += 2
     elif n - i == 2:
         triple = (src[i] << 16) | (src[i + 1] << 8)
         dst[j] = alphabet[(triple >> 18) & 63]
         dst[j + 1] = alphabet[(triple >> 12) & 63]
         dst[j + 2] = alphabet[(triple >> 6) & 63]
-    return PyUnicode_DecodeASCII(PyBytes_AS_STRING(out), PyBytes_GET_SIZE(out), NULL)
+        j += 3
+    return j
+
+
+cdef str _base64(bytes data, bint urlsafe, bint with_dollar):
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, (n * 4 + 2) // 3 + with_dollar)
+    cdef char* dst = PyBytes_AS_STRING(out)
+    if with_dollar:
+        dst[0] = b"$"
+    _base64_into(<const unsigned char*>PyBytes_AS_STRING(data), n, urlsafe, dst + with_dollar)
+    return PyUnicode_DecodeASCII(dst, PyBytes_GET_SIZE(out), NULL)
 
 
 def unpadded_base64(data, bint urlsafe=False):
@@ -197,3 +465,82 @@ def unpadded_base64(data, bint urlsafe=False):
 
 def event_id_from_hash(digest, bint urlsafe):
     return _base64(bytes(digest), urlsafe, True)
+
+
+cdef bint _same_base64(object given, const unsigned char* digest, bint urlsafe,
+                       const char* prefix, Py_ssize_t prefix_length) except -1:
+    """Whether *given* (a str) is *prefix* and *digest* in unpadded Base64 (trailing
+    ``=`` padding allowed when there is no prefix)."""
+    cdef char expected[48]
+    cdef Py_ssize_t n, length = prefix_length
+    cdef const char* text
+    if type(given) is not str:
+        return False
+    memcpy(expected, prefix, prefix_length)
+    length += _base64_into(digest, 32, urlsafe, expected + prefix_length)
+    text = PyUnicode_AsUTF8AndSize(given, &n)
+    if prefix_length == 0:
+        while n > length and text[n - 1] == b"=":
+            n -= 1
+    return n == length and memcmp(text, expected, length) == 0
+
+
+def check_hashes(event_id, event, rules, bint strict, bint urlsafe):
+    cdef unsigned char digest[32]
+    cdef PyObject* found
+    cdef object claimed = None
+    if type(event) is not dict or type(rules) is not RedactionRules:
+        return _ref.check_hashes(event_id, event, rules, strict, urlsafe)
+    try:
+        if _reference_digest(<dict>event, rules, strict, digest) == _PURE:
+            return _ref.check_hashes(event_id, event, rules, strict, urlsafe)
+        if not _same_base64(event_id, digest, urlsafe, b"$", 1):
+            return _ref.BAD_EVENT_ID
+        if _content_digest(<dict>event, strict, digest) == _PURE:
+            return _ref.check_hashes(event_id, event, rules, strict, urlsafe)
+    except UnicodeEncodeError:
+        return _ref.check_hashes(event_id, event, rules, strict, urlsafe)
+    found = PyDict_GetItem(<dict>event, "hashes")
+    if found is not NULL and type(<object>found) is dict:
+        found = PyDict_GetItem(<dict><object>found, "sha256")
+        claimed = None if found is NULL else <object>found
+    elif found is not NULL and isinstance(<object>found, dict):
+        return _ref.check_hashes(event_id, event, rules, strict, urlsafe)
+    if type(claimed) is not str:
+        return _ref.NO_CONTENT_HASH
+    if not _same_base64(claimed, digest, False, b"", 0):
+        return _ref.BAD_CONTENT_HASH
+    return _ref.HASHES_MATCH
+
+
+def check_records(records, rules, bint strict, bint urlsafe):
+    cdef dict failed = {}
+    cdef object code
+    if type(rules) is not RedactionRules:
+        return _ref.check_records(records, rules, strict, urlsafe)
+    for record in records:
+        if record.rejected:
+            continue
+        code = check_hashes(record.event_id, record.body, rules, strict, urlsafe)
+        if code != 0:
+            failed[record.event_id] = code
+    return failed
+
+
+def sha256(data):
+    cdef bytes raw = bytes(data)
+    cdef unsigned char digest[32]
+    streamrep_sha256(<const unsigned char*>PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw),
+                     digest)
+    return PyBytes_FromStringAndSize(<char*>digest, 32)
+
+
+def sha256_accelerated():
+    """Whether SHA-256 runs on the processor's SHA extensions (else portable C)."""
+    return bool(streamrep_sha256_accelerated())
+
+
+def sha256_force_portable(bint portable):
+    """Hash with the portable block function only (True), or choose again (False):
+    for tests of both."""
+    streamrep_sha256_force_portable(portable)

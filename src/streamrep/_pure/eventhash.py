@@ -12,7 +12,9 @@ per room version).
 * :func:`reference_hash` - SHA-256 of the pruned event without ``signatures``,
   ``unsigned`` and ``age_ts``;
 * :func:`unpadded_base64` and :func:`event_id_from_hash` - the encodings of hashes
-  and event IDs.
+  and event IDs;
+* :func:`check_hashes` - whether an event matches its ID and its content hash, in
+  one call (the event store's check on persist).
 
 Numbers: with ``strict`` (room versions 6 on), only integers in
 ``[-(2**53)+1, (2**53)-1]``; a float with an integral value in that range is the
@@ -33,7 +35,8 @@ from typing import Any, Iterable, Mapping
 # The twins' API; CanonicalJsonError and RedactionRules, defined here once, are
 # shared by both.
 __all__ = ["prune", "canonical_json", "content_hash", "reference_hash", "unpadded_base64",
-           "event_id_from_hash"]
+           "event_id_from_hash", "check_hashes", "check_records", "sha256", "sha256_accelerated",
+           "sha256_force_portable"]
 
 #: The largest integer canonical JSON allows (and its negation the smallest).
 MAX_SAFE_INTEGER = 2**53 - 1
@@ -43,6 +46,12 @@ CONTENT_HASH_EXCLUDED = ("unsigned", "signatures", "hashes", "age_ts", "outlier"
                          "destinations")
 #: Top-level keys of the pruned event the reference hash leaves out.
 REFERENCE_HASH_EXCLUDED = ("signatures", "unsigned", "age_ts")
+
+#: What :func:`check_hashes` finds.
+HASHES_MATCH = 0
+BAD_EVENT_ID = 1
+NO_CONTENT_HASH = 2
+BAD_CONTENT_HASH = 3
 
 
 class CanonicalJsonError(ValueError):
@@ -163,3 +172,52 @@ def event_id_from_hash(digest: bytes, urlsafe: bool) -> str:
     """The event ID a reference hash gives (room versions 3 on): ``$`` and the hash
     in unpadded Base64, URL-safe from version 4."""
     return "$" + unpadded_base64(digest, urlsafe)
+
+
+def check_hashes(event_id: str, event: Mapping[str, Any], rules: RedactionRules, strict: bool,
+                 urlsafe: bool) -> int:
+    """:data:`HASHES_MATCH` when *event_id* is the event's reference hash (in the
+    alphabet *urlsafe* names) and its ``hashes.sha256`` is its content hash (padded
+    or not), else :data:`BAD_EVENT_ID`, :data:`NO_CONTENT_HASH` or
+    :data:`BAD_CONTENT_HASH`, the first that applies; raises
+    :class:`CanonicalJsonError` when the event has no canonical JSON."""
+    if event_id != event_id_from_hash(reference_hash(event, rules, strict), urlsafe):
+        return BAD_EVENT_ID
+    hashes = event.get("hashes")
+    claimed = hashes.get("sha256") if isinstance(hashes, dict) else None
+    if not isinstance(claimed, str):
+        return NO_CONTENT_HASH
+    if claimed.rstrip("=") != unpadded_base64(content_hash(event, strict)):
+        return BAD_CONTENT_HASH
+    return HASHES_MATCH
+
+
+def check_records(records: Iterable[Any], rules: RedactionRules, strict: bool,
+                  urlsafe: bool) -> dict[str, int]:
+    """:func:`check_hashes` of each record (``event_id``, ``body``, ``rejected``, as
+    the event store's validation makes them) not flagged rejected; the ones that do
+    not match, with what :func:`check_hashes` found."""
+    failed: dict[str, int] = {}
+    for record in records:
+        if record.rejected:
+            continue
+        found = check_hashes(record.event_id, record.body, rules, strict, urlsafe)
+        if found:
+            failed[record.event_id] = found
+    return failed
+
+
+def sha256(data: bytes) -> bytes:
+    """The SHA-256 digest of *data*."""
+    return hashlib.sha256(data).digest()
+
+
+def sha256_accelerated() -> bool:
+    """Whether SHA-256 runs on the processor's SHA extensions (the compiled core's
+    own function may; hashlib here decides for itself)."""
+    return False
+
+
+def sha256_force_portable(portable: bool) -> None:
+    """The compiled core's switch between its SHA-256 block functions (for tests);
+    nothing to switch here."""

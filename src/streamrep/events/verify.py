@@ -18,15 +18,21 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
+from streamrep import _impl
 from streamrep.db import Transaction
 from streamrep.errors import InvalidEventError
 from streamrep.events.roomversions import RoomVersions, version_named_by_create
 from streamrep.events.validation import EventRecord
-from streamrep.matrix.eventformat import check_event, ids_are_hashes
+from streamrep.matrix.eventformat import check_events
 from streamrep.matrix.room_versions import RoomVersion
 from streamrep.matrix.verdict import Rejection
+
+if TYPE_CHECKING:
+    from streamrep._pure import batchrows as _batchrows
+else:
+    _batchrows = _impl.load("batchrows")
 
 __all__ = ["VERIFY_MODES", "VerifyMode", "Verification", "check_mode", "verify_batch",
            "batch_versions"]
@@ -79,13 +85,10 @@ def verify_batch(records: list[EventRecord], versions: dict[str, RoomVersion],
     if mode == "off":
         return found
     failed: dict[str, Rejection] = {}
-    for record in records:
-        version = versions.get(record.room_id)
-        if version is None or not ids_are_hashes(version) or record.rejected:
-            continue
-        why = check_event(record.event_id, record.body, version)
-        if why is not None:
-            failed[record.event_id] = why
+    for room_id, room_records in _batchrows.by_room(records).items():
+        version = versions.get(room_id)
+        if version is not None:
+            failed.update(check_events(room_records, version))
     if not failed:
         return found
     if mode == "warn":

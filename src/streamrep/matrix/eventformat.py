@@ -10,14 +10,18 @@ rules. Signatures are not computed or checked here: no keys are fetched.
 * :func:`content_hash`, :func:`reference_hash` - unpadded Base64, standard alphabet;
 * :func:`event_id_for` - ``$`` + the reference hash in the version's alphabet
   (versions 3 on; versions 1 and 2 let the sending server choose);
-* :func:`check_event` - why an event does not match its ID or its content hash.
+* :func:`check_event`, :func:`check_events` - why an event does not match its ID
+  or its content hash.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from streamrep import _impl
+from streamrep._pure.eventhash import BAD_EVENT_ID as _BAD_EVENT_ID
+from streamrep._pure.eventhash import HASHES_MATCH as _HASHES_MATCH
+from streamrep._pure.eventhash import NO_CONTENT_HASH as _NO_CONTENT_HASH
 from streamrep._pure.eventhash import CanonicalJsonError, RedactionRules
 from streamrep.matrix.errors import MalformedEventError, RejectionReason
 from streamrep.matrix.room_versions import EventIdFormat, RoomVersion
@@ -29,7 +33,7 @@ else:
     _eventhash = _impl.load("eventhash")
 
 __all__ = ["CanonicalJsonError", "redaction_rules", "prune_event", "canonical_json",
-           "content_hash", "reference_hash", "event_id_for", "check_event",
+           "content_hash", "reference_hash", "event_id_for", "check_event", "check_events",
            "ids_are_hashes"]
 
 _RULES: dict[str, RedactionRules] = {}
@@ -82,8 +86,7 @@ def event_id_for(event: Mapping[str, Any], version: RoomVersion) -> str:
             "not derived from the event")
     return _eventhash.event_id_from_hash(
         _eventhash.reference_hash(event, redaction_rules(version),
-                                  version.strict_canonical_json),
-        version.event_id_format is EventIdFormat.REFERENCE_HASH_URLSAFE)
+                                  version.strict_canonical_json), _urlsafe(version))
 
 
 def check_event(event_id: str, event: Mapping[str, Any],
@@ -94,20 +97,49 @@ def check_event(event_id: str, event: Mapping[str, Any],
     if not ids_are_hashes(version):
         return None
     try:
-        expected = event_id_for(event, version)
-        computed = content_hash(event, version)
+        found = _eventhash.check_hashes(event_id, event, redaction_rules(version),
+                                        version.strict_canonical_json, _urlsafe(version))
     except CanonicalJsonError as exc:
         return Rejection(RejectionReason.BAD_CONTENT_HASH.value,
                          f"the event is not canonical JSON ({exc})")
-    if event_id != expected:
+    return None if found == _HASHES_MATCH else _why(found, event_id, event, version)
+
+
+def check_events(records: Iterable[Any], version: RoomVersion) -> dict[str, Rejection]:
+    """:func:`check_event` of each record (the event store's: ``event_id``, ``body``,
+    ``rejected``; those flagged rejected are not checked) of a room of *version*:
+    the ones that do not match, with why."""
+    if not ids_are_hashes(version):
+        return {}
+    records = list(records)
+    try:
+        failed = _eventhash.check_records(records, redaction_rules(version),
+                                          version.strict_canonical_json, _urlsafe(version))
+    except CanonicalJsonError:
+        # One of them has no canonical JSON: name each on its own.
+        return {r.event_id: why for r in records if not r.rejected
+                and (why := check_event(r.event_id, r.body, version)) is not None}
+    if not failed:
+        return {}
+    return {r.event_id: _why(failed[r.event_id], r.event_id, r.body, version)
+            for r in records if r.event_id in failed}
+
+
+def _urlsafe(version: RoomVersion) -> bool:
+    return version.event_id_format is EventIdFormat.REFERENCE_HASH_URLSAFE
+
+
+def _why(found: int, event_id: str, event: Mapping[str, Any], version: RoomVersion) -> Rejection:
+    """The rejection for what ``check_hashes`` *found* (not a match)."""
+    if found == _BAD_EVENT_ID:
         return Rejection(RejectionReason.BAD_EVENT_ID.value,
-                         f"event ID {event_id} is not the event's reference hash ({expected})")
-    hashes = event.get("hashes")
-    claimed = hashes.get("sha256") if isinstance(hashes, dict) else None
-    if not isinstance(claimed, str):
+                         f"event ID {event_id} is not the event's reference hash "
+                         f"({event_id_for(event, version)})")
+    if found == _NO_CONTENT_HASH:
         return Rejection(RejectionReason.BAD_CONTENT_HASH.value,
                          "the event has no content hash (hashes.sha256)")
-    if claimed.rstrip("=") != computed:
-        return Rejection(RejectionReason.BAD_CONTENT_HASH.value,
-                         f"content hash {claimed} is not the event's ({computed})")
-    return None
+    hashes = event.get("hashes")
+    claimed = hashes.get("sha256") if isinstance(hashes, dict) else None
+    return Rejection(RejectionReason.BAD_CONTENT_HASH.value,
+                     f"content hash {claimed} is not the event's "
+                     f"({content_hash(event, version)})")
