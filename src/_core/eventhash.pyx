@@ -535,12 +535,11 @@ def sha256(data):
     return PyBytes_FromStringAndSize(<char*>digest, 32)
 
 
-def sha256_accelerated():
-    """Whether SHA-256 runs on the processor's SHA extensions (else portable C)."""
-    return bool(streamrep_sha256_accelerated())
-
-
-def sha256_force_portable(bint portable):
-    """Hash with the portable block function only (True), or choose again (False):
-    for tests of both."""
-    streamrep_sha256_force_portable(portable)
+def sha256_blocks(str mode="auto"):
+    """Choose SHA-256's block function: ``"portable"`` (C), or ``"auto"`` (the SHA
+    extensions where the processor has them); return the one in use
+    (``"sha-extensions"`` or ``"portable"``). For tests of both."""
+    if mode not in ("auto", "portable"):
+        raise ValueError(f"mode must be 'auto' or 'portable', not {mode!r}")
+    streamrep_sha256_force_portable(mode == "portable")
+    return "sha-extensions" if streamrep_sha256_accelerated() else "portable"

@@ -35,8 +35,7 @@ from typing import Any, Iterable, Mapping
 # The twins' API; CanonicalJsonError and RedactionRules, defined here once, are
 # shared by both.
 __all__ = ["prune", "canonical_json", "content_hash", "reference_hash", "unpadded_base64",
-           "event_id_from_hash", "check_hashes", "check_records", "sha256", "sha256_accelerated",
-           "sha256_force_portable"]
+           "event_id_from_hash", "check_hashes", "check_records", "sha256", "sha256_blocks"]
 
 #: The largest integer canonical JSON allows (and its negation the smallest).
 MAX_SAFE_INTEGER = 2**53 - 1
@@ -212,12 +211,9 @@ def sha256(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
 
-def sha256_accelerated() -> bool:
-    """Whether SHA-256 runs on the processor's SHA extensions (the compiled core's
-    own function may; hashlib here decides for itself)."""
-    return False
-
-
-def sha256_force_portable(portable: bool) -> None:
-    """The compiled core's switch between its SHA-256 block functions (for tests);
-    nothing to switch here."""
+def sha256_blocks(mode: str = "auto") -> str:
+    """The compiled core's choice of SHA-256 block function (for tests); here
+    hashlib decides for itself, and this says so (``"hashlib"``)."""
+    if mode not in ("auto", "portable"):
+        raise ValueError(f"mode must be 'auto' or 'portable', not {mode!r}")
+    return "hashlib"
