@@ -153,6 +153,7 @@ class EventStore:
         room_rules: RoomRules | None | _DefaultRules = MATRIX_RULES,
         verify_event_ids: VerifyMode = "warn",
     ) -> None:
+        self.verify_event_ids: VerifyMode = check_mode(verify_event_ids)
         self._owns_db = isinstance(database, str)
         self.db = Database.open(database, migrate=False) if isinstance(database, str) else database
         self.db.ensure_schema(schema.COMPONENT)
@@ -161,7 +162,6 @@ class EventStore:
         self.room_rules = rules
         if rules is not None:
             self.db.ensure_schema(rules_schema.COMPONENT)
-        self.verify_event_ids: VerifyMode = check_mode(verify_event_ids)
         #: room -> events stored although they did not match their ID or content
         #: hash (``verify_event_ids="warn"``); each room is logged once
         self.unverified_events: dict[str, int] = {}
