@@ -7,9 +7,13 @@
 * ``test_persist_*``: ``persist_events`` in batches of 100 on SQLite and
   PostgreSQL (a valid room version 10 history: create, join, power levels, join
   rules, then linear history with a member joining every 20 events, each event
-  citing its auth events; each round's events are built before it starts,
-  untimed), events/s over 8 rounds, with the Matrix room rules (``rules-on``, the
-  store's default) and without (``rules-off``: ``room_rules=None``) side by side;
+  citing its auth events, IDs counting up; each round's events are built before it
+  starts, untimed), events/s over 8 rounds, with the Matrix room rules (``rules-on``,
+  the store's default) and without (``rules-off``: ``room_rules=None``) side by side,
+  without the event ID check (``verify_event_ids="off"``);
+  ``test_persist_*_verify``: rules on, over the same history with the IDs room
+  version 10 gives (the events' reference hashes), the check on (``warn``, the
+  default) and off;
   ``test_persist_sqlite_growing_room``: the same over 100,000 events with the
   room rules, as the room grows to 5,000 members.
 * ``test_state_after_event_cached``: ``get_state_after_event`` from cache, lookups/s
@@ -68,15 +72,19 @@ def use_impl(impl_kind: str, monkeypatch: pytest.MonkeyPatch) -> str:
     import streamrep.events.state as state
     import streamrep.events.store as store
     import streamrep.events.authorize as authorize
+    import streamrep.events.plan as plan
+    import streamrep.events.verify as verify
     import streamrep.matrix.batchcheck as batchcheck
+    import streamrep.matrix.eventformat as eventformat
 
     monkeypatch.setattr(dag, "_core_ext", core_module("extremities", impl_kind))
-    for module in (dag, persist, room_state, authorize):
+    for module in (dag, persist, room_state, authorize, plan, verify):
         monkeypatch.setattr(module, "_batchrows", core_module("batchrows", impl_kind))
     monkeypatch.setattr(state, "_core_state", core_module("state", impl_kind))
     monkeypatch.setattr(store, "_core_changecache", core_module("changecache", impl_kind))
     monkeypatch.setattr(store, "parse_event", core_module("eventrecord", impl_kind).parse_event)
     monkeypatch.setattr(batchcheck, "_plaincheck", core_module("plaincheck", impl_kind))
+    monkeypatch.setattr(eventformat, "_eventhash", core_module("eventhash", impl_kind))
     return impl_kind
 
 
@@ -92,11 +100,14 @@ def test_extremity_core(benchmark: Any, impl_kind: str) -> None:
     _report(benchmark, "events_per_s", BATCH * len(batches), impl_kind)
 
 
-def _history(room: str) -> Iterator[dict[str, Any]]:
+def _history(room: str, hash_ids: bool = False) -> Iterator[dict[str, Any]]:
+    """The room's events; their IDs count up (``$<room>-<n>``) unless *hash_ids*, the
+    IDs room versions 3 on give (their reference hashes, random to a B-tree)."""
     from streamrep.matrix.room_builder import RoomBuilder
 
     alice = "@a:x"
-    builder = RoomBuilder(room, alice, "10")
+    builder = RoomBuilder(room, alice, "10") if hash_ids else RoomBuilder(
+        room, alice, "10", event_id=lambda n: f"${room}-{n}")
     yield builder.create
     yield builder.event("m.room.member", alice, {"membership": "join"}, state_key=alice)
     yield builder.event("m.room.power_levels", alice, {"users": {alice: 100}}, state_key="")
@@ -114,11 +125,13 @@ def _history(room: str) -> Iterator[dict[str, Any]]:
 RULES = ("rules-off", "rules-on")
 
 
-def _persist_bench(benchmark: Any, url: str, impl_kind: str, rules: str) -> None:
+def _persist_bench(benchmark: Any, url: str, impl_kind: str, rules: str,
+                   verify: str = "off", hash_ids: bool = False) -> None:
     from streamrep import EventStore
 
-    store = EventStore(url) if rules == "rules-on" else EventStore(url, room_rules=None)
-    source = _history("!bench:x")
+    store = (EventStore(url, verify_event_ids=verify) if rules == "rules-on"
+             else EventStore(url, room_rules=None, verify_event_ids=verify))
+    source = _history("!bench:x", hash_ids)
     batches_per_round = 30
 
     def next_round() -> tuple[tuple[list[list[dict[str, Any]]]], dict[str, Any]]:
@@ -132,7 +145,10 @@ def _persist_bench(benchmark: Any, url: str, impl_kind: str, rules: str) -> None
 
     try:
         benchmark.pedantic(run, setup=next_round, rounds=8, iterations=1, warmup_rounds=1)
-        _report(benchmark, "events_per_s", BATCH * batches_per_round, f"{impl_kind}, {rules}")
+        _report(benchmark, "events_per_s", BATCH * batches_per_round,
+                f"{impl_kind}, {rules}, verify {verify}{', hash IDs' if hash_ids else ''}")
+        if verify != "off":
+            assert store.unverified_events == {}
     finally:
         store.close()
 
@@ -148,13 +164,29 @@ def test_persist_postgres(benchmark: Any, use_impl: str, pg_url: str, rules: str
     _persist_bench(benchmark, pg_url, use_impl, rules)
 
 
+@pytest.mark.parametrize("verify", ["off", "warn"])
+def test_persist_sqlite_verify(benchmark: Any, use_impl: str, sqlite_url: str,
+                               verify: str) -> None:
+    """The rules-on benchmark over events with the IDs room version 10 gives them
+    (reference hashes), with the ID and content hash check (``warn``, the default)
+    and without: the check's cost is the ratio of the two rows."""
+    _persist_bench(benchmark, sqlite_url, use_impl, "rules-on", verify, hash_ids=True)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("verify", ["off", "warn"])
+def test_persist_postgres_verify(benchmark: Any, use_impl: str, pg_url: str,
+                                 verify: str) -> None:
+    _persist_bench(benchmark, pg_url, use_impl, "rules-on", verify, hash_ids=True)
+
+
 def test_persist_sqlite_growing_room(benchmark: Any, use_impl: str, sqlite_url: str) -> None:
     """100,000 events into one room (a join every 20 events: 5,000 members at the
     end), in batches of 100: the rate over the whole run and per 10,000 events, to
     show how persisting keeps up as the room's state grows."""
     from streamrep import EventStore
 
-    store = EventStore(sqlite_url)
+    store = EventStore(sqlite_url, verify_event_ids="off")
     source = _history("!growing:x")
     windows = [[[next(source) for _ in range(BATCH)] for _ in range(100)] for _ in range(10)]
     rates: list[int] = []
@@ -178,7 +210,7 @@ def test_persist_sqlite_growing_room(benchmark: Any, use_impl: str, sqlite_url: 
 def test_state_after_event_cached(benchmark: Any, use_impl: str, sqlite_url: str) -> None:
     from streamrep import EventStore
 
-    store = EventStore(sqlite_url)
+    store = EventStore(sqlite_url, verify_event_ids="off")
     source = _history("!state:x")
     ids = []
     for _ in range(10):

@@ -11,6 +11,7 @@ from streamrep.matrix.errors import (
     UnknownRoomVersionError,
 )
 from streamrep.matrix.events import MatrixEvent, parse_event
+from streamrep.matrix.room_builder import RoomBuilder
 from streamrep.matrix.room_versions import ROOM_VERSIONS, RoomVersion, StateResAlgorithm, room_version
 
 __all__ = [
@@ -25,4 +26,5 @@ __all__ = [
     "RoomVersion",
     "StateResAlgorithm",
     "room_version",
+    "RoomBuilder",
 ]
