@@ -162,3 +162,18 @@ def test_verification_needs_no_room_rules(db_url: str) -> None:
 def test_an_unknown_mode_is_refused(sqlite_url: str) -> None:
     with pytest.raises(InvalidEventError, match="verify_event_ids must be one of"):
         EventStore(sqlite_url, verify_event_ids="sometimes")  # type: ignore[arg-type]
+
+
+def test_the_configuration_file_has_the_key(tmp_path: Any) -> None:
+    from streamrep.catalogue import known_streams
+    from streamrep.config import load_config
+    from streamrep.errors import ConfigError
+
+    path = tmp_path / "streamrep.yaml"
+    path.write_text("server_name: v.example\n")
+    assert load_config(path, streams=known_streams()).verify_event_ids == "warn"
+    path.write_text("server_name: v.example\nverify_event_ids: strict\n")
+    assert load_config(path, streams=known_streams()).verify_event_ids == "strict"
+    path.write_text("server_name: v.example\nverify_event_ids: sometimes\n")
+    with pytest.raises(ConfigError, match="verify_event_ids.*use one of strict, warn, off"):
+        load_config(path, streams=known_streams())

@@ -57,6 +57,8 @@ cdef struct Buffer:
 # One buffer for the module, grown as needed: every call runs under the GIL and
 # none runs Python code while writing (exact types only), so calls never overlap.
 cdef Buffer _buffer = Buffer(NULL, 0, 0)
+# The second stream of _both_digests (the reference hash's).
+cdef Buffer _buffer2 = Buffer(NULL, 0, 0)
 
 
 cdef inline int _reserve(Buffer* out, Py_ssize_t more) except -1:
@@ -397,6 +399,93 @@ cdef int _reference_digest(dict event, object rules, bint strict,
     return 0
 
 
+cdef int _both_digests(dict event, object rules, bint strict, unsigned char* content_digest,
+                       unsigned char* reference_digest) except -1:
+    """The content hash's and the reference hash's SHA-256 in one pass over the
+    event's members: a member both cover is written once and copied; :data:`_PURE`
+    when the pure twin must write them."""
+    cdef Buffer* full = &_buffer
+    cdef Buffer* pruned = &_buffer2
+    cdef Member members[_SMALL]
+    cdef Member member
+    cdef Py_ssize_t pos = 0, count = 0, i, j, start
+    cdef PyObject* key
+    cdef PyObject* item
+    cdef frozenset top = rules.top_level
+    cdef bint in_full, in_pruned, first_full = True, first_pruned = True, has_content = False
+    if len(event) > _SMALL:
+        return _PURE
+    while PyDict_Next(event, &pos, &key, &item):
+        if type(<object>key) is not str:
+            return _PURE
+        member.key = key
+        member.value = item
+        member.utf8 = PyUnicode_AsUTF8AndSize(<object>key, &member.length)
+        j = count
+        while j > 0 and _before(&member, &members[j - 1]):
+            members[j] = members[j - 1]
+            j -= 1
+        members[j] = member
+        count += 1
+    full.length = 0
+    pruned.length = 0
+    _byte(full, b"{")
+    _byte(pruned, b"{")
+    for i in range(count):
+        key = members[i].key
+        in_full = not PySet_Contains(_CONTENT_EXCLUDED, <object>key)
+        in_pruned = PySet_Contains(top, <object>key) and not PySet_Contains(
+            _REFERENCE_EXCLUDED, <object>key)
+        if members[i].length == 7 and memcmp(members[i].utf8, b"content", 7) == 0:
+            has_content = True
+            if not first_full:
+                _byte(full, b",")
+            first_full = False
+            _utf8_string(full, <const unsigned char*>members[i].utf8, 7)
+            _byte(full, b":")
+            if _write(full, <object>members[i].value, strict, 1) == _PURE:
+                return _PURE
+            if in_pruned:
+                if not first_pruned:
+                    _byte(pruned, b",")
+                first_pruned = False
+                _put(pruned, b'"content":', 10)
+                if _write(pruned, _pruned_content(event, rules), strict, 1) == _PURE:
+                    return _PURE
+            continue
+        if not (in_full or in_pruned):
+            continue
+        if in_full:
+            if not first_full:
+                _byte(full, b",")
+            first_full = False
+            start = full.length
+            _utf8_string(full, <const unsigned char*>members[i].utf8, members[i].length)
+            _byte(full, b":")
+            if _write(full, <object>members[i].value, strict, 1) == _PURE:
+                return _PURE
+            if in_pruned:
+                if not first_pruned:
+                    _byte(pruned, b",")
+                first_pruned = False
+                _put(pruned, full.data + start, full.length - start)
+        else:
+            if not first_pruned:
+                _byte(pruned, b",")
+            first_pruned = False
+            _utf8_string(pruned, <const unsigned char*>members[i].utf8, members[i].length)
+            _byte(pruned, b":")
+            if _write(pruned, <object>members[i].value, strict, 1) == _PURE:
+                return _PURE
+    if not has_content and PySet_Contains(top, "content"):
+        return _PURE  # the pruned event gets {} for a content it lacks
+    _byte(full, b"}")
+    _byte(pruned, b"}")
+    streamrep_sha256(<const unsigned char*>full.data, full.length, content_digest)
+    streamrep_sha256(<const unsigned char*>pruned.data, pruned.length, reference_digest)
+    return 0
+
+
 def content_hash(event, bint strict=True):
     cdef unsigned char digest[32]
     if type(event) is dict:
@@ -486,20 +575,24 @@ cdef bint _same_base64(object given, const unsigned char* digest, bint urlsafe,
 
 
 def check_hashes(event_id, event, rules, bint strict, bint urlsafe):
-    cdef unsigned char digest[32]
+    return _check(event_id, event, rules, strict, urlsafe)
+
+
+cdef object _check(object event_id, object event, object rules, bint strict, bint urlsafe):
+    cdef unsigned char content_digest[32]
+    cdef unsigned char reference_digest[32]
     cdef PyObject* found
     cdef object claimed = None
     if type(event) is not dict or type(rules) is not RedactionRules:
         return _ref.check_hashes(event_id, event, rules, strict, urlsafe)
     try:
-        if _reference_digest(<dict>event, rules, strict, digest) == _PURE:
-            return _ref.check_hashes(event_id, event, rules, strict, urlsafe)
-        if not _same_base64(event_id, digest, urlsafe, b"$", 1):
-            return _ref.BAD_EVENT_ID
-        if _content_digest(<dict>event, strict, digest) == _PURE:
+        if _both_digests(<dict>event, rules, strict, content_digest,
+                         reference_digest) == _PURE:
             return _ref.check_hashes(event_id, event, rules, strict, urlsafe)
     except UnicodeEncodeError:
         return _ref.check_hashes(event_id, event, rules, strict, urlsafe)
+    if not _same_base64(event_id, reference_digest, urlsafe, b"$", 1):
+        return _ref.BAD_EVENT_ID
     found = PyDict_GetItem(<dict>event, "hashes")
     if found is not NULL and type(<object>found) is dict:
         found = PyDict_GetItem(<dict><object>found, "sha256")
@@ -508,7 +601,7 @@ def check_hashes(event_id, event, rules, bint strict, bint urlsafe):
         return _ref.check_hashes(event_id, event, rules, strict, urlsafe)
     if type(claimed) is not str:
         return _ref.NO_CONTENT_HASH
-    if not _same_base64(claimed, digest, False, b"", 0):
+    if not _same_base64(claimed, content_digest, False, b"", 0):
         return _ref.BAD_CONTENT_HASH
     return _ref.HASHES_MATCH
 
@@ -521,7 +614,7 @@ def check_records(records, rules, bint strict, bint urlsafe):
     for record in records:
         if record.rejected:
             continue
-        code = check_hashes(record.event_id, record.body, rules, strict, urlsafe)
+        code = _check(record.event_id, record.body, rules, strict, urlsafe)
         if code != 0:
             failed[record.event_id] = code
     return failed

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 __all__ = [
@@ -173,6 +173,8 @@ class Config:
     redis: RedisConfig | None = None
     #: Seconds a writer's lease lives without renewal (see streamrep.idgen.lease).
     writer_lease_ttl: float = 30.0
+    #: The event stores' check of event IDs and content hashes: strict, warn or off.
+    verify_event_ids: Literal["strict", "warn", "off"] = "warn"
     #: The file it came from, if any.
     source: str | None = None
 

@@ -31,13 +31,15 @@ if TYPE_CHECKING:
 __all__ = ["LOG_FORMATS", "LOG_LEVELS", "StreamRules", "validate"]
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+#: ``verify_event_ids``: the modes of streamrep.events.verify.
+VERIFY_MODES = ("strict", "warn", "off")
 LOG_FORMATS = ("logfmt", "json")
 
 _TOP_KEYS = (
     "tls", "shared_secret_file", "insecure",
     "server_name", "database", "listen", "instance_name", "instance_map", "stream_writers",
     "metrics_listen", "keepalive", "backpressure", "connections", "logging", "replication",
-    "writer_lease_ttl",
+    "writer_lease_ttl", "verify_event_ids",
 )
 _REPLICATION_KEYS = ("redis",)
 _REDIS_KEYS = ("url",)
@@ -417,6 +419,10 @@ def validate(data: Mapping[str, Any], rules: StreamRules, problems: Problems,
     lease_ttl = number(data.get("writer_lease_ttl", 30.0), "writer_lease_ttl", problems,
                        float, 1, 30.0)
     tls, shared_secret_file, insecure = _security(data, identity.listen, problems)
+    verify = data.get("verify_event_ids", "warn")
+    if verify not in VERIFY_MODES:
+        problems.add("verify_event_ids", f"{verify!r} is not a verification mode",
+                     f"use one of {', '.join(VERIFY_MODES)}")
     server_name = identity.server_name
     if problems.lines or identity.listen is None or not isinstance(server_name, str):
         return None
@@ -437,5 +443,6 @@ def validate(data: Mapping[str, Any], rules: StreamRules, problems: Problems,
         insecure=insecure,
         redis=redis,
         writer_lease_ttl=lease_ttl,
+        verify_event_ids="strict" if verify == "strict" else "off" if verify == "off" else "warn",
         source=source,
     )

@@ -68,7 +68,8 @@ class DemoWorker:
         self.config = config
         self.name = name
         self.rng = random.Random(seed)
-        self.store = EventStore(config.database)
+        self.store = EventStore(config.database,
+                                verify_event_ids=config.verify_event_ids)
         deployment.check(self.store.db, config.server_name)
         self.events_follower = EventsStreamFollower(self.store)
         self.caches = CacheRegistry()

@@ -80,7 +80,8 @@ class DemoWriter:
         if EVENTS_STREAM in self.own:
             # Orderings from the registry's generators (their listeners announce them);
             # the store appends its cache invalidations to the caches stream itself.
-            self.store = EventStore(self.db, streams=self.streams)
+            self.store = EventStore(self.db, streams=self.streams,
+                                    verify_event_ids=config.verify_event_ids)
         self.visible: list[tuple[str, str, int, float]] = []
         self.written: Counter[str] = Counter()
         self.ops: Counter[str] = Counter()
