@@ -15,6 +15,11 @@ from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
 from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_CheckExact, PyUnicode_GET_LENGTH
 
+cdef extern from "Python.h":
+    bint PyUnicode_IS_ASCII(object text)
+    Py_ssize_t PyUnicode_FindChar(object text, Py_UCS4 ch, Py_ssize_t start, Py_ssize_t end,
+                                  int direction) except -2
+
 import orjson
 
 from streamrep._pure import eventrecord as _ref
@@ -28,6 +33,31 @@ cdef object _Record = EventRecord
 cdef dict _EMPTY = _ref._EMPTY
 cdef tuple _FLAGS = tuple(FLAG_KEYS)
 cdef long long _MAX_DEPTH = 1LL << 62
+cdef Py_ssize_t _MAX_IDENTIFIER = _ref.MAX_IDENTIFIER_BYTES
+
+
+cdef inline bint _plain_identifier(object text):
+    """An ASCII str of at most the allowed bytes, without NUL (else the pure twin
+    checks it, and names what is wrong)."""
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(text)
+    return (n <= _MAX_IDENTIFIER and PyUnicode_IS_ASCII(text)
+            and PyUnicode_FindChar(text, 0, 0, n, 1) == -1)
+
+
+cdef bint _plain_auth_events(dict body):
+    """Whether the body's ``auth_events`` is absent or a list of plain identifiers."""
+    cdef PyObject* found = PyDict_GetItem(body, "auth_events")
+    cdef Py_ssize_t i
+    cdef object item
+    if found is NULL:
+        return True
+    if type(<object>found) is not list:
+        return True  # not the store's to judge: the room rules reject it
+    for i in range(PyList_GET_SIZE(<object>found)):
+        item = <object>PyList_GET_ITEM(<object>found, i)
+        if not PyUnicode_CheckExact(item) or not _plain_identifier(item):
+            return False
+    return True
 
 
 cdef inline object _text(dict body, str name):
@@ -102,6 +132,13 @@ def parse_event(item):
             if not PyUnicode_CheckExact(<object>found):
                 return _explain(item)
             relates_to = <object>found
+    if not (_plain_identifier(event_id) and _plain_identifier(room_id)
+            and _plain_identifier(etype) and _plain_identifier(sender)
+            and _plain_identifier(prev) and _plain_auth_events(body)
+            and (state_key is None or _plain_identifier(state_key))
+            and (membership is None or _plain_identifier(membership))
+            and (relates_to is None or _plain_identifier(relates_to))):
+        return _explain(item)
     try:
         raw = _dumps(body)
     except TypeError:

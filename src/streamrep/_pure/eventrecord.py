@@ -23,6 +23,11 @@ __all__ = ["parse_event"]
 #: Keys of a mapping that are persistence flags rather than event fields.
 FLAG_KEYS = ("outlier", "rejected", "soft_failed")
 
+#: The longest an identifier may be, in UTF-8 bytes (the specification's size limit
+#: of ``event_id``, ``room_id``, ``sender``, ``type`` and ``state_key``, which the
+#: store also applies to the event IDs an event names).
+MAX_IDENTIFIER_BYTES = 255
+
 
 @dataclass(slots=True)
 class EventRecord:
@@ -100,6 +105,38 @@ def _prev_events(body: Mapping[str, Any], event_id: str) -> list[str]:
     return out
 
 
+def _check_identifier(value: str, field: str, event_id: str) -> None:
+    """Refuse a NUL character (no database text column holds it; PostgreSQL refuses
+    it) and more than :data:`MAX_IDENTIFIER_BYTES` (past them PostgreSQL's indexes
+    refuse keys)."""
+    if "\x00" in value:
+        raise InvalidEventError(f"event {event_id}: {field!r} holds a NUL character, "
+                                "which no identifier may hold"[:300])
+    size = len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
+    if size > MAX_IDENTIFIER_BYTES:
+        raise InvalidEventError(f"event {event_id[:100]}: {field!r} is {size} bytes; "
+                                f"identifiers may have at most {MAX_IDENTIFIER_BYTES}")
+
+
+def _check_identifiers(event_id: str, room_id: str, etype: str, sender: str,
+                       state_key: str | None, prev_events: list[str], body: Mapping[str, Any],
+                       others: tuple[tuple[str, str | None], ...]) -> None:
+    """The identifiers of an event as :func:`_check_identifier` wants them."""
+    for field, value in (("event_id", event_id), ("room_id", room_id), ("type", etype),
+                         ("sender", sender), ("state_key", state_key), *others):
+        if value is not None:
+            _check_identifier(value, field, event_id)
+    for prev in prev_events:
+        _check_identifier(prev, "prev_events", event_id)
+    auth = body.get("auth_events")
+    if type(auth) is list:
+        for item in auth:
+            if isinstance(item, list) and item:  # versions 1 and 2: [event_id, hashes]
+                item = item[0]
+            if isinstance(item, str):
+                _check_identifier(item, "auth_events", event_id)
+
+
 def _build(event_id: Any, body: Any, raw: bytes, flags: Mapping[str, Any]) -> EventRecord:
     if type(event_id) is not str or not event_id:
         raise InvalidEventError(f"event_id must be a non-empty string, not {event_id!r}"[:300])
@@ -153,6 +190,9 @@ def _build(event_id: Any, body: Any, raw: bytes, flags: Mapping[str, Any]) -> Ev
     relation = content.get("m.relates_to")
     if isinstance(relation, dict) and isinstance(relation.get("event_id"), str):
         relates_to = relation["event_id"]
+    _check_identifiers(event_id, room_id, etype, sender, state_key, prev_events, body,
+                       (("membership", membership), ("redacts", redacts),
+                        ("m.relates_to.event_id", relates_to)))
     if flags:
         outlier = _flag(flags, "outlier", event_id)
         rejected = _flag(flags, "rejected", event_id)

@@ -28,6 +28,7 @@ from streamrep.errors import (
 from streamrep.events import rules_schema, schema
 from streamrep.events.authorize import authorize_batch, hold_rooms
 from streamrep.events.batch import BatchCaches, PersistOutcome
+from streamrep.events.encoding import check_batch_text, codec_of
 from streamrep.events.orderings import GeneratorAllocator, StreamAllocator
 from streamrep.events.persist import persist_batch
 from streamrep.events.plan import plan_batch
@@ -197,6 +198,9 @@ class EventStore:
         self._visibility_values: Lru[str, str] = Lru("history_visibility", cache_size)
         self.event_cache: Lru[str, StoredEvent] = Lru("get_event", cache_size)
         self._readers = Readers(self.states, self._visibility_values, self.room_versions)
+        # The Python codec of a PostgreSQL database's text, read at the first batch.
+        self._codec: str | None = None
+        self._codec_read = False
         self._on_persisted = on_persisted
         live, _ = self.db.run(lambda txn: self._allocator.current(txn), name="positions")
         # Everything at or below this live position is reflected in the caches.
@@ -286,6 +290,10 @@ class EventStore:
         plan = plan_batch(txn, records)
         if not plan.todo:
             return PersistOutcome()
+        if not txn.database.text_is_utf8:
+            codec = self._text_codec(txn)
+            if codec is not None:
+                check_batch_text(txn, plan.todo, codec)
         rules = self.room_rules
         checked = verify_batch(plan.todo, batch_versions(txn, plan.todo, self.room_versions),
                                self.verify_event_ids) if self.verify_event_ids != "off" else None
@@ -341,6 +349,13 @@ class EventStore:
         for event_id in sorted(outcome.redacted):
             rows.append(("get_event", [event_id]))
         return rows
+
+    def _text_codec(self, txn: Transaction) -> str | None:
+        """The Python codec of the database's text (None: it holds any text)."""
+        if not self._codec_read:
+            self._codec = codec_of(str(txn.fetchval("SHOW server_encoding")))
+            self._codec_read = True
+        return self._codec
 
     def _count_unverified(self, room_id: str, event_id: str, why: Rejection) -> None:
         seen = self.unverified_events.get(room_id, 0)
