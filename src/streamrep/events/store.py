@@ -290,7 +290,7 @@ class EventStore:
         plan = plan_batch(txn, records)
         if not plan.todo:
             return PersistOutcome()
-        if not txn.database.text_is_utf8:
+        if txn.is_postgres and not txn.database.text_is_utf8:
             codec = self._text_codec(txn)
             if codec is not None:
                 check_batch_text(txn, plan.todo, codec)
