@@ -98,7 +98,7 @@ def _run(tmp: str, impl_kind: str, facts: int, rows_per_fact: int, rate: float,
                   stdout=subprocess.DEVNULL)
         else:
             start([sys.executable, "-m", "streamrep", "serve", "--db", db, "--listen", f"127.0.0.1:{port}",
-                   "--log-level", "WARNING", *serve_tls], cwd=tmp)
+                   "--server-name", "bench.example", "--log-level", "WARNING", *serve_tls], cwd=tmp)
         deadline = time.monotonic() + 30
         while True:
             try:
