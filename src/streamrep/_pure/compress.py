@@ -168,33 +168,59 @@ def plan_compression(
         raise ValueError("max_depth must be at least 1")
     if candidates < 0:
         raise ValueError("candidates must not be negative")
-    parent = _int64s(parents, "parents")
-    room = _int64s(rooms, "rooms")
-    offsets = _int64s(full_offsets, "full_offsets")
-    keys = _int64s(full_keys, "full_keys")
-    events = _int64s(full_events, "full_events")
-    n = len(parent)
-    if len(room) != n:
-        raise ValueError(f"rooms has {len(room)} entries for {n} groups")
-    if len(offsets) != n + 1:
-        raise ValueError(f"full_offsets has {len(offsets)} entries, expected {n + 1}")
-    if len(keys) != len(events):
-        raise ValueError(f"full_keys has {len(keys)} entries but full_events {len(events)}")
-    if n and (offsets[0] != 0 or offsets[n] != len(keys)):
-        raise ValueError("full_offsets must start at 0 and end at len(full_keys)")
-    keep: Sequence[int] = b"\x00" * n if fixed is None else _bytes_flags(fixed, "fixed")
-    if len(keep) != n:
-        raise ValueError(f"fixed has {len(keep)} entries for {n} groups")
-    for i in range(n):
-        p = parent[i]
-        if p < -1 or p >= n:
-            raise ValueError(f"parents[{i}] = {p} is not a batch index")
-        if keep[i] and p != -1:
-            raise ValueError(f"group index {i} is fixed but not a root")
-        if offsets[i] > offsets[i + 1]:
-            raise ValueError(f"full_offsets decreases at group index {i}")
+    batch = _Batch(parents, rooms, full_offsets, full_keys, full_events, fixed)
+    link = _links(batch, _tree_roots(batch.parent), candidates)
+    shape = _Linked(link)
+    new_parent, new_depth = _levels(batch, shape, max_depth)
+    out_offsets, out_keys, out_events = _deltas(batch, new_parent)
+    return array("q", new_parent), array("q", new_depth), out_offsets, out_keys, out_events
 
-    # Original tree root of every group (iterative, memoised).
+
+class _Batch:
+    """The checked input of a plan: prevs, rooms, fixed flags and full states."""
+
+    def __init__(self, parents: Any, rooms: Any, full_offsets: Any, full_keys: Any,
+                 full_events: Any, fixed: Any) -> None:
+        self.parent = parent = _int64s(parents, "parents")
+        self.room = room = _int64s(rooms, "rooms")
+        self.offsets = offsets = _int64s(full_offsets, "full_offsets")
+        self.keys = keys = _int64s(full_keys, "full_keys")
+        self.events = events = _int64s(full_events, "full_events")
+        self.n = n = len(parent)
+        if len(room) != n:
+            raise ValueError(f"rooms has {len(room)} entries for {n} groups")
+        if len(offsets) != n + 1:
+            raise ValueError(f"full_offsets has {len(offsets)} entries, expected {n + 1}")
+        if len(keys) != len(events):
+            raise ValueError(f"full_keys has {len(keys)} entries but full_events {len(events)}")
+        if n and (offsets[0] != 0 or offsets[n] != len(keys)):
+            raise ValueError("full_offsets must start at 0 and end at len(full_keys)")
+        keep: Sequence[int] = b"\x00" * n if fixed is None else _bytes_flags(fixed, "fixed")
+        if len(keep) != n:
+            raise ValueError(f"fixed has {len(keep)} entries for {n} groups")
+        self.keep = keep
+        for i in range(n):
+            p = parent[i]
+            if p < -1 or p >= n:
+                raise ValueError(f"parents[{i}] = {p} is not a batch index")
+            if keep[i] and p != -1:
+                raise ValueError(f"group index {i} is fixed but not a root")
+            if offsets[i] > offsets[i + 1]:
+                raise ValueError(f"full_offsets decreases at group index {i}")
+
+    def rows(self, i: int) -> int:
+        """Rows of group *i*'s full state (its delta as a snapshot)."""
+        return self.offsets[i + 1] - self.offsets[i]
+
+    def rows_over(self, i: int, j: int) -> int:
+        """Rows group *i* needs over group *j*, or -1 when *j* has a key *i* lacks."""
+        offsets = self.offsets
+        return _diff(self.keys, self.events, offsets[i], offsets[i + 1], offsets[j], offsets[j + 1])
+
+
+def _tree_roots(parent: Sequence[int]) -> list[int]:
+    """The root of each group's original tree (iterative, memoised)."""
+    n = len(parent)
     tree_root = [-1] * n
     for i in range(n):
         path = []
@@ -208,98 +234,120 @@ def plan_compression(
         tree_root[v] = r
         for u in path:
             tree_root[u] = r
+    return tree_root
 
-    # Pass 1: links.
-    link = [parent[i] for i in range(n)]
-    for i in range(n):
-        if parent[i] != -1 or keep[i] or candidates == 0:
+
+def _links(batch: _Batch, tree_root: list[int], candidates: int) -> list[int]:
+    """Pass 1: each group's prev after linking, a root taking the earlier group of
+    its room (of a tree that started before it) that leaves the smallest delta."""
+    parent, room = batch.parent, batch.room
+    link = [parent[i] for i in range(batch.n)]
+    for i in range(batch.n):
+        if parent[i] != -1 or batch.keep[i] or candidates == 0:
             continue
-        own = offsets[i + 1] - offsets[i]
-        best, best_rows = -1, own
+        best, best_rows = -1, batch.rows(i)
         j = i - 1
         looked = 0
         while j >= 0 and room[j] == room[i] and looked < candidates:
-            if tree_root[j] < i and tree_root[j] != i:
+            if tree_root[j] < i:
                 looked += 1
-                rows = _diff(keys, events, offsets[i], offsets[i + 1], offsets[j], offsets[j + 1])
+                rows = batch.rows_over(i, j)
                 if 0 <= rows < best_rows:
                     best, best_rows = j, rows
             j -= 1
         link[i] = best
+    return link
 
-    # Depth in the linked forest, and its roots.
-    depth = [-1] * n
-    top = [-1] * n
-    for i in range(n):
-        path = []
-        v = i
-        while depth[v] == -1 and link[v] != -1:
-            path.append(v)
-            v = link[v]
-        if depth[v] == -1:
-            depth[v] = 0
-            top[v] = v
-        d, t = depth[v], top[v]
-        for u in reversed(path):
-            d += 1
-            depth[u] = d
-            top[u] = t
-    height: dict[int, int] = {}
-    for i in range(n):
-        if depth[i] > height.get(top[i], -1):
-            height[top[i]] = depth[i]
 
-    new_parent = list(link)
-    new_depth = list(depth)
-    deep = {t: h for t, h in height.items() if h > max_depth}
-    if deep:
-        members: dict[int, list[int]] = {}
+class _Linked:
+    """The forest after the links pass: each group's prev, depth and top root,
+    and the height of each tree."""
+
+    def __init__(self, link: list[int]) -> None:
+        n = len(link)
+        self.link = link
+        self.depth = [-1] * n
+        self.top = [-1] * n
         for i in range(n):
-            if top[i] in deep:
-                members.setdefault(top[i], []).append(i)
-
-        def ancestor(v: int, hops: int) -> int:
-            for _ in range(hops):
+            path = []
+            v = i
+            while self.depth[v] == -1 and link[v] != -1:
+                path.append(v)
                 v = link[v]
-            return v
+            if self.depth[v] == -1:
+                self.depth[v] = 0
+                self.top[v] = v
+            d, t = self.depth[v], self.top[v]
+            for u in reversed(path):
+                d += 1
+                self.depth[u] = d
+                self.top[u] = t
+        self.height: dict[int, int] = {}
+        for i in range(n):
+            if self.depth[i] > self.height.get(self.top[i], -1):
+                self.height[self.top[i]] = self.depth[i]
 
-        for t, group_list in members.items():
-            best_plan: tuple[int, list[int]] | None = None
-            for radices in level_radices(deep[t], max_depth):
-                cost = 0
-                for i in group_list:
-                    if depth[i] == 0:
-                        continue
-                    step = _step(depth[i], radices)
-                    if step == 1:
-                        continue
-                    # Priced as the rows it adds over keeping its linked prev.
-                    p = link[i]
-                    cost -= _diff(keys, events, offsets[i], offsets[i + 1], offsets[p], offsets[p + 1])
-                    if step == 0:
-                        cost += offsets[i + 1] - offsets[i]
-                    else:
-                        a = ancestor(i, step)
-                        cost += _diff(keys, events, offsets[i], offsets[i + 1], offsets[a], offsets[a + 1])
-                    if best_plan is not None and cost >= best_plan[0]:
-                        break
-                if best_plan is None or cost < best_plan[0]:
-                    best_plan = (cost, radices)
-            assert best_plan is not None
-            radices = best_plan[1]
-            for i in group_list:
-                if depth[i] == 0:
-                    continue
-                step = _step(depth[i], radices)
-                new_parent[i] = ancestor(i, step) if step else -1
-                new_depth[i] = _digit_sum(depth[i], radices)
+    def ancestor(self, v: int, hops: int) -> int:
+        for _ in range(hops):
+            v = self.link[v]
+        return v
 
-    out_parents: array[int] = array("q", new_parent)
-    out_depths: array[int] = array("q", new_depth)
+
+def _levels(batch: _Batch, shape: _Linked, max_depth: int) -> tuple[list[int], list[int]]:
+    """Pass 2: the new prev and depth of every group, the linked trees deeper
+    than *max_depth* re-hung by the cheapest of their radix choices."""
+    new_parent = list(shape.link)
+    new_depth = list(shape.depth)
+    members: dict[int, list[int]] = {}
+    for i in range(batch.n):
+        if shape.height[shape.top[i]] > max_depth:
+            members.setdefault(shape.top[i], []).append(i)
+    for t, group_list in members.items():
+        radices = _cheapest_radices(batch, shape, group_list,
+                                    level_radices(shape.height[t], max_depth))
+        for i in group_list:
+            if shape.depth[i] == 0:
+                continue
+            step = _step(shape.depth[i], radices)
+            new_parent[i] = shape.ancestor(i, step) if step else -1
+            new_depth[i] = _digit_sum(shape.depth[i], radices)
+    return new_parent, new_depth
+
+
+def _cheapest_radices(batch: _Batch, shape: _Linked, group_list: list[int],
+                      radix_lists: list[list[int]]) -> list[int]:
+    """The radix choice whose re-hung groups add the fewest rows over keeping
+    their linked prev (the first of equal ones)."""
+    best_plan: tuple[int, list[int]] | None = None
+    for radices in radix_lists:
+        cost = 0
+        for i in group_list:
+            if shape.depth[i] == 0:
+                continue
+            step = _step(shape.depth[i], radices)
+            if step == 1:
+                continue
+            cost -= batch.rows_over(i, shape.link[i])
+            if step == 0:
+                cost += batch.rows(i)
+            else:
+                cost += batch.rows_over(i, shape.ancestor(i, step))
+            if best_plan is not None and cost >= best_plan[0]:
+                break
+        if best_plan is None or cost < best_plan[0]:
+            best_plan = (cost, radices)
+    assert best_plan is not None
+    return best_plan[1]
+
+
+def _deltas(batch: _Batch, new_parent: list[int]) -> tuple[array[int], array[int], array[int]]:
+    """Each group's delta over its new prev (CSR, sorted by key): the rows of its
+    full state its prev does not hold as they are."""
+    offsets, keys, events = batch.offsets, batch.keys, batch.events
     out_offsets: array[int] = array("q", [0])
     out_keys: array[int] = array("q")
     out_events: array[int] = array("q")
-    for i in range(n):
+    for i in range(batch.n):
         p = new_parent[i]
         lo, hi = offsets[i], offsets[i + 1]
         if p == -1:
@@ -316,4 +364,4 @@ def plan_compression(
                 out_keys.append(k)
                 out_events.append(events[x])
         out_offsets.append(len(out_keys))
-    return out_parents, out_depths, out_offsets, out_keys, out_events
+    return out_offsets, out_keys, out_events
