@@ -99,6 +99,29 @@ def expand_groups(
     offsets = _int64s(delta_offsets, "delta_offsets")
     keys = _int64s(delta_keys, "delta_keys")
     events = _int64s(delta_events, "delta_events")
+    want = _checked_shapes(groups, prevs, offsets, keys, events, wanted)
+    parent = _parents(groups, prevs, _batch_index(groups))
+    order = _topological_order(groups, parent)
+    _check_deltas(groups, offsets, keys)
+    results = _full_states(order, parent, want, offsets, keys, events)
+
+    out_groups: array[int] = array("q")
+    out_keys: array[int] = array("q")
+    out_events: array[int] = array("q")
+    for i in range(len(groups)):
+        if want[i]:
+            rows = results[i]
+            out_groups.extend([groups[i]] * len(rows))
+            out_keys.extend(k for k, _ in rows)
+            out_events.extend(e for _, e in rows)
+    return out_groups, out_keys, out_events
+
+
+def _checked_shapes(
+    groups: Sequence[int], prevs: Sequence[int], offsets: Sequence[int], keys: Sequence[int],
+    events: Sequence[int], wanted: Any,
+) -> Sequence[int]:
+    """Check the buffers agree in length and the offsets are a CSR; the wanted flags."""
     n = len(groups)
     if len(prevs) != n:
         raise ValueError(f"prev_ids has {len(prevs)} entries for {n} groups")
@@ -117,8 +140,11 @@ def expand_groups(
     for i in range(n):
         if offsets[i] > offsets[i + 1]:
             raise ValueError(f"delta_offsets decreases at group index {i}")
+    return want
 
-    # Group ID -> batch index; a group listed twice cannot have one state.
+
+def _batch_index(groups: Sequence[int]) -> dict[int, int]:
+    """Group ID -> batch index; a group listed twice cannot have one state."""
     index: dict[int, int] = {}
     duplicates = []
     for i, gid in enumerate(groups):
@@ -129,10 +155,14 @@ def expand_groups(
     if duplicates:
         dup = sorted(set(duplicates))
         raise _corruption(f"state groups listed more than once: {_named(dup)}", dup)
+    return index
 
-    parent = [-1] * n
+
+def _parents(groups: Sequence[int], prevs: Sequence[int], index: dict[int, int]) -> list[int]:
+    """Each group's prev as a batch index (-1: a root); every prev must be in the batch."""
+    parent = [-1] * len(groups)
     missing = []
-    for i in range(n):
+    for i in range(len(groups)):
         p = prevs[i]
         if p == -1:
             continue
@@ -147,7 +177,13 @@ def expand_groups(
         if len(missing) > MAX_NAMED_GROUPS:
             pairs += f" and {len(missing) - MAX_NAMED_GROUPS} more"
         raise _corruption(f"state groups whose prev group does not exist: {pairs}", named)
+    return parent
 
+
+def _topological_order(groups: Sequence[int], parent: list[int]) -> list[int]:
+    """Breadth-first from the roots: a topological order. Groups it misses sit
+    on or below a cycle of prev pointers, which is named."""
+    n = len(parent)
     children: list[list[int]] = [[] for _ in range(n)]
     roots = []
     for i in range(n):
@@ -155,9 +191,6 @@ def expand_groups(
             roots.append(i)
         else:
             children[parent[i]].append(i)
-
-    # Breadth-first from the roots: a topological order. Nodes it misses sit on
-    # or below a cycle of prev pointers.
     order = list(roots)
     seen = [False] * n
     for r in roots:
@@ -170,24 +203,32 @@ def expand_groups(
             seen[c] = True
             order.append(c)
     if len(order) < n:
-        start = next(i for i in range(n) if not seen[i])
-        on_walk: dict[int, int] = {}
-        v = start
-        while v not in on_walk:
-            on_walk[v] = len(on_walk)
-            v = parent[v]
-        cycle = [v]
-        u = parent[v]
-        while u != v:
-            cycle.append(u)
-            u = parent[u]
-        named = [groups[c] for c in cycle]
-        chain = " -> ".join(str(g) for g in named[:MAX_NAMED_GROUPS] + [named[0]])
-        if len(named) > MAX_NAMED_GROUPS:
-            chain = " -> ".join(str(g) for g in named[:MAX_NAMED_GROUPS]) + " -> ..."
-        raise _corruption(f"state groups form a cycle of prev groups: {chain}", named)
+        raise _cycle(groups, parent, next(i for i in range(n) if not seen[i]))
+    return order
 
-    for i in range(n):
+
+def _cycle(groups: Sequence[int], parent: list[int], start: int) -> StateCorruptionError:
+    """The cycle reached by following prev pointers from *start*."""
+    on_walk: dict[int, int] = {}
+    v = start
+    while v not in on_walk:
+        on_walk[v] = len(on_walk)
+        v = parent[v]
+    cycle = [v]
+    u = parent[v]
+    while u != v:
+        cycle.append(u)
+        u = parent[u]
+    named = [groups[c] for c in cycle]
+    chain = " -> ".join(str(g) for g in named[:MAX_NAMED_GROUPS] + [named[0]])
+    if len(named) > MAX_NAMED_GROUPS:
+        chain = " -> ".join(str(g) for g in named[:MAX_NAMED_GROUPS]) + " -> ..."
+    return _corruption(f"state groups form a cycle of prev groups: {chain}", named)
+
+
+def _check_deltas(groups: Sequence[int], offsets: Sequence[int], keys: Sequence[int]) -> None:
+    """A key twice in one group's delta is corrupt."""
+    for i in range(len(groups)):
         delta_keys_i = sorted(keys[offsets[i]:offsets[i + 1]])
         for a, b in zip(delta_keys_i, delta_keys_i[1:]):
             if a == b:
@@ -195,8 +236,14 @@ def expand_groups(
                     f"state group {groups[i]} has key {a} twice in its delta", [groups[i]], a
                 )
 
-    # Which groups have a wanted group at or below them.
-    needed = [bool(want[i]) for i in range(n)]
+
+def _full_states(
+    order: list[int], parent: list[int], want: Sequence[int], offsets: Sequence[int],
+    keys: Sequence[int], events: Sequence[int],
+) -> dict[int, list[tuple[int, int]]]:
+    """The sorted full state of each wanted group, built down the topological
+    order over only the groups with a wanted group at or below them."""
+    needed = [bool(want[i]) for i in range(len(parent))]
     for v in reversed(order):
         if needed[v] and parent[v] != -1:
             needed[parent[v]] = True
@@ -213,14 +260,4 @@ def expand_groups(
         states[v] = state
         if want[v]:
             results[v] = sorted(state.items())
-
-    out_groups: array[int] = array("q")
-    out_keys: array[int] = array("q")
-    out_events: array[int] = array("q")
-    for i in range(n):
-        if want[i]:
-            rows = results[i]
-            out_groups.extend([groups[i]] * len(rows))
-            out_keys.extend(k for k, _ in rows)
-            out_events.extend(e for _, e in rows)
-    return out_groups, out_keys, out_events
+    return results
