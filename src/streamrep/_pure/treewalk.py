@@ -33,7 +33,15 @@ import hashlib
 from array import array
 from typing import Any, Iterable, Mapping, Sequence
 
-from streamrep._pure.compress import DEFAULT_CANDIDATES, DEFAULT_MAX_DEPTH, level_radices
+from streamrep._pure.compress import (
+    DEFAULT_CANDIDATES,
+    DEFAULT_MAX_DEPTH,
+    _digit_sum,
+    _Linked,
+    _step,
+    _tree_roots,
+    level_radices,
+)
 from streamrep._pure.state import _bytes_flags, _int64s
 from streamrep.errors import StateCorruptionError
 
@@ -376,24 +384,6 @@ class StateWalk:
 # --- the compression plan, priced along the trees ----------------------------------
 
 
-def _step(depth: int, radices: Sequence[int]) -> int:
-    place = 1
-    for s in radices:
-        if depth % s:
-            return place
-        depth //= s
-        place *= s
-    return 0
-
-
-def _digit_sum(depth: int, radices: Sequence[int]) -> int:
-    total = 0
-    for s in radices:
-        total += depth % s
-        depth //= s
-    return total
-
-
 def _segment_rows(path: _Path, start: int, stamp: list[int], mark: int) -> list[int]:
     """Keys changed in ``log[start:]`` whose value now differs from their value
     before ``start`` (the rows a group needs over that ancestor)."""
@@ -426,22 +416,6 @@ def _candidate_pairs(parent: Sequence[int], room: Sequence[int], keep: Sequence[
     return found
 
 
-def _tree_roots(parent: Sequence[int]) -> list[int]:
-    n = len(parent)
-    tree_root = [-1] * n
-    for i in range(n):
-        path = []
-        v = i
-        while tree_root[v] == -1 and parent[v] != -1:
-            path.append(v)
-            v = parent[v]
-        r = v if tree_root[v] == -1 else tree_root[v]
-        tree_root[v] = r
-        for u in path:
-            tree_root[u] = r
-    return tree_root
-
-
 def _pair_rows(forest: _Forest, pairs: dict[int, list[int]]) -> dict[tuple[int, int], int]:
     """Rows each root needs over each of its candidates (-1: a key it lacks),
     each priced when the walk of the original trees stands at the candidate."""
@@ -468,34 +442,6 @@ def _pair_rows(forest: _Forest, pairs: dict[int, list[int]]) -> dict[tuple[int, 
 
     _walk(forest, _needed(forest.children, forest.roots, wanted), visit, path)
     return priced
-
-
-class _Linked:
-    """The forest after the links pass: each group's prev, depth and top root."""
-
-    def __init__(self, link: list[int]) -> None:
-        n = len(link)
-        self.link = link
-        self.depth = [-1] * n
-        self.top = [-1] * n
-        for i in range(n):
-            path = []
-            v = i
-            while self.depth[v] == -1 and link[v] != -1:
-                path.append(v)
-                v = link[v]
-            if self.depth[v] == -1:
-                self.depth[v] = 0
-                self.top[v] = v
-            d, t = self.depth[v], self.top[v]
-            for u in reversed(path):
-                d += 1
-                self.depth[u] = d
-                self.top[u] = t
-        self.height: dict[int, int] = {}
-        for i in range(n):
-            if self.depth[i] > self.height.get(self.top[i], -1):
-                self.height[self.top[i]] = self.depth[i]
 
 
 def _walk_linked(linked: _Forest, shape: _Linked, tops: Any, visit: Any) -> _Path:
@@ -556,9 +502,25 @@ def plan_compression(
         if keep[i] and forest.parent[i] != -1:
             raise ValueError(f"group index {i} is fixed but not a root")
 
-    # Pass 1: links. A root may become a delta over an earlier group of its room.
-    tree_root = _tree_roots(forest.parent)
-    pairs = _candidate_pairs(forest.parent, room, keep, tree_root, candidates)
+    shape = _Linked(_links(forest, room, keep, candidates))
+    linked = forest.relinked(shape.link)
+    chosen = _chosen_radices(linked, shape, max_depth)
+    new_parent, new_depth, rows_of = _new_deltas(linked, shape, chosen)
+    out_offsets: array[int] = array("q", [0])
+    out_keys: array[int] = array("q")
+    out_events: array[int] = array("q")
+    for v in range(n):
+        for k, e in rows_of[v]:
+            out_keys.append(k)
+            out_events.append(e)
+        out_offsets.append(len(out_keys))
+    return array("q", new_parent), array("q", new_depth), out_offsets, out_keys, out_events
+
+
+def _links(forest: _Forest, room: Sequence[int], keep: Sequence[int], candidates: int) -> list[int]:
+    """Pass 1: each group's prev after linking, a root becoming a delta over the
+    earlier group of its room that leaves the smallest delta, if any is smaller."""
+    pairs = _candidate_pairs(forest.parent, room, keep, _tree_roots(forest.parent), candidates)
     priced = _pair_rows(forest, pairs)
     link = list(forest.parent)
     for i, listed in pairs.items():
@@ -568,10 +530,12 @@ def plan_compression(
             if 0 <= rows < best_rows:
                 best, best_rows = j, rows
         link[i] = best
-    shape = _Linked(link)
-    linked = forest.relinked(link)
+    return link
 
-    # Pass 2: levels for the linked trees deeper than the bound, priced along them.
+
+def _chosen_radices(linked: _Forest, shape: _Linked, max_depth: int) -> dict[int, list[int]]:
+    """Pass 2: the cheapest radices of each linked tree deeper than the bound,
+    priced along it (the rows its re-hung groups add over their linked prev)."""
     deep = {t: level_radices(h, max_depth) for t, h in shape.height.items() if h > max_depth}
     costs = {t: [0] * len(radix_lists) for t, radix_lists in deep.items()}
     stamp = [0] * len(linked.key_values)
@@ -594,12 +558,18 @@ def plan_compression(
             costs[shape.top[v]][r] += extra - own
 
     _walk_linked(linked, shape, deep, price)
-    chosen = {t: deep[t][min(range(len(c)), key=lambda r: (c[r], r))] for t, c in costs.items()}
+    return {t: deep[t][min(range(len(c)), key=lambda r: (c[r], r))] for t, c in costs.items()}
 
-    # Pass 3: the new prev, depth and delta of every group.
-    new_parent = list(link)
+
+def _new_deltas(
+    linked: _Forest, shape: _Linked, chosen: dict[int, list[int]],
+) -> tuple[list[int], list[int], list[list[tuple[int, int]]]]:
+    """Pass 3: the new prev, depth and delta rows (sorted by key) of every group."""
+    new_parent = list(shape.link)
     new_depth = list(shape.depth)
-    rows_of: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    rows_of: list[list[tuple[int, int]]] = [[] for _ in range(linked.n)]
+    stamp = [0] * len(linked.key_values)
+    marks = [0]
 
     def emit(v: int, path: _Path, starts: list[int], nodes: list[int]) -> None:
         d = shape.depth[v]
@@ -618,15 +588,7 @@ def plan_compression(
         rows_of[v] = sorted((linked.key_values[k], path.value[k]) for k in keys)
 
     _walk_linked(linked, shape, set(linked.roots), emit)
-    out_offsets: array[int] = array("q", [0])
-    out_keys: array[int] = array("q")
-    out_events: array[int] = array("q")
-    for v in range(n):
-        for k, e in rows_of[v]:
-            out_keys.append(k)
-            out_events.append(e)
-        out_offsets.append(len(out_keys))
-    return array("q", new_parent), array("q", new_depth), out_offsets, out_keys, out_events
+    return new_parent, new_depth, rows_of
 
 
 class StringInterner:
