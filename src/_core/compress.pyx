@@ -115,7 +115,15 @@ cdef int64_t _diff(const int64_t* keys, const int64_t* events, int64_t a_lo, int
 
 
 cdef class _Scratch:
-    """Owns the C arrays of one plan_compression call; freed however it ends."""
+    """One plan_compression call: its input's pointers and the C arrays it owns
+    (freed however the call ends)."""
+    cdef Py_ssize_t n
+    cdef const int64_t* parent
+    cdef const int64_t* room
+    cdef const uint8_t* keep
+    cdef const int64_t* offsets
+    cdef const int64_t* keys
+    cdef const int64_t* events
     cdef int64_t* tree_root
     cdef int64_t* link
     cdef int64_t* depth
@@ -190,19 +198,10 @@ def plan_compression(parents, rooms, full_offsets, full_keys, full_events, fixed
     cdef Py_ssize_t n = parent_buf.length
     cdef const unsigned char[::1] fixed_view
     cdef bytes no_fixed
-    cdef const uint8_t* keep
-    cdef const int64_t* parent = parent_buf.ptr
-    cdef const int64_t* room = room_buf.ptr
-    cdef const int64_t* offsets = offset_buf.ptr
-    cdef const int64_t* keys = key_buf.ptr
-    cdef const int64_t* events = event_buf.ptr
+    cdef _Scratch s = _Scratch()
     cdef int64_t bound = max_depth
     cdef int64_t look = candidates
-    cdef Py_ssize_t i, j, k, v, u, plen, looked, best, m, start, stop, cap, used
-    cdef int64_t p, r, d, t, own, best_rows, rows, step, a, cost, best_cost, x, y, y_hi, lo, hi
-    cdef _Scratch s = _Scratch()
-    cdef bint have_best
-    cdef int64_t* grown
+    cdef Py_ssize_t used
 
     if room_buf.length != n:
         raise ValueError(f"rooms has {room_buf.length} entries for {n} groups")
@@ -210,25 +209,59 @@ def plan_compression(parents, rooms, full_offsets, full_keys, full_events, fixed
         raise ValueError(f"full_offsets has {offset_buf.length} entries, expected {n + 1}")
     if key_buf.length != event_buf.length:
         raise ValueError(f"full_keys has {key_buf.length} entries but full_events {event_buf.length}")
-    if n and (offsets[0] != 0 or offsets[n] != key_buf.length):
+    if n and (offset_buf.ptr[0] != 0 or offset_buf.ptr[n] != key_buf.length):
         raise ValueError("full_offsets must start at 0 and end at len(full_keys)")
     if fixed is None:
         no_fixed = bytes(n if n else 1)
-        keep = <const uint8_t*><const char*>no_fixed
+        s.keep = <const uint8_t*><const char*>no_fixed
     else:
         fixed_view = raw_flags(fixed, "fixed")
         if fixed_view.shape[0] != n:
             raise ValueError(f"fixed has {fixed_view.shape[0]} entries for {n} groups")
-        keep = <const uint8_t*>&fixed_view[0] if n else <const uint8_t*>b"\0"
-    for i in range(n):
-        p = parent[i]
-        if p < -1 or p >= n:
-            raise ValueError(f"parents[{i}] = {p} is not a batch index")
-        if keep[i] and p != -1:
-            raise ValueError(f"group index {i} is fixed but not a root")
-        if offsets[i] > offsets[i + 1]:
-            raise ValueError(f"full_offsets decreases at group index {i}")
+        s.keep = <const uint8_t*>&fixed_view[0] if n else <const uint8_t*>b"\0"
+    s.n = n
+    s.parent = parent_buf.ptr
+    s.room = room_buf.ptr
+    s.offsets = offset_buf.ptr
+    s.keys = key_buf.ptr
+    s.events = event_buf.ptr
+    _check_groups(s)
 
+    _tree_roots(s)
+    with nogil:
+        _links(s, look)
+        _linked_depths(s)
+    _levels(s, bound)
+    used = _deltas(s, key_buf.length)
+    return (
+        _to_array(s.new_parent, n),
+        _to_array(s.new_depth, n),
+        _to_array(s.out_offsets, n + 1),
+        _to_array(s.out_keys, used),
+        _to_array(s.out_events, used),
+    )
+
+
+cdef int _check_groups(_Scratch s) except -1:
+    """Each prev is a batch index, each fixed group a root, the offsets a CSR."""
+    cdef Py_ssize_t i
+    cdef int64_t p
+    for i in range(s.n):
+        p = s.parent[i]
+        if p < -1 or p >= s.n:
+            raise ValueError(f"parents[{i}] = {p} is not a batch index")
+        if s.keep[i] and p != -1:
+            raise ValueError(f"group index {i} is fixed but not a root")
+        if s.offsets[i] > s.offsets[i + 1]:
+            raise ValueError(f"full_offsets decreases at group index {i}")
+    return 0
+
+
+cdef int _tree_roots(_Scratch s) except -1:
+    """The original tree root of every group; allocates the per-group arrays."""
+    cdef Py_ssize_t n = s.n, i, k, v, plen
+    cdef int64_t r
+    cdef const int64_t* parent = s.parent
     s.tree_root = _alloc(n)
     s.link = _alloc(n)
     s.depth = _alloc(n)
@@ -241,8 +274,6 @@ def plan_compression(parents, rooms, full_offsets, full_keys, full_events, fixed
         s.tree_root[i] = -1
         s.depth[i] = -1
         s.height[i] = -1
-
-    # Original tree root of every group.
     for i in range(n):
         plen = 0
         v = i
@@ -256,72 +287,101 @@ def plan_compression(parents, rooms, full_offsets, full_keys, full_events, fixed
         s.tree_root[v] = r
         for k in range(plen):
             s.tree_root[s.path[k]] = r
+    return 0
 
-    # Pass 1: links.
-    with nogil:
-        for i in range(n):
-            s.link[i] = parent[i]
-            if parent[i] != -1 or keep[i] or look == 0:
-                continue
-            own = offsets[i + 1] - offsets[i]
-            best = -1
-            best_rows = own
-            j = i - 1
-            looked = 0
-            while j >= 0 and room[j] == room[i] and looked < look:
-                if s.tree_root[j] < i:
-                    looked += 1
-                    rows = _diff(keys, events, offsets[i], offsets[i + 1], offsets[j], offsets[j + 1])
-                    if 0 <= rows < best_rows:
-                        best = j
-                        best_rows = rows
-                j -= 1
-            s.link[i] = best
 
-        # Depth in the linked forest, its roots and their heights.
-        for i in range(n):
-            plen = 0
-            v = i
-            while s.depth[v] == -1 and s.link[v] != -1:
-                s.path[plen] = v
-                plen += 1
-                v = s.link[v]
-            if s.depth[v] == -1:
-                s.depth[v] = 0
-                s.top[v] = v
-            d = s.depth[v]
-            t = s.top[v]
-            for k in range(plen - 1, -1, -1):
-                d += 1
-                s.depth[s.path[k]] = d
-                s.top[s.path[k]] = t
-        for i in range(n):
-            if s.depth[i] > s.height[s.top[i]]:
-                s.height[s.top[i]] = s.depth[i]
-        for i in range(n):
-            s.new_parent[i] = s.link[i]
-            s.new_depth[i] = s.depth[i]
+cdef void _links(_Scratch s, int64_t look) noexcept nogil:
+    """Pass 1: a root takes as prev the earlier group of its room (of a tree that
+    started before it) that leaves the smallest delta, if smaller than its own."""
+    cdef Py_ssize_t n = s.n, i, j, looked, best
+    cdef int64_t best_rows, rows
+    cdef const int64_t* parent = s.parent
+    cdef const int64_t* room = s.room
+    cdef const uint8_t* keep = s.keep
+    cdef const int64_t* offsets = s.offsets
+    cdef const int64_t* keys = s.keys
+    cdef const int64_t* events = s.events
+    for i in range(n):
+        s.link[i] = parent[i]
+        if parent[i] != -1 or keep[i] or look == 0:
+            continue
+        best = -1
+        best_rows = offsets[i + 1] - offsets[i]
+        j = i - 1
+        looked = 0
+        while j >= 0 and room[j] == room[i] and looked < look:
+            if s.tree_root[j] < i:
+                looked += 1
+                rows = _diff(keys, events, offsets[i], offsets[i + 1], offsets[j], offsets[j + 1])
+                if 0 <= rows < best_rows:
+                    best = j
+                    best_rows = rows
+            j -= 1
+        s.link[i] = best
 
-    # Pass 2: levels for the linked trees deeper than the bound. Members of
-    # each deep tree are listed contiguously (counting sort by tree).
+
+cdef void _linked_depths(_Scratch s) noexcept nogil:
+    """Depth in the linked forest, its roots and their heights; the new prevs
+    and depths start as the links."""
+    cdef Py_ssize_t n = s.n, i, k, v, plen
+    cdef int64_t d, t
+    for i in range(n):
+        plen = 0
+        v = i
+        while s.depth[v] == -1 and s.link[v] != -1:
+            s.path[plen] = v
+            plen += 1
+            v = s.link[v]
+        if s.depth[v] == -1:
+            s.depth[v] = 0
+            s.top[v] = v
+        d = s.depth[v]
+        t = s.top[v]
+        for k in range(plen - 1, -1, -1):
+            d += 1
+            s.depth[s.path[k]] = d
+            s.top[s.path[k]] = t
+    for i in range(n):
+        if s.depth[i] > s.height[s.top[i]]:
+            s.height[s.top[i]] = s.depth[i]
+    for i in range(n):
+        s.new_parent[i] = s.link[i]
+        s.new_depth[i] = s.depth[i]
+
+
+cdef int _list_deep_members(_Scratch s, int64_t bound) except -1:
+    """Members of each linked tree deeper than *bound*, listed contiguously
+    (counting sort by tree): ``members[member_start[t]:member_start[t + 1]]``."""
+    cdef Py_ssize_t n = s.n, i
+    cdef int64_t t
     s.member_start = _alloc(n + 1)
     s.members = _alloc(n)
-    for i in range(n + 1):
-        s.member_start[i] = 0
-    for i in range(n):
-        if s.height[s.top[i]] > bound:
-            s.member_start[s.top[i] + 1] += 1
-    for i in range(n):
-        s.member_start[i + 1] += s.member_start[i]
-    for i in range(n):
-        s.path[i] = s.member_start[i]
-    for i in range(n):
-        if s.height[s.top[i]] > bound:
-            t = s.top[i]
-            s.members[s.path[t]] = i
-            s.path[t] += 1
+    with nogil:
+        for i in range(n + 1):
+            s.member_start[i] = 0
+        for i in range(n):
+            if s.height[s.top[i]] > bound:
+                s.member_start[s.top[i] + 1] += 1
+        for i in range(n):
+            s.member_start[i + 1] += s.member_start[i]
+        for i in range(n):
+            s.path[i] = s.member_start[i]
+        for i in range(n):
+            if s.height[s.top[i]] > bound:
+                t = s.top[i]
+                s.members[s.path[t]] = i
+                s.path[t] += 1
+    return 0
 
-    for t in range(n):
+
+cdef int _levels(_Scratch s, int64_t bound) except -1:
+    """Pass 2: each linked tree deeper than *bound* re-hung by the cheapest of
+    its radix choices (the first of equal ones)."""
+    cdef Py_ssize_t t, m, start, stop
+    cdef int64_t cost, best_cost
+    cdef bint have_best
+    _list_deep_members(s, bound)
+    for t in range(s.n):
         if s.height[t] <= bound or s.top[t] != t:
             continue
         start = s.member_start[t]
@@ -331,60 +391,88 @@ def plan_compression(parents, rooms, full_offsets, full_keys, full_events, fixed
         have_best = False
         for radix_list in level_radices(s.height[t], bound):
             m = _load_radices(s, radix_list)
-            cost = 0
             with nogil:
-                for k in range(start, stop):
-                    i = s.members[k]
-                    if s.depth[i] == 0:
-                        continue
-                    step = _step(s.depth[i], s.radices, m)
-                    if step == 1:
-                        continue
-                    p = s.link[i]
-                    cost -= _diff(keys, events, offsets[i], offsets[i + 1], offsets[p], offsets[p + 1])
-                    if step == 0:
-                        cost += offsets[i + 1] - offsets[i]
-                    else:
-                        a = i
-                        for _ in range(step):
-                            a = s.link[a]
-                        cost += _diff(keys, events, offsets[i], offsets[i + 1], offsets[a], offsets[a + 1])
-                    if have_best and cost >= best_cost:
-                        break
+                cost = _radix_cost(s, start, stop, m, have_best, best_cost)
             if not have_best or cost < best_cost:
                 have_best = True
                 best_cost = cost
                 chosen = radix_list
         m = _load_radices(s, chosen)
         with nogil:
-            for k in range(start, stop):
-                i = s.members[k]
-                if s.depth[i] == 0:
-                    continue
-                step = _step(s.depth[i], s.radices, m)
-                a = i if step else -1
-                for _ in range(step):
-                    a = s.link[a]
-                s.new_parent[i] = a
-                s.new_depth[i] = _digit_sum(s.depth[i], s.radices, m)
+            _rehang(s, start, stop, m)
+    return 0
 
-    # The new deltas.
+
+cdef int64_t _radix_cost(_Scratch s, Py_ssize_t start, Py_ssize_t stop, Py_ssize_t m,
+                         bint have_best, int64_t best_cost) noexcept nogil:
+    """Rows the members ``start:stop`` re-hung by ``s.radices`` add over keeping
+    their linked prev; stops early once it reaches *best_cost* (if *have_best*)."""
+    cdef Py_ssize_t k, i, hop
+    cdef int64_t cost = 0, step, p, a
+    cdef const int64_t* offsets = s.offsets
+    cdef const int64_t* keys = s.keys
+    cdef const int64_t* events = s.events
+    for k in range(start, stop):
+        i = s.members[k]
+        if s.depth[i] == 0:
+            continue
+        step = _step(s.depth[i], s.radices, m)
+        if step == 1:
+            continue
+        p = s.link[i]
+        cost -= _diff(keys, events, offsets[i], offsets[i + 1], offsets[p], offsets[p + 1])
+        if step == 0:
+            cost += offsets[i + 1] - offsets[i]
+        else:
+            a = i
+            for hop in range(step):
+                a = s.link[a]
+            cost += _diff(keys, events, offsets[i], offsets[i + 1], offsets[a], offsets[a + 1])
+        if have_best and cost >= best_cost:
+            break
+    return cost
+
+
+cdef void _rehang(_Scratch s, Py_ssize_t start, Py_ssize_t stop, Py_ssize_t m) noexcept nogil:
+    """The new prev and depth of the members ``start:stop`` under ``s.radices``."""
+    cdef Py_ssize_t k, i, hop
+    cdef int64_t step, a
+    for k in range(start, stop):
+        i = s.members[k]
+        if s.depth[i] == 0:
+            continue
+        step = _step(s.depth[i], s.radices, m)
+        a = i if step else -1
+        for hop in range(step):
+            a = s.link[a]
+        s.new_parent[i] = a
+        s.new_depth[i] = _digit_sum(s.depth[i], s.radices, m)
+
+
+cdef Py_ssize_t _deltas(_Scratch s, Py_ssize_t full_rows) except -1:
+    """Each group's delta over its new prev (CSR, sorted by key): the rows of its
+    full state its prev does not hold as they are. Returns the rows written."""
+    cdef Py_ssize_t n = s.n, i, used = 0
+    cdef int64_t p, x, y, y_hi, lo, hi
+    cdef const int64_t* offsets = s.offsets
+    cdef const int64_t* keys = s.keys
+    cdef const int64_t* events = s.events
+    cdef int64_t* out_keys
+    cdef int64_t* out_events
     s.out_offsets = _alloc(n + 1)
-    cap = key_buf.length if key_buf.length else 1
-    s.out_keys = _alloc(cap)
-    s.out_events = _alloc(cap)
-    used = 0
+    # A delta is never longer than the full state, so full_rows always holds them.
+    s.out_keys = out_keys = _alloc(full_rows)
+    s.out_events = out_events = _alloc(full_rows)
     s.out_offsets[0] = 0
     with nogil:
         for i in range(n):
             p = s.new_parent[i]
             lo = offsets[i]
             hi = offsets[i + 1]
-            # A delta is never longer than the full state, so cap always holds it.
             if p == -1:
                 for x in range(lo, hi):
-                    s.out_keys[used] = keys[x]
-                    s.out_events[used] = events[x]
+                    out_keys[used] = keys[x]
+                    out_events[used] = events[x]
                     used += 1
             else:
                 y = offsets[p]
@@ -394,14 +482,8 @@ def plan_compression(parents, rooms, full_offsets, full_keys, full_events, fixed
                         y += 1
                     if y < y_hi and keys[y] == keys[x] and events[y] == events[x]:
                         continue
-                    s.out_keys[used] = keys[x]
-                    s.out_events[used] = events[x]
+                    out_keys[used] = keys[x]
+                    out_events[used] = events[x]
                     used += 1
             s.out_offsets[i + 1] = used
-    return (
-        _to_array(s.new_parent, n),
-        _to_array(s.new_depth, n),
-        _to_array(s.out_offsets, n + 1),
-        _to_array(s.out_keys, used),
-        _to_array(s.out_events, used),
-    )
+    return used
