@@ -16,7 +16,6 @@ KERNEL_LIMIT = 150
 #: from here once none of its functions is over the bound.
 RESHAPING = frozenset({
     "src/streamrep/cli/tail.py",
-    "src/_core/state.pyx",
 })
 
 _KERNEL = re.compile(

@@ -145,7 +145,16 @@ cdef object _corruption(str message, list groups, object key=None):
 
 
 cdef class _Scratch:
-    """Owns the C arrays of one expand_groups call; freed however it ends."""
+    """One expand_groups call: its input's pointers and the C arrays it owns
+    (freed however the call ends)."""
+    cdef Py_ssize_t n
+    cdef Py_ssize_t delta_rows
+    cdef const int64_t* gids
+    cdef const int64_t* prevs
+    cdef const int64_t* offsets
+    cdef const int64_t* keys
+    cdef const int64_t* events
+    cdef const uint8_t* want
     cdef IdIndex* by_id
     cdef int64_t* parent
     cdef int64_t* child_start
@@ -162,7 +171,6 @@ cdef class _Scratch:
     cdef Entry* out
     cdef Py_ssize_t out_len
     cdef Py_ssize_t out_cap
-    cdef Py_ssize_t n
 
     def __dealloc__(self):
         cdef Py_ssize_t i
@@ -225,15 +233,9 @@ def expand_groups(group_ids, prev_ids, delta_offsets, delta_keys, delta_events, 
     cdef Int64s events = Int64s(delta_events, "delta_events")
     cdef const unsigned char[::1] want_view
     cdef bytes all_wanted
-    cdef const uint8_t* want
     cdef Py_ssize_t n = groups.length
-    cdef Py_ssize_t i, j, lo, hi, mid, head, tail, top, v, c, p, heavy
-    cdef int64_t gid, a, b, d_lo, d_hi
-    cdef Py_ssize_t plen, dlen, x, y, rlen, total
-    cdef Entry* base
-    cdef Entry* delta
-    cdef Entry* result
-    cdef _Scratch s
+    cdef Py_ssize_t i, top
+    cdef _Scratch s = _Scratch()
 
     if prevs.length != n:
         raise ValueError(f"prev_ids has {prevs.length} entries for {n} groups")
@@ -243,20 +245,38 @@ def expand_groups(group_ids, prev_ids, delta_offsets, delta_keys, delta_events, 
         raise ValueError(f"delta_keys has {keys.length} entries but delta_events {events.length}")
     if wanted is None:
         all_wanted = b"\x01" * n
-        want = <const uint8_t*><const char*>all_wanted
+        s.want = <const uint8_t*><const char*>all_wanted
     else:
         want_view = raw_flags(wanted, "wanted")
         if want_view.shape[0] != n:
             raise ValueError(f"wanted has {want_view.shape[0]} entries for {n} groups")
-        want = &want_view[0] if n else NULL
+        s.want = &want_view[0] if n else NULL
     if offsets.ptr[0] != 0 or offsets.ptr[n] != keys.length:
         raise ValueError("delta_offsets must start at 0 and end at len(delta_keys)")
     for i in range(n):
         if offsets.ptr[i] > offsets.ptr[i + 1]:
             raise ValueError(f"delta_offsets decreases at group index {i}")
 
-    s = _Scratch()
     s.n = n
+    s.delta_rows = keys.length
+    s.gids = groups.ptr
+    s.prevs = prevs.ptr
+    s.offsets = offsets.ptr
+    s.keys = keys.ptr
+    s.events = events.ptr
+    _allocate(s)
+    _index_groups(s)
+    _link_prevs(s)
+    _order_topologically(s)
+    _sort_deltas(s)
+    with nogil:
+        top = _weigh_subtrees(s)
+    _walk_states(s, top)
+    return _flatten(s)
+
+
+cdef int _allocate(_Scratch s) except -1:
+    cdef Py_ssize_t i, n = s.n
     s.by_id = <IdIndex*>_alloc(n, sizeof(IdIndex))
     s.parent = <int64_t*>_alloc(n, sizeof(int64_t))
     s.child_start = <int64_t*>_alloc(n + 1, sizeof(int64_t))
@@ -265,31 +285,42 @@ def expand_groups(group_ids, prev_ids, delta_offsets, delta_keys, delta_events, 
     s.flag = <uint8_t*>_alloc(n, sizeof(uint8_t))
     s.weight = <int64_t*>_alloc(n, sizeof(int64_t))
     s.remaining = <int64_t*>_alloc(n, sizeof(int64_t))
-    s.sorted_delta = <Entry*>_alloc(keys.length, sizeof(Entry))
+    s.sorted_delta = <Entry*>_alloc(s.delta_rows, sizeof(Entry))
     s.state = <Entry**>_alloc(n, sizeof(Entry*))
     s.state_len = <int64_t*>_alloc(n, sizeof(int64_t))
     s.stack = <int64_t*>_alloc(n, sizeof(int64_t))
     s.out_start = <int64_t*>_alloc(n, sizeof(int64_t))
     for i in range(n):
         s.state[i] = NULL
+    return 0
 
+
+cdef int _index_groups(_Scratch s) except -1:
+    """The group IDs sorted with their batch index (``by_id``); a group listed
+    twice cannot have one state."""
+    cdef Py_ssize_t i, n = s.n
     with nogil:
         for i in range(n):
-            s.by_id[i].gid = groups.ptr[i]
+            s.by_id[i].gid = s.gids[i]
             s.by_id[i].index = i
         qsort(s.by_id, n, sizeof(IdIndex), _cmp_id_index)
-    # A group listed twice cannot have one state.
     dup = []
     for i in range(1, n):
         if s.by_id[i].gid == s.by_id[i - 1].gid and (not dup or dup[-1] != s.by_id[i].gid):
             dup.append(s.by_id[i].gid)
     if dup:
         raise _corruption(f"state groups listed more than once: {_named(dup)}", dup)
+    return 0
 
-    # prev group ID -> batch index, by binary search on the sorted IDs.
+
+cdef int _link_prevs(_Scratch s) except -1:
+    """Each prev group ID as a batch index, by binary search on the sorted IDs;
+    every prev must be in the batch."""
+    cdef Py_ssize_t i, lo, hi, mid, n = s.n
+    cdef int64_t gid
     missing = []
     for i in range(n):
-        gid = prevs.ptr[i]
+        gid = s.prevs[i]
         s.parent[i] = -1
         if gid == -1:
             continue
@@ -306,75 +337,98 @@ def expand_groups(group_ids, prev_ids, delta_offsets, delta_keys, delta_events, 
         else:
             missing.append(i)
     if missing:
-        named = [groups.ptr[i] for i in missing]
-        pairs = ", ".join([f"{groups.ptr[i]} (prev {prevs.ptr[i]})" for i in missing[:MAX_NAMED_GROUPS]])
+        named = [s.gids[i] for i in missing]
+        pairs = ", ".join([f"{s.gids[i]} (prev {s.prevs[i]})" for i in missing[:MAX_NAMED_GROUPS]])
         if len(missing) > MAX_NAMED_GROUPS:
             pairs += f" and {len(missing) - MAX_NAMED_GROUPS} more"
         raise _corruption(f"state groups whose prev group does not exist: {pairs}", named)
+    return 0
 
-    # Children in CSR form, in batch order; then a breadth-first order from
-    # the roots, which is topological. Nodes it misses sit on or below a cycle.
-    with nogil:
-        for i in range(n + 1):
-            s.child_start[i] = 0
-        for i in range(n):
-            if s.parent[i] != -1:
-                s.child_start[s.parent[i] + 1] += 1
-        for i in range(n):
-            s.child_start[i + 1] += s.child_start[i]
-        for i in range(n):
-            s.weight[i] = s.child_start[i]  # fill cursor
-        for i in range(n):
-            p = s.parent[i]
-            if p != -1:
-                s.child_list[s.weight[p]] = i
-                s.weight[p] += 1
-        tail = 0
-        for i in range(n):
-            s.flag[i] = 0
-            if s.parent[i] == -1:
-                s.order[tail] = i
-                s.flag[i] = 1
-                tail += 1
-        head = 0
-        while head < tail:
-            v = s.order[head]
-            head += 1
-            for j in range(s.child_start[v], s.child_start[v + 1]):
-                c = s.child_list[j]
-                s.flag[c] = 1
-                s.order[tail] = c
-                tail += 1
-    if tail < n:
-        i = 0
-        while s.flag[i]:
-            i += 1
-        # Walk prev pointers from the first unreached group until one repeats:
-        # flag 2 marks the walk.
-        v = i
-        while s.flag[v] != 2:
-            s.flag[v] = 2
-            v = s.parent[v]
-        cycle = [groups.ptr[v]]
-        c = s.parent[v]
-        while c != v:
-            cycle.append(groups.ptr[c])
-            c = s.parent[c]
-        if len(cycle) > MAX_NAMED_GROUPS:
-            chain = " -> ".join([str(g) for g in cycle[:MAX_NAMED_GROUPS]]) + " -> ..."
-        else:
-            chain = " -> ".join([str(g) for g in cycle + [cycle[0]]])
-        raise _corruption(f"state groups form a cycle of prev groups: {chain}", cycle)
 
-    # Each group's delta sorted by key; a key twice in one delta is corrupt.
-    cdef Py_ssize_t bad = -1
+cdef int _order_topologically(_Scratch s) except -1:
+    """Children in CSR form, in batch order; then a breadth-first order from the
+    roots, which is topological. Groups it misses sit on or below a cycle."""
+    cdef Py_ssize_t tail
     with nogil:
-        for i in range(keys.length):
-            s.sorted_delta[i].key = keys.ptr[i]
-            s.sorted_delta[i].event = events.ptr[i]
-        for i in range(n):
-            d_lo = offsets.ptr[i]
-            d_hi = offsets.ptr[i + 1]
+        _list_children(s)
+        tail = _breadth_first(s)
+    if tail < s.n:
+        raise _cycle(s)
+    return 0
+
+
+cdef void _list_children(_Scratch s) noexcept nogil:
+    cdef Py_ssize_t i, p, n = s.n
+    for i in range(n + 1):
+        s.child_start[i] = 0
+    for i in range(n):
+        if s.parent[i] != -1:
+            s.child_start[s.parent[i] + 1] += 1
+    for i in range(n):
+        s.child_start[i + 1] += s.child_start[i]
+    for i in range(n):
+        s.weight[i] = s.child_start[i]  # fill cursor
+    for i in range(n):
+        p = s.parent[i]
+        if p != -1:
+            s.child_list[s.weight[p]] = i
+            s.weight[p] += 1
+
+
+cdef Py_ssize_t _breadth_first(_Scratch s) noexcept nogil:
+    """Fill ``order`` from the roots, flagging each group reached; how many."""
+    cdef Py_ssize_t i, j, v, c, head = 0, tail = 0, n = s.n
+    for i in range(n):
+        s.flag[i] = 0
+        if s.parent[i] == -1:
+            s.order[tail] = i
+            s.flag[i] = 1
+            tail += 1
+    while head < tail:
+        v = s.order[head]
+        head += 1
+        for j in range(s.child_start[v], s.child_start[v + 1]):
+            c = s.child_list[j]
+            s.flag[c] = 1
+            s.order[tail] = c
+            tail += 1
+    return tail
+
+
+cdef object _cycle(_Scratch s):
+    """The cycle reached by following prev pointers from the first unreached
+    group (flag 2 marks the walk)."""
+    cdef Py_ssize_t i = 0, v, c
+    while s.flag[i]:
+        i += 1
+    v = i
+    while s.flag[v] != 2:
+        s.flag[v] = 2
+        v = s.parent[v]
+    cycle = [s.gids[v]]
+    c = s.parent[v]
+    while c != v:
+        cycle.append(s.gids[c])
+        c = s.parent[c]
+    if len(cycle) > MAX_NAMED_GROUPS:
+        chain = " -> ".join([str(g) for g in cycle[:MAX_NAMED_GROUPS]]) + " -> ..."
+    else:
+        chain = " -> ".join([str(g) for g in cycle + [cycle[0]]])
+    return _corruption(f"state groups form a cycle of prev groups: {chain}", cycle)
+
+
+cdef int _sort_deltas(_Scratch s) except -1:
+    """Each group's delta sorted by key; a key twice in one delta is corrupt."""
+    cdef Py_ssize_t i, x, bad = -1
+    cdef int64_t d_lo, d_hi, a
+    cdef const int64_t* offsets = s.offsets
+    with nogil:
+        for i in range(s.delta_rows):
+            s.sorted_delta[i].key = s.keys[i]
+            s.sorted_delta[i].event = s.events[i]
+        for i in range(s.n):
+            d_lo = offsets[i]
+            d_hi = offsets[i + 1]
             if d_hi - d_lo > 1:
                 qsort(s.sorted_delta + d_lo, d_hi - d_lo, sizeof(Entry), _cmp_entry)
                 for x in range(d_lo + 1, d_hi):
@@ -385,40 +439,53 @@ def expand_groups(group_ids, prev_ids, delta_offsets, delta_keys, delta_events, 
                     break
     if bad != -1:
         a = -1
-        for x in range(offsets.ptr[bad] + 1, offsets.ptr[bad + 1]):
+        for x in range(offsets[bad] + 1, offsets[bad + 1]):
             if s.sorted_delta[x].key == s.sorted_delta[x - 1].key:
                 a = s.sorted_delta[x].key
                 break
         raise _corruption(
-            f"state group {groups.ptr[bad]} has key {a} twice in its delta", [groups.ptr[bad]], a
+            f"state group {s.gids[bad]} has key {a} twice in its delta", [s.gids[bad]], a
         )
+    return 0
 
-    # weight[v]: number of needed groups at or below v, where a group is
-    # needed if it is wanted or has a wanted descendant (0: skip the subtree).
-    with nogil:
-        for i in range(n):
-            s.weight[i] = 0
-        for j in range(n - 1, -1, -1):
-            v = s.order[j]
-            if want[v] or s.weight[v]:
-                s.weight[v] += 1
-                p = s.parent[v]
-                if p != -1:
-                    s.weight[p] += s.weight[v]
-        # remaining[v]: needed children not built yet.
-        for v in range(n):
-            s.remaining[v] = 0
-            for j in range(s.child_start[v], s.child_start[v + 1]):
-                if s.weight[s.child_list[j]]:
-                    s.remaining[v] += 1
-        top = 0
-        for i in range(n - 1, -1, -1):
-            if s.parent[i] == -1 and s.weight[i]:
-                s.stack[top] = i
-                top += 1
 
-    # Depth-first: push the heaviest child first so it is popped last, when
-    # its parent's buffer is about to be freed.
+cdef Py_ssize_t _weigh_subtrees(_Scratch s) noexcept nogil:
+    """``weight[v]``: needed groups at or below v, where a group is needed if it
+    is wanted or has a wanted descendant (0: skip the subtree); ``remaining[v]``:
+    needed children not built yet. Pushes the needed roots; the stack's height."""
+    cdef Py_ssize_t i, j, v, p, top = 0, n = s.n
+    cdef const uint8_t* want = s.want
+    for i in range(n):
+        s.weight[i] = 0
+    for j in range(n - 1, -1, -1):
+        v = s.order[j]
+        if want[v] or s.weight[v]:
+            s.weight[v] += 1
+            p = s.parent[v]
+            if p != -1:
+                s.weight[p] += s.weight[v]
+    for v in range(n):
+        s.remaining[v] = 0
+        for j in range(s.child_start[v], s.child_start[v + 1]):
+            if s.weight[s.child_list[j]]:
+                s.remaining[v] += 1
+    for i in range(n - 1, -1, -1):
+        if s.parent[i] == -1 and s.weight[i]:
+            s.stack[top] = i
+            top += 1
+    return top
+
+
+cdef int _walk_states(_Scratch s, Py_ssize_t top) except -1:
+    """Depth-first from the stacked roots, each group's sorted state merged from
+    its parent's and its own sorted delta; a parent's buffer is freed once its
+    last needed child is built. The heaviest child is pushed first so it is
+    popped last, when its parent's buffer is about to be freed."""
+    cdef Py_ssize_t v, p, plen, dlen, rlen
+    cdef Entry* base
+    cdef Entry* result
+    cdef const int64_t* offsets = s.offsets
+    cdef const uint8_t* want = s.want
     s.out_len = 0
     while top > 0:
         top -= 1
@@ -430,10 +497,9 @@ def expand_groups(group_ids, prev_ids, delta_offsets, delta_keys, delta_events, 
         else:
             base = s.state[p]
             plen = s.state_len[p]
-        delta = s.sorted_delta + offsets.ptr[v]
-        dlen = offsets.ptr[v + 1] - offsets.ptr[v]
+        dlen = offsets[v + 1] - offsets[v]
         result = <Entry*>_alloc(plen + dlen, sizeof(Entry))
-        rlen = merge_sorted(base, plen, delta, dlen, result)
+        rlen = merge_sorted(base, plen, s.sorted_delta + offsets[v], dlen, result)
         if p != -1:
             s.remaining[p] -= 1
             if s.remaining[p] == 0:
@@ -447,22 +513,34 @@ def expand_groups(group_ids, prev_ids, delta_offsets, delta_keys, delta_events, 
             free(result)
             continue
         s.state[v] = result
-        heavy = -1
-        for j in range(s.child_start[v], s.child_start[v + 1]):
-            c = s.child_list[j]
-            if s.weight[c] and (heavy == -1 or s.weight[c] > s.weight[heavy]):
-                heavy = c
-        s.stack[top] = heavy
-        top += 1
-        for j in range(s.child_start[v + 1] - 1, s.child_start[v] - 1, -1):
-            c = s.child_list[j]
-            if s.weight[c] and c != heavy:
-                s.stack[top] = c
-                top += 1
+        top = _push_children(s, v, top)
+    return 0
 
-    total = 0
+
+cdef Py_ssize_t _push_children(_Scratch s, Py_ssize_t v, Py_ssize_t top) noexcept nogil:
+    """Push v's needed children, the heaviest first; the stack's new height."""
+    cdef Py_ssize_t j, c, heavy = -1
+    for j in range(s.child_start[v], s.child_start[v + 1]):
+        c = s.child_list[j]
+        if s.weight[c] and (heavy == -1 or s.weight[c] > s.weight[heavy]):
+            heavy = c
+    s.stack[top] = heavy
+    top += 1
+    for j in range(s.child_start[v + 1] - 1, s.child_start[v] - 1, -1):
+        c = s.child_list[j]
+        if s.weight[c] and c != heavy:
+            s.stack[top] = c
+            top += 1
+    return top
+
+
+cdef tuple _flatten(_Scratch s):
+    """``(out_groups, out_keys, out_events)``: each wanted group's state in batch order."""
+    cdef Py_ssize_t i, x, total = 0, pos = 0, n = s.n
+    cdef int64_t gid
+    cdef Entry* rows
     for i in range(n):
-        if want[i]:
+        if s.want[i]:
             total += s.state_len[i]
     cdef array.array out_groups = array.clone(_INT64_TEMPLATE, total, zero=False)
     cdef array.array out_keys = array.clone(_INT64_TEMPLATE, total, zero=False)
@@ -470,14 +548,12 @@ def expand_groups(group_ids, prev_ids, delta_offsets, delta_keys, delta_events, 
     cdef int64_t* og = <int64_t*>out_groups.data.as_longlongs
     cdef int64_t* ok = <int64_t*>out_keys.data.as_longlongs
     cdef int64_t* oe = <int64_t*>out_events.data.as_longlongs
-    cdef Py_ssize_t pos = 0
-    cdef Entry* rows
     with nogil:
         for i in range(n):
-            if not want[i]:
+            if not s.want[i]:
                 continue
             rows = s.out + s.out_start[i]
-            gid = groups.ptr[i]
+            gid = s.gids[i]
             for x in range(s.state_len[i]):
                 og[pos] = gid
                 ok[pos] = rows[x].key
