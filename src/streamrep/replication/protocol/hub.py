@@ -6,9 +6,8 @@ from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
 
 from streamrep.replication import commands as C
 from streamrep.replication.protocol.actions import Action, Close, DisconnectReason, FillGap, Publish, Relay
-from streamrep.replication.protocol.settings import ConnectionSettings
-
 from streamrep.replication.protocol.hub_peer import HubPeer
+from streamrep.replication.protocol.settings import ConnectionSettings
 
 __all__ = ["HubState"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, Collection, Protocol, Sequence
 
 from streamrep.errors import MalformedCommandError
 from streamrep.replication import commands as C
@@ -10,18 +10,47 @@ from streamrep.replication.protocol.actions import (
     Action, CatchUp, Close, DisconnectReason, Publish, Relay, Send,
 )
 from streamrep.replication.protocol.session import Session
+from streamrep.replication.protocol.settings import ConnectionSettings
 from streamrep.wire_commands import CLIENT_SIDE
 
-if TYPE_CHECKING:
-    from streamrep.replication.protocol.hub import HubState
-
-__all__ = ["HubPeer"]
+__all__ = ["HubPeer", "HubView"]
 
 _group_rdata = C.group_rdata
 _ALL = "ALL"
 #: Commands that do not make a peer active: a peer that sends only these holds a
 #: slot without replicating, writing or relaying anything.
 _NOT_ACTIVITY = frozenset({"NAME", "PING", "ERROR"})
+
+
+class HubView(Protocol):
+    """What a peer reads and changes of the hub's shared state:
+    :class:`~streamrep.replication.protocol.hub.HubState` is the one implementation,
+    and it makes each peer (:meth:`~streamrep.replication.protocol.hub.HubState.new_peer`)."""
+
+    @property
+    def settings(self) -> ConnectionSettings: ...
+    @property
+    def server_name(self) -> str: ...
+    @property
+    def own_instances(self) -> Collection[str]: ...
+    @property
+    def row_check(self) -> Callable[[str, Sequence[Any]], str | None] | None: ...
+    @property
+    def positions(self) -> dict[tuple[str, str], int]: ...
+    @property
+    def known_streams(self) -> dict[str, None]: ...
+
+    def peer_active(self, peer: HubPeer) -> None: ...
+    def claim_writer(self, instance: str, peer: HubPeer) -> str | None: ...
+    def may_write(self, peer_name: str | None, stream: str, instance: str) -> str | None: ...
+    def token_limit(self, stream: str, instance: str, token: int) -> int | None: ...
+    def position_lines(self, stream: str | None = None) -> tuple[bytes, int]: ...
+    def stream_names(self) -> list[str]: ...
+    def readable(self, stream: str) -> bool: ...
+    def writer_position(self, stream: str, instance: str, prev_token: int,
+                        new_token: int) -> list[Action]: ...
+    def user_sync(self, instance_id: str, user_id: str, is_syncing: bool) -> None: ...
+    def clear_user_sync(self, instance_id: str) -> None: ...
 
 
 class HubPeer(Session):
@@ -42,7 +71,7 @@ class HubPeer(Session):
 
     peer_side = CLIENT_SIDE
 
-    def __init__(self, hub: HubState, label: str, host: str = "", now: float | None = None) -> None:
+    def __init__(self, hub: HubView, label: str, host: str = "", now: float | None = None) -> None:
         super().__init__(hub.settings, now)
         self.hub = hub
         self.label = label
