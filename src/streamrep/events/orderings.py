@@ -13,7 +13,13 @@ from typing import Any, Protocol
 
 from streamrep.db import Transaction
 
-__all__ = ["GeneratorAllocator", "StreamAllocator", "backfill_position", "live_position"]
+__all__ = ["BACKFILL_STREAM", "EVENTS_STREAM", "GeneratorAllocator", "StreamAllocator",
+           "backfill_position", "live_position"]
+
+#: The stream of live events and current-state changes (positive orderings).
+EVENTS_STREAM = "events"
+#: The stream of backfilled events (token ``-stream_ordering``).
+BACKFILL_STREAM = "backfill"
 
 
 class _Queryable(Protocol):

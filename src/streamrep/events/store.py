@@ -29,7 +29,7 @@ from streamrep.events import rules_schema, schema
 from streamrep.events.authorize import authorize_batch, hold_rooms
 from streamrep.events.batch import BatchCaches, PersistOutcome
 from streamrep.events.encoding import check_batch_text, codec_of
-from streamrep.events.orderings import GeneratorAllocator, StreamAllocator
+from streamrep.events.orderings import BACKFILL_STREAM, EVENTS_STREAM, GeneratorAllocator, StreamAllocator
 from streamrep.events.persist import persist_batch
 from streamrep.events.plan import plan_batch
 from streamrep.events.reading import (
@@ -175,7 +175,6 @@ class EventStore:
         self._streams = streams
         if streams is not None:
             # Stream orderings from the handle's generators, which announce them.
-            from streamrep.events.streams import BACKFILL_STREAM, EVENTS_STREAM
             from streamrep.streams.builtin import CACHES
 
             if EVENTS_STREAM not in streams.definitions or BACKFILL_STREAM not in streams.definitions:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from streamrep.db import Database
 from streamrep.events import schema
-from streamrep.events.orderings import backfill_position, live_position
+from streamrep.events.orderings import BACKFILL_STREAM, EVENTS_STREAM, backfill_position, live_position
 from streamrep.idgen import BackingTable
 from streamrep.streams import RowFormat, StreamDefinition
 
@@ -48,9 +48,6 @@ __all__ = [
     "BACKFILL_STREAM_DEFINITION",
     "EVENT_STORE_STREAMS",
 ]
-
-EVENTS_STREAM = "events"
-BACKFILL_STREAM = "backfill"
 
 _EV_COLUMNS = ("event_id, room_id, type, state_key, redacts, relates_to, membership,"
                " rejected, outlier")
