@@ -28,8 +28,9 @@ from streamrep.spark.batches import (
     assign_trees,
     expand_groups,
 )
-from streamrep.spark.interned import InternedSlots, parents_within
+from streamrep.spark.interned import InternedSlots, _int64, parents_within
 from streamrep.spark.options import ReconstructOptions, ReconstructResult, Source, prepare_output
+from streamrep.spark.spill import BUCKET_GROUPS, interned_bucket, spill_buckets
 from streamrep.spark.tables import locate_table, read_db_table, read_table
 
 __all__ = ["reconstruct_local", "load_tables", "read_columns", "build_topology", "group_edges", "TreeRows"]
@@ -117,12 +118,6 @@ def build_topology(tables: dict[str, pa.Table], options: ReconstructOptions) -> 
     return pa.table(
         [pa.array(group_ids), pa.array(prev, mask=~has_edge), pa.array(wanted)], schema=TOPOLOGY_SCHEMA
     )
-
-
-def _int64(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    return np.asarray(column.cast(pa.int64()).fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 class TreeRows:
@@ -240,8 +235,6 @@ def reconstruct_local(source: Source, options: ReconstructOptions,
     never as strings per row. *progress* is called with the groups done and
     the groups in all after each bucket.
     """
-    from streamrep.spark.compress_local import BUCKET_GROUPS, interned_bucket, spill_buckets
-
     prepare_output(options.output, options.overwrite)
     result = ReconstructResult(options.output, digest=options.digest)
     clock = time.perf_counter()
