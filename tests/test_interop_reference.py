@@ -18,9 +18,10 @@ import pytest
 import yaml
 
 from streamrep.caches import CacheRegistry, LruCache
-from streamrep.catalogue import known_streams
+from streamrep.catalogue import known_streams, row_formats
 from streamrep.events import EventStore
 from streamrep.events.streams import BACKFILL_STREAM, EVENTS_STREAM, EventsStreamFollower
+from streamrep.streams import RowFormat
 from streamrep.streams.builtin import CACHES
 from streamrep.wire import parse_line
 from support.redis_server import shared_redis_url
@@ -180,25 +181,39 @@ def test_streamrep_accepts_every_row_the_reference_sends(sqlite_url: str) -> Non
     assert len(lines) >= 20
 
 
-# streamrep's JSON kinds and the reference's declared field types they stand for.
+# streamrep's JSON kinds and the reference's declared field types they stand for
+# (a user ID and a str enum travel as strings, a frozenset as an array).
 KIND_OF_DECLARED = {"str": "string", "str|None": "string|null", "int": "integer",
                     "bool": "boolean", "dict": "object", "JsonDict": "object",
-                    "list[Any]|None": "array|null", "list[str]": "string[]"}
+                    "dict[str, Any]": "object", "list[Any]|None": "array|null",
+                    "list[str]": "string[]", "UserID": "string", "ProfileUpdateAction": "string",
+                    "frozenset[str]|None": "array|null"}
+
+#: The streams streamrep serves itself (a definition with a table or in memory).
+SERVED = {"events", "backfill", "caches", "account_data", "to_device", "receipts", "typing"}
 
 
-def test_every_shared_stream_declares_the_references_fields() -> None:
+def _ours(row: RowFormat) -> Any:
+    if row.variants:
+        return {kind: [list(f) for f in fields] for kind, fields in row.variants}
+    return [list(f) for f in row.fields]
+
+
+def _theirs(declared: Any) -> Any:
+    if isinstance(declared, dict):
+        return {kind: _theirs(fields) for kind, fields in declared.items()}
+    return [[name, KIND_OF_DECLARED[t]] for name, t in declared]
+
+
+def test_every_stream_has_the_references_row_format() -> None:
     declared = reference_fields()
-    shared = [d for d in known_streams() if d.name in declared]
-    assert {d.name for d in shared} == {"events", "backfill", "caches", "account_data",
-                                        "to_device", "receipts", "typing"}
-    for definition in shared:
-        assert definition.row is not None
-        theirs = declared[definition.name]
-        if definition.row.variants:
-            ours = {kind: [list(f) for f in fields] for kind, fields in definition.row.variants}
-            theirs = {kind: [[name, KIND_OF_DECLARED[t]] for name, t in fields]
-                      for kind, fields in theirs.items()}
-        else:
-            ours = [list(f) for f in definition.row.fields]
-            theirs = [[name, KIND_OF_DECLARED[t]] for name, t in theirs]
-        assert ours == theirs, definition.name
+    formats = row_formats()
+    streams = {name for name in declared if "/" not in name}
+    # Every stream of the reference, each described once, and no other.
+    assert sorted(formats) == sorted(streams), sorted(set(formats) ^ streams)
+    assert {d.name for d in known_streams()} == SERVED
+    for name, row in formats.items():
+        assert _ours(row) == _theirs(declared[name]), name
+    assert list(formats["events"].names) == declared["events/row"]
+    for name in streams - SERVED:
+        assert list(formats[name].names) == [field for field, _type in declared[name]]

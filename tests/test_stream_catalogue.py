@@ -8,10 +8,12 @@ import textwrap
 
 import pytest
 
-from streamrep.catalogue import known_streams, served_streams
+from streamrep.catalogue import known_streams, row_formats, served_streams
 from streamrep.config import load_config
+from streamrep.errors import DatabaseConfigError
 from streamrep.events.streams import EVENT_STORE_STREAMS
-from streamrep.streams import BUILTIN_STREAMS
+from streamrep.streams import BUILTIN_STREAMS, InMemoryStream, RowFormat
+from streamrep.streams.formats import FORMAT_ONLY_STREAMS
 
 EVERY_STREAM = ("account_data", "backfill", "caches", "events", "receipts", "to_device",
                 "typing")
@@ -90,3 +92,49 @@ def test_the_catalogue_and_a_deployments_streams(tmp_path: pytest.TempPathFactor
     # backfill is written in the events writer's transactions: it follows its writers.
     assert config.stream_writers["backfill"] == ("writer1",)
     assert config.stream_writers["caches"] == ("main",)
+
+
+#: Every stream of the reference implementation (tests/test_interop_reference.py
+#: checks this list and each format against the reference's own row classes).
+REFERENCE_STREAMS = ("account_data", "backfill", "caches", "device_lists", "events", "federation",
+                     "presence", "presence_federation", "profile_updates", "push_rules", "pushers",
+                     "quarantined_media", "receipts", "sticky_events", "thread_subscriptions",
+                     "to_device", "typing", "un_partial_stated_event", "un_partial_stated_room")
+
+
+def test_one_row_format_per_stream_served_or_not() -> None:
+    formats = row_formats()
+    assert tuple(formats) == REFERENCE_STREAMS
+    # A served stream's format is its definition's; the others are format-only.
+    for definition in known_streams():
+        assert formats[definition.name] is definition.row
+    assert set(FORMAT_ONLY_STREAMS) == set(REFERENCE_STREAMS) - set(EVERY_STREAM)
+    # A program's own stream joins the table; one described twice is refused.
+    notes = InMemoryStream.Definition("notes", row=RowFormat.flat(("body", "string")))
+    assert row_formats([notes])["notes"].names == ("body",)
+    with pytest.raises(DatabaseConfigError, match="described twice.*presence"):
+        row_formats([InMemoryStream.Definition("presence", row=RowFormat.flat(("x", "string")))])
+
+
+def test_rows_named_by_their_format() -> None:
+    formats = row_formats()
+    ev = ["$e:hs", "!r:hs", "m.room.message", None, None, None, None, False, False]
+    assert formats["events"].names == ("type", "data")
+    assert formats["events"].named(["ev", ev]) == {"type": "ev", "data": {
+        "event_id": "$e:hs", "room_id": "!r:hs", "type": "m.room.message", "state_key": None,
+        "redacts": None, "relates_to": None, "membership": None, "rejected": False, "outlier": False}}
+    assert formats["events"].named(["state-all", ["!r:hs"]]) == {"type": "state-all", "data": {"room_id": "!r:hs"}}
+    assert formats["pushers"].named(["@a:hs", "m.http", "k", True]) == {
+        "user_id": "@a:hs", "app_id": "m.http", "pushkey": "k", "deleted": True}
+    # Only the shape counts (the reference sends 0 and 1 for booleans on SQLite).
+    assert formats["device_lists"].named(["@a:hs", False, 1]) == {
+        "user_id": "@a:hs", "is_signature": False, "hosts_calculated": 1}
+    for stream, row, why in [
+        ("pushers", ["@a:hs", "m.http", "k"], "3 fields, not the 4 of the format"),
+        ("push_rules", {"user_id": "@a:hs"}, "a row is a JSON array, not dict"),
+        ("events", ["ev", ev[:-1]], "8 fields, not the 9 of the format"),
+        ("events", ["new-kind", []], "unknown row type 'new-kind'"),
+        ("events", ["ev"], "a row is [type, [fields]]"),
+    ]:
+        assert formats[stream].misfit(row) == why, (stream, row)
+        assert formats[stream].named(row) is None

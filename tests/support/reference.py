@@ -98,6 +98,7 @@ def reference_lines() -> list[str]:
 
 def reference_fields() -> dict[str, Any]:
     """Each stream's row fields as the reference declares them: ``{stream: [[name,
-    type], ...]}``; ``events`` maps each row kind to such a list."""
+    type], ...]}`` for every stream it has; ``events`` maps each row kind to such a
+    list, and ``events/row`` names the two parts of an ``events`` row."""
     result: dict[str, Any] = json.loads(_run("fields", ""))
     return result

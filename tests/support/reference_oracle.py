@@ -11,7 +11,9 @@ Two modes, chosen by the first argument:
     ``{"checked": N, "by_stream": {stream: rows}, "failures": [{"line", "error"}]}``.
 
 ``fields``
-    Prints each stream's row fields and their declared types, as JSON.
+    Prints each stream's row fields and their declared types, as JSON (every
+    stream of the reference's ``STREAMS_MAP``; ``events`` per row type, and the
+    names of its row's two parts under ``events/row``).
 
 ``produce``
     Prints ``RDATA`` lines built the reference's way: rows constructed with each
@@ -52,7 +54,7 @@ _SIMPLE = {
 def _alternatives(declared: Any) -> list[str]:
     if isinstance(declared, str):
         text = declared
-    elif type(declared) is type:  # a plain class such as int, not list[str]
+    elif isinstance(declared, type):  # a class such as int or UserID, not list[str]
         text = declared.__name__
     else:
         text = str(declared).replace("typing.", "")
@@ -181,6 +183,8 @@ def fields() -> dict[str, Any]:
     out: dict[str, Any] = {name: _declared(stream.ROW_TYPE)
                            for name, stream in STREAMS_MAP.items() if stream.ROW_TYPE is not None}
     out["events"] = {kind: _declared(row) for kind, row in TypeToRow.items()}
+    # The names of a tagged row's two parts: the kind, and the data of that kind.
+    out["events/row"] = [field.name for field in attr.fields(EventsStreamRow)]
     return out
 
 

@@ -57,8 +57,38 @@ class RowFormat:
 
     @property
     def names(self) -> tuple[str, ...]:
-        """The names of a row's top-level fields."""
-        return ("kind", "data") if self.variants else tuple(name for name, _ in self.fields)
+        """The names of a row's top-level fields (a tagged row's: ``type`` and ``data``,
+        as the reference names them)."""
+        return ("type", "data") if self.variants else tuple(name for name, _ in self.fields)
+
+    def misfit(self, row: Any) -> str | None:
+        """None when the decoded *row* has this format's shape, else why not. The
+        shape is the number of fields (and a tagged row's kind); JSON kinds are the
+        row check's business (:meth:`StreamDefinition.check_row`)."""
+        if not isinstance(row, list):
+            return f"a row is a JSON array, not {type(row).__name__}"
+        fields = self.fields
+        if self.variants:
+            if len(row) != 2 or not isinstance(row[1], list):
+                return "a row is [type, [fields]]"
+            found = dict(self.variants).get(row[0]) if isinstance(row[0], str) else None
+            if found is None:
+                return f"unknown row type {row[0]!r}"
+            fields, row = found, row[1]
+        if len(row) != len(fields):
+            return f"{len(row)} fields, not the {len(fields)} of the format"
+        return None
+
+    def named(self, row: Any) -> dict[str, Any] | None:
+        """The decoded *row* as an object keyed by field name; a tagged row as
+        ``{"type": kind, "data": {...}}``. None when it does not fit (see
+        :meth:`misfit`)."""
+        if self.misfit(row) is not None:
+            return None
+        if self.variants:
+            fields = dict(self.variants)[row[0]]
+            return {"type": row[0], "data": {name: value for (name, _), value in zip(fields, row[1])}}
+        return {name: value for (name, _), value in zip(self.fields, row)}
 
     def shape(self, stream: str) -> "_rowcheck.RowShape":
         """The compiled check of rows of *stream* in this format."""
