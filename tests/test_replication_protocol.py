@@ -236,3 +236,33 @@ def test_a_gap_and_the_rows_after_it_in_one_read_are_published_in_order() -> Non
         b'RDATA caches w1 1 ["a"]\nRDATA caches w1 2 ["b"]\nRDATA caches w1 3 ["c"]\n')
     assert hub.fill_done(gap, 3) == []
     assert hub.positions[("caches", "w1")] == 4
+
+
+def _failed_read(session: Any, text: str) -> list[Any]:
+    """What *session* makes of a read with lines the decoder refuses."""
+    try:
+        commands = C.new_decoder(100_000).feed(text.encode())
+    except C.ProtocolError as exc:
+        return list(session.receive_failed(exc, now=1.0))
+    raise AssertionError(f"every line of {text!r} decoded: {commands}")
+
+
+def test_a_reader_hands_on_commands_it_does_not_know_and_goes_on() -> None:
+    """A newer writer's commands and streams reach the application as they came; only
+    a line that is not a command at all closes a hub connection."""
+    read = ('POSITION caches m 0 0\nRDATA new_stream m 1 ["x"]\nNEW_THING a b\n'
+            'RDATA caches m 2 ["f",null,1]\n')
+    for session in (ClientSession(SETTINGS, client_name="t", follower=FollowerState(), now=0.0),
+                    BusSession(SETTINGS, follower=FollowerState(), now=0.0)):
+        session.receive(lines("POSITION new_stream m 0 0\n"), now=0.0)
+        out = _failed_read(session, read)
+        assert out[:2] == [Fact("new_stream", "m", 1, [["x"]], 0), Fact("caches", "m", 2, [["f", None, 1]], 0)]
+        [passed] = out[2:]
+        assert type(passed) is Received and type(passed.command) is C.UnknownCommand
+        assert (passed.command.NAME, passed.command.line) == ("NEW_THING", b"NEW_THING a b")
+        assert not session.closed
+    client = ClientSession(SETTINGS, client_name="t", follower=FollowerState(), now=0.0)
+    out = _failed_read(client, 'NEW_THING a\nPOSITION caches m x y\n')
+    assert type(out[0]) is Received and out[1] == Close("protocol_error", out[1].error) and client.closed
+    bus = BusSession(SETTINGS, follower=FollowerState(), now=0.0)
+    assert _failed_read(bus, "POSITION caches m x y\n") == [] and not bus.closed

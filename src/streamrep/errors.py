@@ -29,7 +29,15 @@ class ProtocolError(StreamrepError):
 
 
 class UnknownCommandError(ProtocolError):
-    """The first word of a line names no command of the protocol."""
+    """The first word of a line names no command of the protocol (one a newer peer
+    may have added). ``line`` holds the whole line, so a reader can hand it on."""
+
+    def __init__(self, message: str, line: bytes = b"") -> None:
+        super().__init__(message)
+        self.line = line
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.line))
 
 
 class MalformedCommandError(ProtocolError):

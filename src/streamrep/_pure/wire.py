@@ -931,7 +931,7 @@ def _parse(line: bytes) -> Command:
     name = line if space < 0 else line[:space]
     parser = _PARSERS.get(name)
     if parser is None:
-        raise UnknownCommandError(f"unknown command {_quote(name)}")
+        raise UnknownCommandError(f"unknown command {_quote(name)}", line)
     if not line.isascii():
         try:
             line.decode("utf-8")

@@ -11,6 +11,7 @@ import click
 from streamrep.cli._common import freeze_startup_heap, peer_settings, use_cooperative_sockets
 from streamrep.cli._durable import close_keeper, keeper_failed, open_keeper
 from streamrep.cli._linkwatch import LinkWatch
+from streamrep.cli._printing import ROW_STYLES, TailPrinter
 from streamrep.cli._security import peer_security_from_context, peer_security_options
 from streamrep.cli.options import config_option
 
@@ -57,14 +58,21 @@ def parse_from(value: str | None) -> dict[Any, int]:
 @click.option("--sink", "sink_url", default=None, metavar="DATABASE_URL",
               help="Write each fact's rows into streamrep_follow_rows of this SQLite or PostgreSQL "
                    "database instead of printing them, with the cursor in the same transaction.")
+@click.option("--format", "row_style", type=click.Choice(ROW_STYLES), default="raw", show_default=True,
+              help="raw: each row as the JSON array its stream carries; named: as an object keyed by "
+                   "the reference's field names (docs/streams.md lists them).")
 def tail(config_path: str | None, connect: str | None, redis_url: str | None, stream_names: tuple[str, ...],
          from_token: str | None, name: str, db: str | None, server_name: str | None, limit: int | None,
-         give_up_after: float | None, cursor_path: str | None, sink_url: str | None) -> None:
+         give_up_after: float | None, cursor_path: str | None, sink_url: str | None, row_style: str) -> None:
     """Follow streams and print each fact as one JSON object per line.
 
     Keys: ``stream``, ``instance``, ``token``, ``row`` (one line per row; rows of one
     fact share the token). Status goes to stderr. Every fact is printed exactly once
     and in order per writer, across reconnections.
+
+    ``--format named`` prints ``row`` as an object keyed by field name (``events``
+    rows: ``{"type": ..., "data": {...}}``). A row of a stream without a known
+    format, or of another shape, is printed as it came, with ``unnamed`` saying why.
 
     With ``--redis`` it follows a deployment that replicates through Redis (streamrep's
     or the reference implementation's) read-only. Without ``--db`` it cannot fetch
@@ -82,9 +90,8 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
         use_cooperative_sockets()
     import gevent
     import gevent.event
-    import orjson
 
-    from streamrep.catalogue import known_streams
+    from streamrep.catalogue import known_streams, row_formats
     from streamrep.replication import open_link
 
     db = settings.database
@@ -111,7 +118,7 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
     for key, token in starts.items():
         for stream in names or ():
             start_from[stream if key is None else (stream, key)] = token
-    out = sys.stdout.buffer
+    printer = TailPrinter(sys.stdout.buffer, row_formats() if row_style == "named" else None)
     done = gevent.event.Event()
     printed = {"facts": 0}
 
@@ -124,11 +131,7 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
             done.set()
 
     def handler(stream: str, instance: str, token: int, rows: list[Any]) -> None:
-        out.write(b"".join(
-            orjson.dumps({"stream": stream, "instance": instance, "token": token, "row": row}) + b"\n"
-            for row in rows
-        ))
-        out.flush()
+        printer.fact(stream, instance, token, rows)
         counted()
 
     where = settings.where

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 from streamrep import _impl
+from streamrep.errors import ProtocolError, UnknownCommandError
 from streamrep.wire_commands import SPECS
 
 if TYPE_CHECKING:
@@ -42,6 +43,8 @@ __all__ = [
     "group_rdata",
     "rdata_rows",
     "validate_rows",
+    "UnknownCommand",
+    "split_unknown",
 ]
 
 DEFAULT_MAX_LINE_LENGTH: int = wire.DEFAULT_MAX_LINE_LENGTH
@@ -151,3 +154,32 @@ def position_lines(positions: Iterable[tuple[str, str, int, int]]) -> tuple[byte
     """``POSITION`` lines of ``(stream, instance, prev_token, new_token)``, and how many."""
     lines = [encode_one(position(s, i, prev, new)) for s, i, prev, new in positions]
     return b"".join(lines), len(lines)
+
+
+class UnknownCommand:
+    """A line whose command this protocol does not know, as it came: ``NAME`` is
+    its first word, ``line`` the whole line. A reader hands such lines on instead
+    of refusing them, since a newer peer may send commands this one never heard of
+    (the reference adds some from release to release)."""
+
+    __slots__ = ("NAME", "line")
+
+    def __init__(self, line: bytes) -> None:
+        self.line = line
+        self.NAME = line.split(b" ", 1)[0].decode("utf-8", "replace")
+
+    def __repr__(self) -> str:
+        return f"UnknownCommand({self.line!r})"
+
+
+def split_unknown(error: ProtocolError) -> tuple[list[UnknownCommand], list[ProtocolError]]:
+    """The errors of a failed read (``error.errors``, or *error* alone): the lines
+    naming unknown commands, and every other problem."""
+    unknown: list[UnknownCommand] = []
+    problems: list[ProtocolError] = []
+    for problem in error.errors or (error,):
+        if type(problem) is UnknownCommandError and problem.line:
+            unknown.append(UnknownCommand(problem.line))
+        else:
+            problems.append(problem)
+    return unknown, problems

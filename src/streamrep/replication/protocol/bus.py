@@ -34,9 +34,14 @@ class BusSession(Session):
     the first rows heard would otherwise move the position past them. A reader
     that verifies (``follower.verify``) fills every fact from its database up
     to what it hears, so it needs no such ``POSITION``.
+
+    A line naming a command this version does not know is handed on as
+    :class:`Received`; a bad line closes nothing (anyone may publish).
     """
 
     peer_side = None
+    passes_unknown_commands = True
+    closes_on_bad_lines = False
 
     def __init__(self, settings: ConnectionSettings, *, instances: Collection[str] = (),
                  follower: FollowerState | None = None,

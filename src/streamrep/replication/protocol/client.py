@@ -35,9 +35,13 @@ class ClientSession(Session):
     position it took for the writer (a ``POSITION`` naming this client's
     instance, which is the only instance it may write as): those are
     :class:`Confirmed`, not facts to follow.
+
+    A line naming a command this version does not know is handed on as
+    :class:`Received` (a newer hub may send one), never a reason to close.
     """
 
     peer_side = SERVER_SIDE
+    passes_unknown_commands = True
 
     def __init__(self, settings: ConnectionSettings, *, client_name: str, server_name: str | None = None,
                  follower: FollowerState | None = None, resume_through_hub: bool = False,

@@ -6,6 +6,7 @@ import time
 from typing import Any, Callable
 
 from streamrep.errors import ProtocolError
+from streamrep.replication import commands as C
 from streamrep.replication.protocol.actions import Action, Close, DisconnectReason, Received
 from streamrep.replication.protocol.keepalive import Keepalive
 from streamrep.replication.protocol.settings import ConnectionSettings
@@ -26,6 +27,11 @@ class Session:
     """
 
     peer_side: str | None = None
+    #: hand lines naming unknown commands on rather than close (a reader: a newer
+    #: writer may send commands this version does not know)
+    passes_unknown_commands = False
+    #: close on a line that cannot be decoded (a bus is never closed by one line)
+    closes_on_bad_lines = True
 
     def __init__(self, settings: ConnectionSettings, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -61,10 +67,18 @@ class Session:
 
     def receive_failed(self, error: ProtocolError, now: float) -> list[Action]:
         """A read whose decoding failed: act on its good commands (``error.commands``),
-        then close with the error's message."""
+        then close with the first problem's message. A session that
+        :attr:`passes_unknown_commands` hands lines naming unknown commands on
+        (:class:`Received` of an :class:`~streamrep.replication.commands.UnknownCommand`,
+        after the read's known commands) and closes only for other problems."""
         out = self.receive(list(getattr(error, "commands", None) or ()), now)
-        if not self.closed:
-            self._close(out, DisconnectReason.PROTOCOL_ERROR, str(error))
+        if self.passes_unknown_commands:
+            unknown, problems = C.split_unknown(error)
+            out.extend(Received(command) for command in unknown)
+        else:
+            problems = [error]
+        if problems and self.closes_on_bad_lines and not self.closed:
+            self._close(out, DisconnectReason.PROTOCOL_ERROR, str(problems[0]))
         return out
 
     def tick(self, now: float, idle: bool) -> list[Action]:

@@ -320,16 +320,22 @@ class RedisLink(LinkBase):
             # Another process's bad line hurts nobody else: say so (once per kind of
             # problem: anyone may publish, so the log must not follow their pace),
             # count it, and go on with the good ones (those the reference acts on).
-            self.metrics.refused["malformed line"] += 1
-            problem = str(exc)
-            if problem not in self._bad_lines_logged and len(self._bad_lines_logged) < 100:
-                self._bad_lines_logged.add(problem)
-                logger.warning("ignoring a replication message from Redis: %s (logged once; counted in "
-                               "streamrep_replication_client_refused_total)", problem)
-            else:
-                logger.debug("ignoring a replication message from Redis: %s", problem)
-            commands = exc.commands
+            # A command this version does not know is no problem: it is handed on.
+            _unknown, problems = C.split_unknown(exc)
+            if problems:
+                self._bad_line(str(problems[0]))
+            self._carry_out(self.session.receive_failed(exc, time.monotonic()))
+            return
         self._carry_out(self.session.receive(commands, time.monotonic()))
+
+    def _bad_line(self, problem: str) -> None:
+        self.metrics.refused["malformed line"] += 1
+        if problem not in self._bad_lines_logged and len(self._bad_lines_logged) < 100:
+            self._bad_lines_logged.add(problem)
+            logger.warning("ignoring a replication message from Redis: %s (logged once; counted in "
+                           "streamrep_replication_client_refused_total)", problem)
+        else:
+            logger.debug("ignoring a replication message from Redis: %s", problem)
 
     def _carry_out(self, actions: list[Action]) -> None:
         """Do what the session asked, in order."""
