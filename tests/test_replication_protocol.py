@@ -266,3 +266,19 @@ def test_a_reader_hands_on_commands_it_does_not_know_and_goes_on() -> None:
     assert type(out[0]) is Received and out[1] == Close("protocol_error", out[1].error) and client.closed
     bus = BusSession(SETTINGS, follower=FollowerState(), now=0.0)
     assert _failed_read(bus, "POSITION caches m x y\n") == [] and not bus.closed
+
+
+def test_positions_are_handed_on_after_the_follower_took_them_when_asked() -> None:
+    read = "POSITION caches m 0 3\nPOSITION events m 0 5\nPOSITION caches t 1 1\n"
+    for hand_on in (False, True):
+        client = ClientSession(SETTINGS, client_name="t", follower=FollowerState(streams=["caches"]),
+                               hand_on_positions=hand_on, now=0.0)
+        bus = BusSession(SETTINGS, instances=["t"], follower=FollowerState(streams=["caches"]),
+                         hand_on_positions=hand_on, now=0.0)
+        for session in (client, bus):
+            out = session.receive(lines(read), now=0.0)
+            passed = [a.command for a in out if type(a) is Received]
+            # Only followed streams, and never this process's own writer.
+            assert [(c.stream_name, c.instance_name, c.new_token) for c in passed] == (
+                [("caches", "m", 3)] if hand_on else [])
+            assert session.follower is not None and session.follower.positions[("caches", "m")] == 3

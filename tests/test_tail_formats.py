@@ -26,14 +26,20 @@ def _no_process_outlives_its_test() -> Iterator[None]:
 
 
 #: What a newer writer publishes: a stream and a command this version does not know
-#: between known rows, and a known stream's row of another shape.
+#: between known rows, a known stream's row of another shape, and commands that
+#: carry no fact. Rows count once their writer's position was heard.
 NEWER_WRITER = [
+    b"POSITION new_stream m 0 0",
+    b"POSITION caches m 0 0",
+    b"POSITION events m 0 0",
     b'RDATA new_stream m 1 ["x", 2]',
     b"NEW_THING some words 42",
     b'RDATA caches m 1 ["get_user_by_id",["@a:hs"],1700000000000]',
     b'RDATA caches m 2 ["get_user_by_id"]',
+    b'LOCK_RELEASED ["m","room_purge","!r:hs"]',
     b'RDATA events m 3 ["ev",["$e:hs","!r:hs","m.room.message",null,null,null,null,false,false]]',
     b'RDATA events m 4 ["state",["!r:hs","m.room.name","","$n:hs"]]',
+    b"NEW_ACTIVE_TASK task-7",
     b'RDATA caches m 5 ["cs_cache_fake",null,1700000000001]',
 ]
 
@@ -50,6 +56,15 @@ NAMED = [
     ("caches", 5, {"cache_func": "cs_cache_fake", "keys": None, "invalidation_ts": 1700000000001}, None),
 ]
 
+#: What ``--commands`` prints for :data:`NEWER_WRITER`, in order.
+COMMANDS = [
+    *({"command": "POSITION", "stream_name": stream, "instance_name": "m", "prev_token": 0, "new_token": 0}
+      for stream in ("new_stream", "caches", "events")),
+    {"command": "NEW_THING", "unknown": True, "line": "NEW_THING some words 42"},
+    {"command": "LOCK_RELEASED", "instance_name": "m", "lock_name": "room_purge", "lock_key": "!r:hs"},
+    {"command": "NEW_ACTIVE_TASK", "data": "task-7"},
+]
+
 
 def _printed(path: pathlib.Path) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines()]
@@ -60,10 +75,20 @@ def _rows(path: pathlib.Path) -> list[tuple[str, int, Any, str | None]]:
             for item in _printed(path) if "stream" in item]
 
 
-def _wait_for(path: pathlib.Path, count: int, what: str) -> None:
+def _commands(path: pathlib.Path) -> list[dict[str, Any]]:
+    return [item for item in _printed(path) if "command" in item]
+
+
+def _in_order(commands: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Known commands, then unknown ones, each in the order they came (within one
+    read, the unknown ones of the read are handed on after its known ones)."""
+    return ([c for c in commands if not c.get("unknown")], [c for c in commands if c.get("unknown")])
+
+
+def _wait_for(path: pathlib.Path, count: int, what: str, commands: int = 0) -> None:
     deadline = time.monotonic() + 30
-    while len(_rows(path)) < count:
-        assert time.monotonic() < deadline, f"{what}: {_rows(path)}"
+    while len(_rows(path)) < count or len(_commands(path)) < commands:
+        assert time.monotonic() < deadline, f"{what}: {_printed(path)}"
         time.sleep(0.05)
 
 
@@ -80,20 +105,19 @@ def test_named_rows_and_what_a_newer_writer_adds_over_redis(tmp_path: pathlib.Pa
     server = unique_server_name("named")
     out, err = tmp_path / "tail.out", tmp_path / "tail.err"
     tail = streamrep_process(err, "tail", "--redis", url, "--server-name", server, "--format", "named",
-                             out=out)
+                             "--commands", out=out)
     wait_subscribed(url, server, 1, logs=[err])
     publisher = redis.Redis.from_url(url)
     try:
-        # Rows count once the writer's position was heard on this subscription.
-        for line in [b"POSITION new_stream m 0 0", b"POSITION caches m 0 0", b"POSITION events m 0 0",
-                     *NEWER_WRITER]:
+        for line in NEWER_WRITER:
             publisher.publish(server, line)
-        _wait_for(out, len(NAMED), "tail did not print every row")
-        time.sleep(0.3)  # a row printed twice would show up now
+        _wait_for(out, len(NAMED), "tail did not print every row and command", len(COMMANDS))
+        time.sleep(0.3)  # a line printed twice would show up now
     finally:
         publisher.close()
     said = _stop(tail, err)
     assert _rows(out) == NAMED, said
+    assert _in_order(_commands(out)) == _in_order(COMMANDS), said
     assert "Traceback" not in said
 
 
@@ -149,13 +173,57 @@ def test_named_rows_and_what_a_newer_writer_adds_over_tcp(tmp_path: pathlib.Path
     out, err = tmp_path / "tail.out", tmp_path / "tail.err"
     try:
         tail = streamrep_process(err, "tail", "--connect", f"127.0.0.1:{hub.port}", "--server-name", "hs",
-                                 "--format", "named", out=out)
-        _wait_for(out, len(NAMED), "tail did not print every row")
+                                 "--format", "named", "--commands", out=out)
+        _wait_for(out, len(NAMED), "tail did not print every row and command", len(COMMANDS))
         time.sleep(0.3)
         said = _stop(tail, err)
     finally:
         hub.close()
     assert _rows(out) == NAMED, said
+    assert _in_order(_commands(out)) == _in_order(COMMANDS), said
     # One connection: the unknown command closed nothing.
     assert hub.connections == 1, said
     assert "Traceback" not in said
+
+
+def test_a_cursor_resumes_a_stream_it_has_no_format_for(tmp_path: pathlib.Path) -> None:
+    """A writer of a stream this version does not know is followed per (stream,
+    instance) like any other: a position it reached with no fact is recorded, and
+    the next run resumes there (no gap, no replay)."""
+    import redis
+
+    url = shared_redis_url()
+    server = unique_server_name("future")
+    cursor = tmp_path / "tail.cursor"
+    publisher = redis.Redis.from_url(url)
+    runs = [
+        [b"POSITION future_stream m 0 7", b'RDATA future_stream m 8 ["a"]', b"POSITION future_stream m 8 12"],
+        # Resumed: the writer says where it is again; a row at or below the cursor's
+        # token is one the first run had.
+        [b"POSITION future_stream m 12 12", b'RDATA future_stream m 12 ["a"]', b'RDATA future_stream m 13 ["b"]'],
+    ]
+    printed = []
+    try:
+        for run, lines in enumerate(runs):
+            out, err = tmp_path / f"tail{run}.out", tmp_path / f"tail{run}.err"
+            tail = streamrep_process(err, "tail", "--redis", url, "--server-name", server, "--cursor", str(cursor),
+                                     "--format", "named", out=out)
+            wait_subscribed(url, server, 1, logs=[err])
+            for line in lines:
+                publisher.publish(server, line)
+            _wait_for(out, 1, "tail did not print the row")
+            # The position reached without a fact is in the cursor within a second or so.
+            deadline = time.monotonic() + 30
+            while b'"m":12' not in (cursor.read_bytes() if cursor.exists() else b"") and run == 0:
+                assert time.monotonic() < deadline, cursor.read_bytes() if cursor.exists() else "no cursor"
+                time.sleep(0.05)
+            time.sleep(0.3)
+            said = _stop(tail, err)
+            assert "missed" not in said, said
+            printed.append(_rows(out))
+            wait_subscribed(url, server, 0)
+    finally:
+        publisher.close()
+    unnamed = "no row format for stream 'future_stream'"
+    assert printed == [[("future_stream", 8, ["a"], unnamed)], [("future_stream", 13, ["b"], unnamed)]]
+    assert orjson.loads(cursor.read_bytes())["positions"] == {"future_stream": {"m": 13}}

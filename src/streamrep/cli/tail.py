@@ -61,9 +61,13 @@ def parse_from(value: str | None) -> dict[Any, int]:
 @click.option("--format", "row_style", type=click.Choice(ROW_STYLES), default="raw", show_default=True,
               help="raw: each row as the JSON array its stream carries; named: as an object keyed by "
                    "the reference's field names (docs/streams.md lists them).")
+@click.option("--commands", "print_commands", is_flag=True,
+              help="Also print the commands that carry no fact as they pass (POSITION, LOCK_RELEASED, "
+                   "NEW_ACTIVE_TASK, USER_SYNC, ..., and commands this version does not know).")
 def tail(config_path: str | None, connect: str | None, redis_url: str | None, stream_names: tuple[str, ...],
          from_token: str | None, name: str, db: str | None, server_name: str | None, limit: int | None,
-         give_up_after: float | None, cursor_path: str | None, sink_url: str | None, row_style: str) -> None:
+         give_up_after: float | None, cursor_path: str | None, sink_url: str | None, row_style: str,
+         print_commands: bool) -> None:
     """Follow streams and print each fact as one JSON object per line.
 
     Keys: ``stream``, ``instance``, ``token``, ``row`` (one line per row; rows of one
@@ -73,6 +77,9 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
     ``--format named`` prints ``row`` as an object keyed by field name (``events``
     rows: ``{"type": ..., "data": {...}}``). A row of a stream without a known
     format, or of another shape, is printed as it came, with ``unnamed`` saying why.
+    ``--commands`` also prints ``{"command": NAME, <its fields>}`` for each command
+    that carries no fact (``"unknown": true`` and ``line`` for one this version
+    does not know).
 
     With ``--redis`` it follows a deployment that replicates through Redis (streamrep's
     or the reference implementation's) read-only. Without ``--db`` it cannot fetch
@@ -150,7 +157,8 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
     security = None if settings.redis_url is not None else peer_security_from_context(config_path, name)
     keeper = open_keeper(cursor_path, sink_url, name, handler, start_from, counted)
     roles: dict[str, Any] = dict(source=source, streams=stream_names or None, on_retry=watch.retrying,
-                                 on_gap=unfilled_gap)
+                                 on_gap=unfilled_gap, on_command=printer.command if print_commands else None,
+                                 hand_on_positions=print_commands)
     if keeper is not None:
         client = keeper.open_link(settings.link(name, security), **roles)
     else:

@@ -123,7 +123,11 @@ class LinkRoles:
 
     * *streams*, *start_from*: what to follow and where to start (see
       :class:`~streamrep.replication.follower.StreamFollower`);
-    * *on_command*: relayed commands (``USER_SYNC``, ``USER_IP``, ...);
+    * *on_command*: the commands that carry no fact as they pass (``USER_SYNC``,
+      ``USER_IP``, ``LOCK_RELEASED``, ..., and as
+      :class:`~streamrep.replication.commands.UnknownCommand` those this version
+      does not know); with *hand_on_positions* also every other writer's
+      ``POSITION`` of a followed stream, after the follower took it;
     * *on_retry* ``(problem, delay)``: an attempt failed or the link was lost;
     * *on_gap* ``(stream, instance, from_token, upto_token)``: a gap that could not be
       filled (nothing to fill it from); the link also logs and counts it;
@@ -140,6 +144,7 @@ class LinkRoles:
     start_from: StartFrom | None = None
     writer_positions: WriterPositions | None = None
     on_command: Callable[[Any], None] | None = None
+    hand_on_positions: bool = False
     on_retry: Callable[[str, float], None] | None = None
     on_gap: Callable[[str, str, int, int], None] | None = None
     new_writers_from: int | None = None

@@ -36,7 +36,9 @@ class BusSession(Session):
     to what it hears, so it needs no such ``POSITION``.
 
     A line naming a command this version does not know is handed on as
-    :class:`Received`; a bad line closes nothing (anyone may publish).
+    :class:`Received`; a bad line closes nothing (anyone may publish). With
+    *hand_on_positions*, every other writer's ``POSITION`` of a followed stream is
+    also :class:`Received`, after the follower took it.
     """
 
     peer_side = None
@@ -46,10 +48,11 @@ class BusSession(Session):
     def __init__(self, settings: ConnectionSettings, *, instances: Collection[str] = (),
                  follower: FollowerState | None = None,
                  stream_writers: Mapping[str, Collection[str]] | None = None,
-                 now: float | None = None) -> None:
+                 hand_on_positions: bool = False, now: float | None = None) -> None:
         super().__init__(settings, now)
         self.instances = frozenset(instances)
         self.follower = follower
+        self.hand_on_positions = hand_on_positions
         self.stream_writers = ({s: frozenset(ws) for s, ws in stream_writers.items()}
                                if stream_writers is not None else None)
         #: this process's writers' positions, as announced
@@ -117,6 +120,8 @@ class BusSession(Session):
             self.heard.add((command.stream_name, command.instance_name))
             self.follower.position(command.stream_name, command.instance_name, command.prev_token,
                                    command.new_token, out)
+            if self.hand_on_positions and self.follower.follows(command.stream_name):
+                out.append(Received(command))
 
     def on_ERROR(self, command: Any, out: list[Action]) -> None:
         out.append(Received(command))  # a bus is not closed by one process's complaint

@@ -38,6 +38,8 @@ class ClientSession(Session):
 
     A line naming a command this version does not know is handed on as
     :class:`Received` (a newer hub may send one), never a reason to close.
+    With *hand_on_positions*, every other writer's ``POSITION`` of a followed
+    stream is also :class:`Received`, after the follower took it.
     """
 
     peer_side = SERVER_SIDE
@@ -45,13 +47,14 @@ class ClientSession(Session):
 
     def __init__(self, settings: ConnectionSettings, *, client_name: str, server_name: str | None = None,
                  follower: FollowerState | None = None, resume_through_hub: bool = False,
-                 now: float | None = None) -> None:
+                 hand_on_positions: bool = False, now: float | None = None) -> None:
         super().__init__(settings, now)
         self.client_name = client_name
         self.expected_server = server_name
         self.server_name: str | None = None
         self.follower = follower
         self.resume_through_hub = resume_through_hub
+        self.hand_on_positions = hand_on_positions
 
     def greeting(self, writer_positions: Sequence[tuple[str, str, int]] = ()) -> list[Action]:
         """What the client sends on a new connection: ``NAME``, ``PING``, its
@@ -123,6 +126,8 @@ class ClientSession(Session):
             before = len(out)
             self.follower.position(command.stream_name, command.instance_name, command.prev_token,
                                    command.new_token, out)
+            if self.hand_on_positions and self.follower.follows(command.stream_name):
+                out.insert(before, Received(command))
             if len(out) > before and type(out[-1]) is GapUnfilled:
                 # No database to fill it: resynchronise through the hub from the
                 # positions as they are now. Nothing after the gap is taken, since

@@ -113,7 +113,8 @@ class RedisLink(LinkBase):
         self.source = self.roles.source
         follower = self.follower
         self.session = BusSession(connection, instances=[settings.name],
-                                  follower=follower.state if follower is not None else None)
+                                  follower=follower.state if follower is not None else None,
+                                  hand_on_positions=self.roles.hand_on_positions and self.roles.on_command is not None)
         self.channels = channels(self.server_name, settings.user_ip)
         self.metrics = ReplicationMetrics(
             positions=lambda: dict(follower.positions) if follower is not None else {},

@@ -172,6 +172,7 @@ class TcpLink(LinkBase):
             self.settings.connection, client_name=self.client_name, server_name=self.server_name,
             follower=follower.state if follower is not None else None,
             resume_through_hub=self.source is None,
+            hand_on_positions=self.roles.hand_on_positions and self.roles.on_command is not None,
         )
         conn = ClientConnection(self, sock, f"{self.host}:{self.port}", session)
         self.connection = conn
