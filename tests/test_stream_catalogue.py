@@ -138,3 +138,35 @@ def test_rows_named_by_their_format() -> None:
     ]:
         assert formats[stream].misfit(row) == why, (stream, row)
         assert formats[stream].named(row) is None
+
+
+def _documented() -> dict[str, tuple[str, list[str]]]:
+    """docs/streams.md's table of every stream: name -> (served, backticked words of
+    its fields column)."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "streams.md").read_text()
+    section = text.split("## Every stream of a Matrix deployment", 1)[1]
+    table: dict[str, tuple[str, list[str]]] = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) == 4:
+            table[cells[0].strip("`")] = (cells[1], re.findall(r"`([^`]+)`", cells[2]))
+    return table
+
+
+def test_the_documented_table_is_the_catalogues() -> None:
+    table = _documented()
+    formats = row_formats()
+    assert sorted(table) == list(formats)
+    served = set(known_streams().names())
+    for name, (is_served, words) in table.items():
+        assert is_served == ("yes" if name in served else "no"), name
+        row = formats[name]
+        if row.variants:
+            expected = ["[type, data]"] + [word for kind, fields in row.variants
+                                           for word in (kind, *(field for field, _ in fields))]
+        else:
+            expected = list(row.names)
+        assert words == expected, name
