@@ -6,7 +6,9 @@ Nothing is registered by importing a module: a process builds its
 from the deployment's configuration), from the built-in streams
 (:data:`BUILTIN_STREAMS`: ``caches``, ``account_data``, ``to_device``,
 ``receipts``, ``typing``) and those of other modules (the room DAG store's
-``events`` and ``backfill``). See docs/streams.md for every row format.
+``events`` and ``backfill``). The streams only the reference implementation serves have a row
+format and nothing else (:data:`streamrep.streams.formats.FORMAT_ONLY_STREAMS`).
+See docs/streams.md for every row format.
 """
 
 from streamrep.streams.builtin import BUILTIN_STREAMS
