@@ -12,6 +12,7 @@ definition translates in :meth:`StreamDefinition.fetch_rows`.
 from __future__ import annotations
 
 import abc
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -83,12 +84,25 @@ class RowFormat:
         """The decoded *row* as an object keyed by field name; a tagged row as
         ``{"type": kind, "data": {...}}``. None when it does not fit (see
         :meth:`misfit`)."""
-        if self.misfit(row) is not None:
+        if not isinstance(row, list):
             return None
         if self.variants:
-            fields = dict(self.variants)[row[0]]
-            return {"type": row[0], "data": {name: value for (name, _), value in zip(fields, row[1])}}
-        return {name: value for (name, _), value in zip(self.fields, row)}
+            if len(row) != 2 or not isinstance(row[1], list) or not isinstance(row[0], str):
+                return None
+            names = self._names_by_kind.get(row[0])
+            if names is None or len(names) != len(row[1]):
+                return None
+            return {"type": row[0], "data": dict(zip(names, row[1]))}
+        names = self._field_names
+        return dict(zip(names, row)) if len(row) == len(names) else None
+
+    @functools.cached_property
+    def _field_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.fields)
+
+    @functools.cached_property
+    def _names_by_kind(self) -> dict[str, tuple[str, ...]]:
+        return {kind: tuple(name for name, _ in fields) for kind, fields in self.variants}
 
     def shape(self, stream: str) -> "_rowcheck.RowShape":
         """The compiled check of rows of *stream* in this format."""
