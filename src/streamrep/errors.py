@@ -119,6 +119,34 @@ class NotAWriterError(StreamrepError):
     """An instance tried to write to a stream it is not configured to write."""
 
 
+# --- catching up ------------------------------------------------------------------
+
+
+class CatchUpUnavailableError(StreamrepError):
+    """A catch-up source could not answer for one writer (unreachable beyond its
+    retries, timing out, failing): trying again later may help. ``stream`` and
+    ``instance`` name the writer, ``where`` its address; the message says why."""
+
+    def __init__(self, message: str, stream: str = "", instance: str = "", where: str = "") -> None:
+        super().__init__(message)
+        self.stream = stream
+        self.instance = instance
+        self.where = where
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.stream, self.instance, self.where))
+
+
+class CatchUpRefusedError(CatchUpUnavailableError):
+    """A writer refused the catch-up source's credentials (the deployment's
+    replication secret): trying again cannot help until they change."""
+
+
+class UnknownWriterError(StreamrepError):
+    """A catch-up source does not know where a writer is (an instance its
+    configuration does not name): that writer's gaps cannot be filled from it."""
+
+
 # --- events, the room DAG and state --------------------------------------------
 
 

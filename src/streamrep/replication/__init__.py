@@ -9,7 +9,7 @@
 * :class:`ReplicationHub` (:mod:`.transport.tcp_hub`): the TCP server that
   publishes, relays and serves catch-up.
 * :mod:`.sources`: where missed rows come from (:class:`StreamSource`,
-  :class:`DatabaseSource`, :class:`MemorySource`).
+  :class:`DatabaseSource`, :class:`MemorySource`, :class:`HttpSource`).
 * :mod:`.protocol`: the protocol itself, sans-IO; :class:`ConnectionSettings`.
 """
 
@@ -23,6 +23,7 @@ from streamrep.replication.handlers import StreamHandlers
 from streamrep.replication.protocol import ConnectionSettings, DisconnectReason, Positions, StartFrom, WriterKey
 from streamrep.replication.sources import CatchUpSource, StreamSource
 from streamrep.replication.sources.database import DatabaseSource
+from streamrep.replication.sources.http import HttpSource
 from streamrep.replication.sources.memory import MemorySource
 from streamrep.replication.transport.tcp_hub import DEFAULT_PORT, ReplicationHub
 
@@ -35,6 +36,7 @@ __all__ = [
     "DEFAULT_PORT",
     "DatabaseSource",
     "DisconnectReason",
+    "HttpSource",
     "LinkRoles",
     "LinkSettings",
     "MemorySource",

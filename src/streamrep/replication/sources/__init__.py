@@ -11,8 +11,17 @@ same way.
 * :class:`StreamSource`: a database, which also knows every writer's position
   (the hub, and readers that verify what they are told);
 * :func:`pages`: the one loop over a source's pages;
-* :class:`~.memory.MemorySource` (streams held in memory) and
-  :class:`~.database.DatabaseSource` (the database-backed stream registry).
+* :class:`~.memory.MemorySource` (streams held in memory),
+  :class:`~.database.DatabaseSource` (the database-backed stream registry) and
+  :class:`~.http.HttpSource` (the writers of a reference deployment, over their
+  HTTP replication API).
+
+A source that cannot answer for a writer now raises
+:class:`~streamrep.errors.CatchUpUnavailableError` (its subclass
+:class:`~streamrep.errors.CatchUpRefusedError` when the writer refused its
+credentials); one that will never hold a stream or a writer
+:class:`~streamrep.errors.UnknownStreamError` or
+:class:`~streamrep.errors.UnknownWriterError`.
 """
 
 from __future__ import annotations
