@@ -277,8 +277,9 @@ class CursorKeeper(abc.ABC):
         ones after connecting): save them every second or so, between reads."""
         while self.failure is None:
             gevent.sleep(WATCH_SECONDS)
-            if not follower.handing_on and not follower.held:
-                self.after_read(follower)
+            with follower.lock:  # between reads, and between the pages of a background fill
+                if not follower.handing_on and not follower.held:
+                    self.after_read(follower)
 
     def check(self) -> None:
         """Raise :attr:`failure`, if the cursor could not be saved."""

@@ -20,22 +20,42 @@ protocol's :class:`~streamrep.replication.protocol.FollowerState`.
   exported as a metric) and tells the application before moving on.
 * A handler that raises leaves the position before its fact, so the fact comes
   again after the reconnect: a failing handler is retried, never skipped.
+* A source that cannot answer for one writer now (a writer of a reference
+  deployment that is down: :class:`~streamrep.errors.CatchUpUnavailableError`)
+  holds back that writer only: it is *stalled* (:class:`Stall`) at the last fact
+  handed on, said once in the log and to ``on_stall``, and counted
+  (:attr:`stalls`, :meth:`stalled_seconds`, exported as metrics). Its later facts
+  are not handed on: the fill covers them, retried in the background with
+  backoff until the writer answers, and the writer resumes exactly once
+  (``on_resume``). The other writers go on meanwhile. A source that will never
+  hold the stream or the writer (:class:`~streamrep.errors.UnknownStreamError`,
+  :class:`~streamrep.errors.UnknownWriterError`) leaves an unfilled gap, as
+  without a source.
+* Facts are handed on by one greenlet at a time (:attr:`lock`): the transport's
+  reads and the background fills take turns, and :attr:`after_read` sees
+  positions that say exactly what the application took.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+import gevent
+import gevent.lock
 import orjson
 
+from streamrep.errors import CatchUpRefusedError, CatchUpUnavailableError, UnknownStreamError, UnknownWriterError
+from streamrep.replication.backoff import Backoff
 from streamrep.replication.protocol import (
     Action, Fact, FillGap, FollowerState, GapUnfilled, Positions, Refused, StartFrom, WriterKey, group_facts,
 )
 from streamrep.replication.sources import CatchUpSource, StreamSource, pages
 
-__all__ = ["StreamFollower", "Handler", "group_facts", "FETCH_LIMIT"]
+__all__ = ["StreamFollower", "Handler", "Stall", "group_facts", "FETCH_LIMIT"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +64,25 @@ Handler = Callable[[str, str, int, list[Any]], None]
 
 #: Rows fetched per database round trip while filling a gap.
 FETCH_LIMIT = 1000
+
+
+@dataclass
+class Stall:
+    """A writer whose gap the source could not fill: held back at *position* (the
+    last token handed on), while its writer is known to be at *upto*."""
+
+    stream: str
+    instance: str
+    position: int
+    upto: int
+    #: why, in one line (the source's last error)
+    problem: str
+    #: time.monotonic() when it stalled
+    since: float
+    #: the writer refused the source's credentials
+    refused: bool = False
+    #: background attempts made so far
+    attempts: int = 0
 
 
 class StreamFollower:
@@ -81,6 +120,10 @@ class StreamFollower:
         verify: bool = False,
         new_writers_from: int | None = None,
         after_read: Callable[[StreamFollower], None] | None = None,
+        on_stall: Callable[[Stall], None] | None = None,
+        on_resume: Callable[[Stall], None] | None = None,
+        retry_base: float = 1.0,
+        retry_max: float = 60.0,
     ) -> None:
         self.handler = handler
         self.source = source
@@ -104,6 +147,20 @@ class StreamFollower:
         #: commands not taken as facts, per reason (verifying readers)
         self.refused: Counter[str] = Counter()
         self._refusals_logged: set[tuple[str, str, str]] = set()
+        #: writers held back because their gap could not be filled yet
+        self.stalled: dict[WriterKey, Stall] = {}
+        #: how many times each writer stalled
+        self.stalls: Counter[WriterKey] = Counter()
+        #: the last refusal of the source's credentials by a writer (None: none)
+        self.refusal: str | None = None
+        self.on_stall = on_stall
+        self.on_resume = on_resume
+        self.retry_base = retry_base
+        self.retry_max = retry_max
+        #: held while facts are handed on: the transport's reads and the background
+        #: fills of stalled writers take turns
+        self.lock = gevent.lock.RLock()
+        self._retries: dict[WriterKey, gevent.Greenlet] = {}
 
     def resolve_start(self) -> None:
         """Make "from now on" exact before the first connection: with a database and
@@ -140,8 +197,17 @@ class StreamFollower:
     def taken_positions(self) -> dict[WriterKey, int]:
         """``{(stream, instance): token}`` of the last fact the application took from
         each writer (or the position a writer moved to with no fact): what a cursor
-        records. Exact between reads (:attr:`after_read`) and once the link stopped."""
-        return dict(self.state.positions)
+        records. Exact between reads (:attr:`after_read`) and once the link stopped;
+        a stalled writer is where it stalled."""
+        positions = dict(self.state.positions)
+        for key, stall in self.stalled.items():
+            positions[key] = stall.position
+        return positions
+
+    def stalled_seconds(self) -> dict[WriterKey, float]:
+        """Seconds each writer stalled now has been held back."""
+        now = time.monotonic()
+        return {key: now - stall.since for key, stall in self.stalled.items()}
 
     @property
     def positions(self) -> Positions:
@@ -171,8 +237,21 @@ class StreamFollower:
         self.held = True
 
     def release(self) -> None:
-        """Hand facts on again (a link started anew)."""
+        """Hand facts on again (a link started anew); stalled writers are retried."""
         self.held = False
+        for stall in self.stalled.values():
+            self._retry_later(stall)
+
+    def stop_retrying(self) -> None:
+        """Held, and stopping: wait for a fact being handed on in the background,
+        then stop the background fills (the stalls stay, for :meth:`release`)."""
+        self.held = True
+        current = gevent.getcurrent()
+        with self.lock:
+            retries, self._retries = self._retries, {}
+            for greenlet in retries.values():
+                if greenlet is not current:
+                    greenlet.kill(block=False)
 
     def resume_tokens(self) -> dict[str, int]:
         """Per stream, the token to resume from through the hub."""
@@ -189,13 +268,15 @@ class StreamFollower:
         was called, the facts left are not taken and their positions go back.
         """
         rest: list[Action] = []
-        self.handing_on = True
-        try:
-            self._run(actions, rest)
-        finally:
-            self.handing_on = False
-        if self.after_read is not None:
-            self.after_read(self)
+        with self.lock:
+            self.handing_on = True
+            try:
+                self._run(actions, rest)
+            finally:
+                self.handing_on = False
+                self._pin_stalled()
+            if self.after_read is not None:
+                self.after_read(self)
         return rest
 
     def _run(self, actions: list[Action], rest: list[Action]) -> None:
@@ -207,6 +288,9 @@ class StreamFollower:
                     if self.held:
                         self._drop_rest(actions, index, rest)
                         break
+                    if self.stalled and (action.stream, action.instance) in self.stalled:
+                        self._held_back(action.stream, action.instance, action.token)
+                        continue
                     self.handler(action.stream, action.instance, action.token, action.rows)
                     self.delivered += 1
                 elif kind is FillGap:
@@ -214,6 +298,9 @@ class StreamFollower:
                     if self.held:
                         self._drop_rest(actions, index, rest)
                         break
+                    if self.stalled and (action.stream, action.instance) in self.stalled:
+                        self._held_back(action.stream, action.instance, action.upto_token)
+                        continue
                     self._fill(action)
                 elif kind is Refused:
                     assert isinstance(action, Refused)
@@ -234,6 +321,23 @@ class StreamFollower:
         rest.extend(a for a in left if type(a) is not Fact and type(a) is not FillGap and type(a) is not Refused)
 
     def _fill(self, gap: FillGap) -> None:
+        """Hand on the facts of *gap* from the source; a source that cannot answer for
+        the writer stalls it, one that never will leaves the gap unfilled."""
+        from_token = gap.from_token
+        try:
+            self._fill_pages(gap)
+        except CatchUpUnavailableError as exc:
+            self._stall(gap.stream, gap.instance, self._reached(gap), gap.upto_token, exc)
+        except (UnknownStreamError, UnknownWriterError) as exc:
+            self.skip_gap(GapUnfilled(gap.stream, gap.instance, max(from_token, self._reached(gap)),
+                                      gap.upto_token), str(exc))
+
+    def _reached(self, gap: FillGap) -> int:
+        """How far a failed fill of *gap* got (its positions were rewound there)."""
+        position = self.state.positions.get((gap.stream, gap.instance))
+        return gap.from_token if position is None else min(max(position, gap.from_token), gap.upto_token)
+
+    def _fill_pages(self, gap: FillGap) -> None:
         source = self.source
         assert source is not None, "FillGap needs a source"
         stream, instance = gap.stream, gap.instance
@@ -276,48 +380,193 @@ class StreamFollower:
             logger.warning("refused what the bus said of %s/%s: %s (delivered what the database holds; "
                            "logged once per writer)", stream, instance, reason)
 
-    def skip_gap(self, gap: GapUnfilled) -> None:
+    def skip_gap(self, gap: GapUnfilled, why: str = "no catch-up source for this stream") -> None:
         """Move past a gap nothing can fill: log it, count it, tell ``on_gap``."""
         self.unfilled[(gap.stream, gap.instance)] += 1
         logger.warning("missed facts of %s/%s after token %s (the writer is at %s) and cannot fetch "
-                       "them: no catch-up source for this stream; going on from there",
-                       gap.stream, gap.instance, gap.from_token, gap.upto_token)
+                       "them: %s; going on from there",
+                       gap.stream, gap.instance, gap.from_token, gap.upto_token, why)
         if self.on_gap is not None:
             self.on_gap(gap.stream, gap.instance, gap.from_token, gap.upto_token)
         self.state.skip_gap(gap)
 
+    # --- writers whose source cannot answer now ----------------------------------------------
+
+    def _stall(self, stream: str, instance: str, position: int, upto: int, exc: CatchUpUnavailableError) -> None:
+        """Hold *instance* back at *position* (what was handed on) until the source
+        answers for it up to *upto*; said once, counted, retried in the background."""
+        key = (stream, instance)
+        refused = isinstance(exc, CatchUpRefusedError)
+        stall = Stall(stream, instance, position, upto, str(exc), time.monotonic(), refused)
+        self.stalled[key] = stall
+        self.stalls[key] += 1
+        self.state.rewind(stream, instance, position)
+        if refused:
+            self.refusal = str(exc)
+        logger.warning("holding back %s/%s at token %s (the writer is at %s): %s; the other writers go on, "
+                       "and its facts are fetched again in the background until it answers "
+                       "(streamrep_replication_client_stalled_seconds)", stream, instance, position, upto, exc)
+        if self.on_stall is not None:
+            self.on_stall(stall)
+        self._retry_later(stall)
+
+    def _held_back(self, stream: str, instance: str, token: int) -> None:
+        """A fact or a gap of a stalled writer: not handed on (its fill covers it)."""
+        stall = self.stalled[(stream, instance)]
+        if token > stall.upto:
+            stall.upto = token
+        self.state.rewind(stream, instance, stall.position)
+
+    def _pin_stalled(self) -> None:
+        """Positions a read moved for a stalled writer (a ``POSITION`` with no gap)
+        raise its target and go back to what was handed on."""
+        positions = self.state.positions
+        for key, stall in self.stalled.items():
+            position = positions.get(key)
+            if position is not None and position != stall.position:
+                stall.upto = max(stall.upto, position)
+                positions[key] = stall.position
+
+    def _retry_later(self, stall: Stall) -> None:
+        key = (stall.stream, stall.instance)
+        running = self._retries.get(key)
+        if not self.held and (running is None or running.dead):
+            self._retries[key] = gevent.spawn(self._retry, stall)
+
+    def _retry(self, stall: Stall) -> None:
+        """Fill a stalled writer's gap in the background, with backoff, until it is
+        filled (the writer resumes) or the follower is held."""
+        key = (stall.stream, stall.instance)
+        backoff = Backoff(self.retry_base, max(self.retry_base, self.retry_max))
+        try:
+            while not self.held and self.stalled.get(key) is stall:
+                gevent.sleep(backoff.next_delay())
+                if self.held:
+                    return
+                stall.attempts += 1
+                try:
+                    if self._refill(stall):
+                        return
+                except CatchUpUnavailableError as exc:
+                    stall.problem = str(exc)
+                    logger.debug("%s/%s still held back: %s", stall.stream, stall.instance, exc)
+                except (UnknownStreamError, UnknownWriterError) as exc:
+                    with self.lock:
+                        self._give_up(stall, str(exc))
+                    return
+                except Exception:
+                    logger.exception("filling %s/%s in the background failed; trying again", stall.stream,
+                                     stall.instance)
+        finally:
+            if self._retries.get(key) is gevent.getcurrent():
+                del self._retries[key]
+
+    def _refill(self, stall: Stall) -> bool:
+        """One background attempt: hand on the stalled writer's facts page by page
+        (each page under :attr:`lock`, with :attr:`after_read` after it). True once
+        it caught up with the writer and resumed."""
+        source = self.source
+        assert source is not None
+        stream, instance = stall.stream, stall.instance
+        while True:
+            upto = stall.upto
+            for rows in pages(source, stream, instance, stall.position, upto, FETCH_LIMIT):
+                with self.lock:
+                    if self.held or self.stalled.get((stream, instance)) is not stall:
+                        return True
+                    self._hand_on_page(stall, rows)
+            with self.lock:
+                if self.held or self.stalled.get((stream, instance)) is not stall:
+                    return True
+                self._pin_stalled()
+                if stall.upto <= upto:  # nothing arrived meanwhile: caught up
+                    self._resume(stall, upto)
+                    return True
+
+    def _hand_on_page(self, stall: Stall, rows: list[tuple[int, bytes]]) -> None:
+        stream, instance = stall.stream, stall.instance
+        key = (stream, instance)
+        try:
+            self.handing_on = True
+            try:
+                for fact in self.state.gap_facts(stream, instance, stall.position, rows):
+                    if self.held:
+                        break
+                    self.handler(stream, instance, fact.token, fact.rows)
+                    self.delivered += 1
+                    stall.position = fact.token
+                    self.state.positions[key] = fact.token
+            finally:
+                self.handing_on = False
+            if self.after_read is not None:
+                self.after_read(self)
+        finally:
+            # A keeper whose transaction failed went back to what it committed.
+            rewound = self.state.positions.get(key)
+            if rewound is not None and rewound < stall.position:
+                stall.position = rewound
+
+    def _resume(self, stall: Stall, upto: int) -> None:
+        """The stalled writer's gap is filled up to *upto*: it goes on from there."""
+        key = (stall.stream, stall.instance)
+        del self.stalled[key]
+        if stall.refused and not any(s.refused for s in self.stalled.values()):
+            self.refusal = None
+        self.state.positions[key] = max(stall.position, upto)
+        logger.warning("%s/%s answers again: handed on what it held back, up to token %s; following it again",
+                       stall.stream, stall.instance, self.state.positions[key])
+        if self.on_resume is not None:
+            self.on_resume(stall)
+        if self.after_read is not None:
+            self.after_read(self)
+
+    def _give_up(self, stall: Stall, why: str) -> None:
+        """The source will never hold this writer's rows: an unfilled gap."""
+        key = (stall.stream, stall.instance)
+        del self.stalled[key]
+        self.skip_gap(GapUnfilled(stall.stream, stall.instance, stall.position, stall.upto), why)
+        if self.after_read is not None:
+            self.after_read(self)
+
     # --- feeding commands by hand (tests, embedding) -----------------------------------------
+
+    # The state moves as it reads a command: reading and handing on are one step
+    # under the lock, so a background fill never sees a position ahead of its facts.
 
     def on_rdata(self, stream: str, instance: str, token: int | None, row: Any) -> None:
         """One ``RDATA`` row; *token* None means ``batch``."""
         out: list[Action] = []
-        self.state.rdata(stream, instance, token, row, out)
-        self.run(out)
+        with self.lock:
+            self.state.rdata(stream, instance, token, row, out)
+            self.run(out)
 
     def on_rdata_run(self, stream: str, instance: str, token: int | None, commands: list[Any]) -> None:
         """Consecutive ``RDATA`` commands of one writer, all ``batch`` but the last,
         whose token is *token* (None: the fact goes on in a later read)."""
         out: list[Action] = []
-        self.state.rdata_run(stream, instance, token, commands, out)
-        self.run(out)
+        with self.lock:
+            self.state.rdata_run(stream, instance, token, commands, out)
+            self.run(out)
 
     def on_position(self, stream: str, instance: str, prev_token: int, new_token: int) -> bool:
         """A ``POSITION``. Returns False when a gap needs filling and there is no
         source to fill it from (the position is then left alone)."""
         out: list[Action] = []
-        self.state.position(stream, instance, prev_token, new_token, out)
-        if any(type(action) is GapUnfilled for action in out):
-            return False
-        self.run(out)
+        with self.lock:
+            self.state.position(stream, instance, prev_token, new_token, out)
+            if any(type(action) is GapUnfilled for action in out):
+                return False
+            self.run(out)
         return True
 
     def catch_up(self, stream: str, instance: str, upto_token: int) -> None:
         """Deliver facts from this reader's position up to *upto_token* from the source."""
         key = (stream, instance)
-        base = self.state.base(key)
-        if base is None or self.source is None:
-            return
-        if upto_token > self.positions.get(key, base):
-            self.positions[key] = upto_token
-        self.run([FillGap(stream, instance, base, upto_token)])
+        with self.lock:
+            base = self.state.base(key)
+            if base is None or self.source is None:
+                return
+            if upto_token > self.positions.get(key, base):
+                self.positions[key] = upto_token
+            self.run([FillGap(stream, instance, base, upto_token)])
 

@@ -29,7 +29,7 @@ from streamrep.replication.protocol.settings import ConnectionSettings
 
 if TYPE_CHECKING:
     from streamrep.config import Config
-    from streamrep.replication.follower import Handler, StreamFollower
+    from streamrep.replication.follower import Handler, Stall, StreamFollower
     from streamrep.replication.metrics import ReplicationMetrics
     from streamrep.replication.security import PeerSecurity
     from streamrep.replication.sources import CatchUpSource
@@ -131,6 +131,9 @@ class LinkRoles:
     * *on_retry* ``(problem, delay)``: an attempt failed or the link was lost;
     * *on_gap* ``(stream, instance, from_token, upto_token)``: a gap that could not be
       filled (nothing to fill it from); the link also logs and counts it;
+    * *on_stall*, *on_resume* ``(stall)``: the source could not answer for a writer,
+      which is held back (the other writers go on) and retried in the background;
+      it answered again (see :class:`~streamrep.replication.follower.Stall`);
     * *new_writers_from*, *after_read*: where writers nobody named start, and a hook
       called once a read's facts were all handed on (see
       :class:`~streamrep.replication.follower.StreamFollower`); *after_stop* is called
@@ -147,6 +150,8 @@ class LinkRoles:
     hand_on_positions: bool = False
     on_retry: Callable[[str, float], None] | None = None
     on_gap: Callable[[str, str, int, int], None] | None = None
+    on_stall: Callable[[Stall], None] | None = None
+    on_resume: Callable[[Stall], None] | None = None
     new_writers_from: int | None = None
     after_read: Callable[[StreamFollower], None] | None = None
     after_stop: Callable[[StreamFollower], None] | None = None
@@ -236,7 +241,8 @@ class LinkBase(abc.ABC):
         self.follower: StreamFollower | None = (
             StreamFollower(roles.handler, roles.source, roles.streams, roles.start_from, roles.on_gap,
                            verify=self.verifies_what_it_hears and isinstance(roles.source, StreamSource),
-                           new_writers_from=roles.new_writers_from, after_read=roles.after_read)
+                           new_writers_from=roles.new_writers_from, after_read=roles.after_read,
+                           on_stall=roles.on_stall, on_resume=roles.on_resume)
             if roles.handler is not None else None)
         self.writer_positions = roles.writer_positions
         #: called in the link's greenlet once each new connection has been greeted
@@ -360,6 +366,7 @@ class LinkBase(abc.ABC):
         follower = self.follower
         if follower is not None:
             follower.hold()
+            follower.stop_retrying()
         self._shutdown(timeout)
         if follower is not None and self.roles.after_stop is not None:
             self.roles.after_stop(follower)

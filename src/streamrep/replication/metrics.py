@@ -29,7 +29,9 @@ class ReplicationMetrics(Collector):
     ``() -> {connection_name: queued_commands}`` and ``() -> {(stream, instance):
     gaps}`` (gaps a reader could not fill), ``() -> {reason: count}`` (what a
     verifying reader refused); :attr:`refused` counts what the owner itself refused,
-    by reason.
+    by reason. ``stalled`` ``() -> {(stream, instance): seconds}`` gives the writers
+    a reader holds back now because its source cannot answer for them, and
+    ``stalls`` ``() -> {(stream, instance): count}`` how often each was.
     """
 
     def __init__(
@@ -39,6 +41,8 @@ class ReplicationMetrics(Collector):
         gaps: Callable[[], Mapping[tuple[str, str], int]] | None = None,
         refusals: Callable[[], Mapping[str, int]] | None = None,
         prefix: str = "streamrep_replication",
+        stalled: Callable[[], Mapping[tuple[str, str], float]] | None = None,
+        stalls: Callable[[], Mapping[tuple[str, str], int]] | None = None,
     ) -> None:
         self.prefix = prefix
         self.commands_in: Counter[str] = Counter()
@@ -47,6 +51,8 @@ class ReplicationMetrics(Collector):
         self.connections_total = 0
         self.refused: Counter[str] = Counter()
         self._gaps = gaps
+        self._stalled = stalled
+        self._stalls = stalls
         self._refusals = refusals
         self._positions = positions
         self._queue_depths = queue_depths
@@ -103,6 +109,7 @@ class ReplicationMetrics(Collector):
             for (stream, instance), count in sorted(self._gaps().items()):
                 gaps.add_metric([stream, instance], count)
             yield gaps
+        yield from self._collect_stalls()
         if self._positions is not None:
             positions = GaugeMetricFamily(
                 f"{p}_stream_position", "Latest token per stream and writer", labels=["stream", "instance"]
@@ -117,6 +124,23 @@ class ReplicationMetrics(Collector):
             for conn_name, queued in sorted(self._queue_depths().items()):
                 depth.add_metric([conn_name], queued)
             yield depth
+
+
+    def _collect_stalls(self) -> Iterator[Metric]:
+        p = self.prefix
+        if self._stalled is not None:
+            stalled = GaugeMetricFamily(
+                f"{p}_stalled_seconds", "Seconds a writer has been held back because its gap cannot be "
+                "fetched (only writers held back now)", labels=["stream", "instance"])
+            for (stream, instance), seconds in sorted(self._stalled().items()):
+                stalled.add_metric([stream, instance], seconds)
+            yield stalled
+        if self._stalls is not None:
+            stalls = CounterMetricFamily(f"{p}_stalls", "Times a writer was held back because its gap could "
+                                         "not be fetched", labels=["stream", "instance"])
+            for (stream, instance), count in sorted(self._stalls().items()):
+                stalls.add_metric([stream, instance], count)
+            yield stalls
 
 
 def serve_metrics(metrics: ReplicationMetrics, host: str, port: int) -> Any:

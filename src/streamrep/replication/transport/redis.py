@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import gevent
 import gevent.event
@@ -117,10 +117,12 @@ class RedisLink(LinkBase):
                                   hand_on_positions=self.roles.hand_on_positions and self.roles.on_command is not None)
         self.channels = channels(self.server_name, settings.user_ip)
         self.metrics = ReplicationMetrics(
-            positions=lambda: dict(follower.positions) if follower is not None else {},
+            positions=lambda: follower.taken_positions() if follower is not None else {},
             queue_depths=lambda: {self.client_name: self._queued},
             gaps=lambda: follower.unfilled if follower is not None else {},
             refusals=lambda: follower.refused if follower is not None else {},
+            stalled=lambda: follower.stalled_seconds() if follower is not None else {},
+            stalls=lambda: follower.stalls if follower is not None else {},
             prefix="streamrep_replication_client",
         )
         self._echoes = EchoFilter()
@@ -248,7 +250,8 @@ class RedisLink(LinkBase):
         self._greeted()
         if self.follower is not None:
             # Writers that stopped answer no REPLICATE: fill what the database holds.
-            self._carry_out(self.follower.stored_positions())
+            with self.follower.lock:
+                self._carry_out(self.follower.stored_positions())
 
     # --- reading ---------------------------------------------------------------------
 
@@ -307,7 +310,8 @@ class RedisLink(LinkBase):
                 # Only rows past what this reader reached on the stream: cheap.
                 keys.update((stream, instance) for instance in source.writers(stream, reached.get(stream, 0)))
         stored = {key: source.current_token(*key) for key in keys}
-        self._carry_out(follower.state.stored_positions(stored))
+        with follower.lock:
+            self._carry_out(follower.state.stored_positions(stored))
 
     def _received(self, decoder: Any, lines: list[bytes]) -> None:
         echoes = self._echoes
@@ -325,9 +329,20 @@ class RedisLink(LinkBase):
             _unknown, problems = C.split_unknown(exc)
             if problems:
                 self._bad_line(str(problems[0]))
-            self._carry_out(self.session.receive_failed(exc, time.monotonic()))
+            self._read(lambda: self.session.receive_failed(exc, time.monotonic()))
             return
-        self._carry_out(self.session.receive(commands, time.monotonic()))
+        self._read(lambda: self.session.receive(commands, time.monotonic()))
+
+    def _read(self, receive: Callable[[], list[Action]]) -> None:
+        """Carry out what the session makes of a read. Facts move positions as the
+        session reads them: the follower's background fills wait until this read's
+        facts were handed on."""
+        follower = self.follower
+        if follower is None:
+            self._carry_out(receive())
+            return
+        with follower.lock:
+            self._carry_out(receive())
 
     def _bad_line(self, problem: str) -> None:
         self.metrics.refused["malformed line"] += 1

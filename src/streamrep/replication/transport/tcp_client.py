@@ -87,10 +87,12 @@ class TcpLink(LinkBase):
         self.source = self.roles.source
         follower = self.follower
         self.metrics = ReplicationMetrics(
-            positions=lambda: dict(follower.positions) if follower is not None else {},
+            positions=lambda: follower.taken_positions() if follower is not None else {},
             queue_depths=lambda: {self.client_name: len(self.connection.queue)} if self.connection else {},
             gaps=lambda: follower.unfilled if follower is not None else {},
             refusals=lambda: follower.refused if follower is not None else {},
+            stalled=lambda: follower.stalled_seconds() if follower is not None else {},
+            stalls=lambda: follower.stalls if follower is not None else {},
             prefix="streamrep_replication_client",
         )
         self.connection: ClientConnection | None = None
