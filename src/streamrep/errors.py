@@ -204,3 +204,17 @@ class ConfigError(StreamrepError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (str(self), self.problems))
+
+
+class SynapseConfigError(StreamrepError):
+    """A reference homeserver's configuration file (``homeserver.yaml``) that cannot
+    be followed: ``problems`` holds one line per problem, each naming the key and the
+    fix. *file_problem*: the file itself is missing or unreadable."""
+
+    def __init__(self, message: str, problems: tuple[str, ...] = (), file_problem: bool = False) -> None:
+        super().__init__(message)
+        self.problems: tuple[str, ...] = problems or (message,)
+        self.file_problem = file_problem
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.problems, self.file_problem))

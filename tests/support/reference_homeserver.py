@@ -1,9 +1,10 @@
 """A real reference homeserver (matrix-synapse) for interop tests, in its own venv.
 
 :func:`running_homeserver` generates a configuration (SQLite, HTTP bound to
-127.0.0.1 on a free port, ``redis: enabled: true`` pointing at the given Redis,
-registration through a shared secret, no federation traffic, rate limits out of
-the way), starts the homeserver with the reference's interpreter
+127.0.0.1 on a free port, a second listener with the ``replication`` resource named
+in ``instance_map`` as ``main``, a ``worker_replication_secret``, ``redis: enabled:
+true`` pointing at the given Redis, registration through a shared secret, no
+federation traffic, rate limits out of the way), starts the homeserver with the reference's interpreter
 (:func:`support.reference.reference_python`) and stops it afterwards. The
 :class:`Homeserver` it yields registers users and drives the client API with the
 standard library's HTTP client, and reads what the server persisted from its
@@ -33,6 +34,8 @@ import yaml
 from support.redis_server import free_port
 
 _SECRET = "streamrep-interop-secret"
+#: The deployment's worker_replication_secret (its HTTP replication API asks for it).
+REPLICATION_SECRET = "streamrep-replication-secret"
 
 
 def _python() -> str:
@@ -50,6 +53,13 @@ class Homeserver:
     port: int
     directory: str
     process: subprocess.Popen[bytes]
+    #: the listener with the replication resource (instance_map's main)
+    replication_port: int = 0
+
+    @property
+    def config_path(self) -> str:
+        """The homeserver.yaml it runs with (what a follower reads)."""
+        return os.path.join(self.directory, "homeserver.yaml")
 
     @property
     def database(self) -> str:
@@ -99,13 +109,17 @@ class Homeserver:
                 "SELECT stream_ordering FROM events WHERE stream_ordering > 0 ORDER BY stream_ordering")]
 
 
-def _config(server_name: str, directory: str, port: int, redis_url: str) -> dict[str, Any]:
+def _config(server_name: str, directory: str, port: int, redis_url: str, replication_port: int) -> dict[str, Any]:
     redis = urlsplit(redis_url)
     return {
         "server_name": server_name,
         "pid_file": os.path.join(directory, "homeserver.pid"),
         "listeners": [{"port": port, "bind_addresses": ["127.0.0.1"], "type": "http", "tls": False,
-                       "x_forwarded": False, "resources": [{"names": ["client"], "compress": False}]}],
+                       "x_forwarded": False, "resources": [{"names": ["client"], "compress": False}]},
+                      {"port": replication_port, "bind_addresses": ["127.0.0.1"], "type": "http", "tls": False,
+                       "resources": [{"names": ["replication"], "compress": False}]}],
+        "instance_map": {"main": {"host": "127.0.0.1", "port": replication_port}},
+        "worker_replication_secret": REPLICATION_SECRET,
         "database": {"name": "sqlite3", "args": {"database": os.path.join(directory, "homeserver.db")}},
         "log_config": os.path.join(directory, "log.yaml"),
         "media_store_path": os.path.join(directory, "media"),
@@ -142,9 +156,10 @@ def running_homeserver(directory: str, redis_url: str, server_name: str,
     python = _python()
     os.makedirs(directory, exist_ok=True)
     port = free_port()
+    replication_port = free_port()
     config_path = os.path.join(directory, "homeserver.yaml")
     with open(config_path, "w", encoding="utf-8") as fh:
-        yaml.safe_dump(_config(server_name, directory, port, redis_url), fh)
+        yaml.safe_dump(_config(server_name, directory, port, redis_url, replication_port), fh)
     with open(os.path.join(directory, "log.yaml"), "w", encoding="utf-8") as fh:
         yaml.safe_dump(_log_config(directory), fh)
     keys = subprocess.run([python, "-m", "synapse.app.homeserver", "-c", config_path, "--generate-keys"],
@@ -153,7 +168,7 @@ def running_homeserver(directory: str, redis_url: str, server_name: str,
     with open(os.path.join(directory, "stdout.log"), "wb") as out:
         process = subprocess.Popen([python, "-m", "synapse.app.homeserver", "-c", config_path],
                                    stdout=out, stderr=subprocess.STDOUT, cwd=directory)
-    server = Homeserver(server_name, port, directory, process)
+    server = Homeserver(server_name, port, directory, process, replication_port)
     try:
         deadline = time.monotonic() + timeout
         while True:

@@ -15,7 +15,9 @@ from streamrep.replication.link import LinkSettings
 from streamrep.replication.protocol import ConnectionSettings
 
 if TYPE_CHECKING:
+    from streamrep.config import SynapseConfig
     from streamrep.replication.security import PeerSecurity
+    from streamrep.replication.sources.http import HttpSource
 
 
 def freeze_startup_heap() -> None:
@@ -69,9 +71,14 @@ class PeerSettings:
     redis_url: str | None = None
     #: seconds a writer's lease lives without renewal
     writer_lease_ttl: float = 30.0
+    #: a reference deployment followed through its homeserver.yaml (--synapse-config)
+    synapse: SynapseConfig | None = None
 
     def link(self, name: str, security: PeerSecurity | None = None) -> LinkSettings:
-        """The link of a process named *name*: to the hub, or through Redis."""
+        """The link of a process named *name*: to the hub, or through Redis (a
+        reference deployment's, from its homeserver.yaml)."""
+        if self.synapse is not None:
+            return LinkSettings.from_synapse(self.synapse, name, self.connection)
         if self.redis_url is not None:
             return LinkSettings(name, self.server_name, redis_url=self.redis_url, connection=self.connection)
         return LinkSettings(name, self.server_name, hub=(self.host, self.port), connection=self.connection,
@@ -84,14 +91,44 @@ class PeerSettings:
                             redis_url=self.redis_url).where()
 
 
+def catch_up_over_http(synapse: SynapseConfig) -> HttpSource:
+    """The catch-up source of a follower of a reference deployment: every writer of its
+    ``instance_map``, over their HTTP replication API."""
+    from streamrep.replication.sources.http import HttpSource
+
+    return HttpSource.from_synapse(synapse)
+
+
+def _synapse_settings(path: str, connect: str | None, db: str | None, server_name: str | None,
+                      redis: str | None) -> PeerSettings:
+    """``--synapse-config PATH``: everything comes from the homeserver's own file."""
+    given = [flag for flag, value in (("--connect", connect), ("--redis", redis), ("--db", db),
+                                      ("--server-name", server_name)) if value is not None]
+    if given:
+        raise click.UsageError(f"--synapse-config takes the deployment's Redis and server name from "
+                               f"homeserver.yaml: drop {', '.join(given)}")
+    from streamrep.config import load_synapse_config
+
+    synapse = load_synapse_config(path)
+    return PeerSettings("", 0, None, synapse.server_name, redis_url=synapse.redis_url, synapse=synapse)
+
+
 def peer_settings(config_path: str | None, connect: str | None, db: str | None,
-                  server_name: str | None, redis: str | None = None) -> PeerSettings:
+                  server_name: str | None, redis: str | None = None,
+                  synapse_config: str | None = None) -> PeerSettings:
     """Settings of a process that connects to the hub: flags, else the configuration file.
 
     With ``--config`` the hub's address, the database, the server name and the stream
     writers come from the same file ``streamrep serve`` reads; flags override them.
     A configuration problem prints one line per problem and exits with status 2.
+    With *synapse_config* (``--synapse-config``) the link goes to the Redis of the
+    reference deployment that file describes, and nothing else may be given.
     """
+    if synapse_config is not None:
+        if config_path is not None:
+            raise click.UsageError("give --synapse-config or --config, not both (a configuration file "
+                                   "names the homeserver's file as replication.synapse_config)")
+        return _synapse_settings(synapse_config, connect, db, server_name, redis)
     if config_path is None:
         if redis is not None:
             _check_redis_url(redis)
@@ -113,6 +150,13 @@ def peer_settings(config_path: str | None, connect: str | None, db: str | None,
         host, port = parse_connect(connect)
     else:
         host, port = config.listen.host, config.listen.port
+    if config.synapse is not None:
+        # The deployment is the reference's: its database is not streamrep's to read.
+        if db is not None or server_name is not None or connect is not None:
+            raise click.UsageError("the configuration follows a homeserver (replication.synapse_config): "
+                                   "drop --db, --server-name and --connect")
+        return PeerSettings(host, port, None, config.synapse.server_name, redis_url=config.synapse.redis_url,
+                            connection=ConnectionSettings.from_config(config), synapse=config.synapse)
     return PeerSettings(
         host, port,
         database=db if db is not None else config.database,

@@ -21,8 +21,8 @@ import traceback
 from dataclasses import dataclass
 
 from streamrep.errors import ChangeSetError
-from streamrep.errors import (ConfigError, DatabaseConfigError, DatabaseMissingError, DatabaseUnavailableError,
-                              DeploymentMismatchError,
+from streamrep.errors import (CatchUpRefusedError, ConfigError, DatabaseConfigError, DatabaseMissingError,
+                              DatabaseUnavailableError, DeploymentMismatchError, SynapseConfigError,
                               SchemaVersionError, SequenceMismatchError, StateCorruptionError,
                               StateVerificationError, StreamrepError, WriterLeaseHeldError,
                               WriterLeaseLostError)
@@ -72,6 +72,9 @@ class ExitCode(enum.IntEnum):
     DEPLOYMENT_MISMATCH = 16
     #: a compression change set whose files do not match its manifest; nothing was written
     CHANGE_SET_INVALID = 17
+    #: the reference homeserver's configuration (``--synapse-config``) cannot be followed:
+    #: a key missing or wrong (the line names it and the fix)
+    SYNAPSE_CONFIG = 18
     #: a bug in streamrep: the report asks for the traceback
     INTERNAL = 70
 
@@ -151,6 +154,11 @@ def describe(exc: BaseException, command: str = "streamrep") -> Failure:
         return Failure(exc.code, _one_line(exc))
     if isinstance(exc, ConfigError):
         return Failure(ExitCode.USAGE, "; ".join(exc.problems))
+    if isinstance(exc, SynapseConfigError):
+        return Failure(ExitCode.BAD_PATH if exc.file_problem else ExitCode.SYNAPSE_CONFIG,
+                       "; ".join(exc.problems))
+    if isinstance(exc, CatchUpRefusedError):
+        return Failure(ExitCode.AUTHENTICATION, _one_line(exc))
     if isinstance(exc, DatabaseMissingError):
         return Failure(ExitCode.BAD_PATH, _one_line(exc))
     if isinstance(exc, DeploymentMismatchError):

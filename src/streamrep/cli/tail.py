@@ -8,8 +8,10 @@ from typing import Any
 
 import click
 
-from streamrep.cli._common import freeze_startup_heap, peer_settings, use_cooperative_sockets
+from streamrep.cli._common import catch_up_over_http, freeze_startup_heap, peer_settings, use_cooperative_sockets
 from streamrep.cli._durable import close_keeper, keeper_failed, open_keeper
+from streamrep.cli._following import StallReport, describe_writers, serve_link_metrics
+from streamrep.cli.exits import CommandFailed, ExitCode
 from streamrep.cli._linkwatch import LinkWatch
 from streamrep.cli._printing import ROW_STYLES, TailPrinter
 from streamrep.cli._security import peer_security_from_context, peer_security_options
@@ -64,10 +66,16 @@ def parse_from(value: str | None) -> dict[Any, int]:
 @click.option("--commands", "print_commands", is_flag=True,
               help="Also print the commands that carry no fact as they pass (POSITION, LOCK_RELEASED, "
                    "NEW_ACTIVE_TASK, USER_SYNC, ..., and commands this version does not know).")
+@click.option("--synapse-config", "synapse_config", default=None, metavar="PATH",
+              help="Follow the Matrix deployment this homeserver.yaml describes: its Redis and server "
+                   "name, and each gap fetched from its writer's HTTP replication API (instance_map, "
+                   "worker_replication_secret).")
+@click.option("--metrics-listen", default=None, metavar="HOST:PORT",
+              help="Serve the follower's Prometheus /metrics there.")
 def tail(config_path: str | None, connect: str | None, redis_url: str | None, stream_names: tuple[str, ...],
          from_token: str | None, name: str, db: str | None, server_name: str | None, limit: int | None,
          give_up_after: float | None, cursor_path: str | None, sink_url: str | None, row_style: str,
-         print_commands: bool) -> None:
+         print_commands: bool, synapse_config: str | None, metrics_listen: str | None) -> None:
     """Follow streams and print each fact as one JSON object per line.
 
     Keys: ``stream``, ``instance``, ``token``, ``row`` (one line per row; rows of one
@@ -89,8 +97,13 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
     SIGTERM and SIGINT; after a SIGKILL the facts printed since the last save come
     again). ``--sink URL`` writes the rows and the cursor in one transaction:
     exactly once across any stop.
+
+    ``--synapse-config homeserver.yaml`` follows a Matrix deployment with nothing else
+    given: its Redis, and every gap fetched from the writer that has it over the
+    reference's HTTP replication API. A writer that cannot be reached is held back
+    alone, said once on stderr, and resumes when it answers.
     """
-    settings = peer_settings(config_path, connect, db, server_name, redis_url)
+    settings = peer_settings(config_path, connect, db, server_name, redis_url, synapse_config)
     if settings.redis_url is not None:
         if settings.server_name is None:
             raise click.UsageError("--redis needs --server-name NAME (the deployment's Redis channel)")
@@ -118,7 +131,12 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
                                  default_writer=settings.default_writer,
                                  definitions=known_streams())
         source = DatabaseSource(streams_handle, list(stream_names) or None)
-    names = list(stream_names) or (list(source.stream_names()) if source is not None else None)
+    http_source = None
+    if settings.synapse is not None:
+        http_source = catch_up_over_http(settings.synapse)
+        describe_writers("tail", settings, http_source)
+    filler = source if source is not None else http_source
+    names = list(stream_names) or (list(filler.stream_names()) if filler is not None else None)
     start_from: dict[Any, int] = {}
     if starts and names is None:
         names = list(known_streams().names())
@@ -150,20 +168,26 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
     def unfilled_gap(stream: str, instance: str, from_token: int, to_token: int) -> None:
         if not gaps["told"]:
             gaps["told"] = True
+            why = ("without --db or --synapse-config" if source is None and http_source is None
+                   else "from that writer (the log line above says why)")
             click.echo(f"tail: missed facts of {stream}/{instance} after token {from_token} "
-                       f"(it is at {to_token}) and cannot fetch them without --db; going on "
+                       f"(it is at {to_token}) and cannot fetch them {why}; going on "
                        "from there (counted in streamrep_replication_client_gaps_unfilled)", err=True)
 
     security = None if settings.redis_url is not None else peer_security_from_context(config_path, name)
     keeper = open_keeper(cursor_path, sink_url, name, handler, start_from, counted)
-    roles: dict[str, Any] = dict(source=source, streams=stream_names or None, on_retry=watch.retrying,
+    stalls = StallReport("tail")
+    roles: dict[str, Any] = dict(source=filler, streams=stream_names or None, on_retry=watch.retrying,
                                  on_gap=unfilled_gap, on_command=printer.command if print_commands else None,
-                                 hand_on_positions=print_commands)
+                                 hand_on_positions=print_commands, on_stall=stalls.stalled,
+                                 on_resume=stalls.resumed)
     if keeper is not None:
         client = keeper.open_link(settings.link(name, security), **roles)
     else:
         client = open_link(settings.link(name, security), handler=handler, start_from=start_from, **roles)
     assert client.follower is not None
+    follower = client.follower
+    metrics_server = serve_link_metrics(client, metrics_listen)
 
     def watch_link() -> None:
         while not done.is_set():
@@ -171,7 +195,7 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
                 watch.connected()
             elif watch.given_up() or client.refused_credentials:
                 done.set()
-            if keeper is not None and keeper.failure is not None:
+            if (keeper is not None and keeper.failure is not None) or follower.refusal is not None:
                 done.set()
             gevent.sleep(0.1)
 
@@ -185,6 +209,10 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
         done.wait()
     finally:
         client.stop()
+        if metrics_server is not None:
+            metrics_server.stop()
+        if http_source is not None:
+            http_source.close()
         close_keeper(keeper)
         if streams_handle is not None:
             streams_handle.close()
@@ -194,6 +222,8 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
         raise keeper_failed(keeper)
     if client.refused_credentials:
         raise watch.failure("cannot follow", client.refusal, credentials=True)
+    if follower.refusal is not None:
+        raise CommandFailed(ExitCode.AUTHENTICATION, f"cannot fetch what it missed: {follower.refusal}")
     if watch.given_up():
         raise watch.failure(refusal=client.refusal)
     click.echo(f"tail: {printed['facts']} facts", err=True)

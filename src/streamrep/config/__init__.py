@@ -33,7 +33,8 @@ attribute has every line. The package's modules: :mod:`~streamrep.config.model`
 flags' overrides), :mod:`~streamrep.config.validation` (one validator per
 section), :mod:`~streamrep.config.fields` (single values),
 :mod:`~streamrep.config.problems` (the lines), :mod:`~streamrep.config.ports` and
-:mod:`~streamrep.config.exposure`. The ``--config`` option of the commands and the
+:mod:`~streamrep.config.exposure`; :mod:`~streamrep.config.synapse` reads a
+reference homeserver's own ``homeserver.yaml`` for following it. The ``--config`` option of the commands and the
 "flags override the file" rule are in :mod:`streamrep.cli.options`.
 """
 
@@ -59,6 +60,7 @@ from streamrep.config.model import (
 )
 from streamrep.config.ports import check_ports
 from streamrep.config.problems import FLAG_KEYS
+from streamrep.config.synapse import SynapseConfig, load_synapse_config
 
 __all__ = [
     "Address",
@@ -73,11 +75,13 @@ __all__ = [
     "KeepaliveConfig",
     "LoggingConfig",
     "RedisConfig",
+    "SynapseConfig",
     "TLSConfig",
     "check_ports",
     "exposure_problem",
     "is_loopback",
     "load_config",
+    "load_synapse_config",
     "parse_address",
     "redis_url_for_display",
 ]

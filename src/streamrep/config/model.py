@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Mapping
 from urllib.parse import urlsplit, urlunsplit
+
+if TYPE_CHECKING:
+    from streamrep.config.synapse import SynapseConfig
 
 __all__ = [
     "Address",
@@ -171,6 +174,9 @@ class Config:
     insecure: bool = False
     #: Replication through Redis (``replication.redis``), None: through the hub.
     redis: RedisConfig | None = None
+    #: A reference deployment followed through its own ``homeserver.yaml``
+    #: (``replication.synapse_config``): its Redis, and its writers' HTTP API.
+    synapse: SynapseConfig | None = None
     #: Seconds a writer's lease lives without renewal (see streamrep.idgen.lease).
     writer_lease_ttl: float = 30.0
     #: The event stores' check of event IDs and content hashes: strict, warn or off.

@@ -23,6 +23,8 @@ from streamrep.config.model import (
     redis_url_for_display,
 )
 from streamrep.config.problems import Problems, suggest
+from streamrep.config.synapse import SynapseConfig, load_synapse_config
+from streamrep.errors import SynapseConfigError
 from streamrep.shared_secret import SecretFileError, read_secret_file
 
 if TYPE_CHECKING:
@@ -41,7 +43,7 @@ _TOP_KEYS = (
     "metrics_listen", "keepalive", "backpressure", "connections", "logging", "replication",
     "writer_lease_ttl", "verify_event_ids",
 )
-_REPLICATION_KEYS = ("redis",)
+_REPLICATION_KEYS = ("redis", "synapse_config")
 _REDIS_KEYS = ("url",)
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
 _INSTANCE_KEYS = ("host", "port", "metrics_listen", "tls_cert", "tls_key")
@@ -356,6 +358,31 @@ def _redis(data: Mapping[str, Any], problems: Problems) -> RedisConfig | None:
     return RedisConfig(url=url)
 
 
+def _synapse(data: Mapping[str, Any], redis: RedisConfig | None, problems: Problems) -> SynapseConfig | None:
+    """``replication.synapse_config``: follow a reference deployment through its own
+    ``homeserver.yaml`` (its Redis, its writers' HTTP API); read and checked now."""
+    replication = data.get("replication")
+    raw = replication.get("synapse_config") if isinstance(replication, dict) else None
+    key = "replication.synapse_config"
+    source = path(raw, key, problems, "/etc/matrix-synapse/homeserver.yaml")
+    if source is None:
+        return None
+    if redis is not None:
+        problems.add(key, "given with replication.redis (the homeserver's file names its Redis)",
+                     "keep one of the two")
+    try:
+        synapse = load_synapse_config(source)
+    except SynapseConfigError as exc:
+        for line in exc.problems:
+            what, _, fix = line.partition("; ")
+            problems.add(key, what, fix or "fix the homeserver's file")
+        return None
+    if data.get("server_name") != synapse.server_name:
+        problems.add("server_name", f"{data.get('server_name')!r} is not the homeserver's server name "
+                     f"{synapse.server_name!r} ({source})", f"set it to {synapse.server_name}")
+    return synapse
+
+
 def _tls(data: Mapping[str, Any], problems: Problems) -> TLSConfig:
     raw = section(data, "tls", problems)
     unknown_keys(raw, _TLS_KEYS, "tls.", problems)
@@ -416,6 +443,7 @@ def validate(data: Mapping[str, Any], rules: StreamRules, problems: Problems,
     logging = _logging(data, problems)
     _listener_clashes(identity, instances, problems)
     redis = _redis(data, problems)
+    synapse = _synapse(data, redis, problems)
     lease_ttl = number(data.get("writer_lease_ttl", 30.0), "writer_lease_ttl", problems,
                        float, 1, 30.0)
     tls, shared_secret_file, insecure = _security(data, identity.listen, problems)
@@ -442,6 +470,7 @@ def validate(data: Mapping[str, Any], rules: StreamRules, problems: Problems,
         shared_secret_file=shared_secret_file,
         insecure=insecure,
         redis=redis,
+        synapse=synapse,
         writer_lease_ttl=lease_ttl,
         verify_event_ids="strict" if verify == "strict" else "off" if verify == "off" else "warn",
         source=source,

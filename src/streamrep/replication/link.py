@@ -28,7 +28,7 @@ from streamrep.replication.protocol.reader import StartFrom
 from streamrep.replication.protocol.settings import ConnectionSettings
 
 if TYPE_CHECKING:
-    from streamrep.config import Config
+    from streamrep.config import Config, SynapseConfig
     from streamrep.replication.follower import Handler, Stall, StreamFollower
     from streamrep.replication.metrics import ReplicationMetrics
     from streamrep.replication.security import PeerSecurity
@@ -88,6 +88,8 @@ class LinkSettings:
         through Redis when it has ``replication.redis``, else to its hub (with the
         file's TLS and shared secret unless *security* is given)."""
         connection = ConnectionSettings.from_config(config)
+        if config.synapse is not None:
+            return cls.from_synapse(config.synapse, name, connection)
         if config.redis is not None:
             return cls(name, config.server_name, redis_url=config.redis.url, connection=connection)
         if security is None:
@@ -96,6 +98,18 @@ class LinkSettings:
             security = PeerSecurity.from_config(config, name)
         return cls(name, config.server_name, hub=(config.listen.host, config.listen.port),
                    connection=connection, security=security)
+
+    @classmethod
+    def from_synapse(cls, synapse: SynapseConfig, name: str,
+                     connection: ConnectionSettings | None = None) -> LinkSettings:
+        """The link of a follower named *name* of the reference deployment whose
+        ``homeserver.yaml`` *synapse* holds (:func:`streamrep.config.load_synapse_config`):
+        its Redis, with its server name as the channel. The link publishes only its
+        ``REPLICATE``; the writers' answers and the facts they publish are what it
+        follows (fill its gaps with :meth:`HttpSource.from_synapse
+        <streamrep.replication.sources.http.HttpSource.from_synapse>`)."""
+        return cls(name, synapse.server_name, redis_url=synapse.redis_url,
+                   connection=connection if connection is not None else ConnectionSettings())
 
     @property
     def transport(self) -> str:

@@ -43,13 +43,16 @@ import secrets
 import socket
 import ssl
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 from urllib.parse import quote
 
 import orjson
 
 from streamrep.errors import CatchUpRefusedError, CatchUpUnavailableError, UnknownStreamError, UnknownWriterError
 from streamrep.replication.backoff import Backoff
+
+if TYPE_CHECKING:
+    from streamrep.config.synapse import SynapseConfig
 
 __all__ = [
     "HttpSource", "WriterAddress", "MAIN_INSTANCE", "MAIN_INSTANCE_MAP_KEY", "REFERENCE_STREAMS", "ENDPOINT",
@@ -165,6 +168,16 @@ class HttpSource:
         writers = {MAIN_INSTANCE if name == MAIN_INSTANCE_MAP_KEY else name: address
                    for name, address in instance_map.items()}
         return cls(writers, **options)
+
+    @classmethod
+    def from_synapse(cls, synapse: SynapseConfig, **options: Any) -> HttpSource:
+        """A source over every writer in the ``instance_map`` of a reference
+        ``homeserver.yaml`` (:func:`streamrep.config.load_synapse_config`), with its
+        replication secret."""
+        addresses = {name: WriterAddress(entry.host, entry.port, entry.tls, entry.path)
+                     for name, entry in synapse.instance_map.items()}
+        options.setdefault("secret", synapse.replication_secret)
+        return cls.from_instance_map(addresses, **options)
 
     def stream_names(self) -> Sequence[str]:
         return list(self._streams)

@@ -66,7 +66,7 @@ def _refusal(command: str, reply: Exception) -> SubscriptionLost:
 
 
 def _tls_context(options: dict[str, Any]) -> ssl.SSLContext:
-    context = ssl.create_default_context(cafile=options.get("ssl_ca_certs"))
+    context = ssl.create_default_context(cafile=options.get("ssl_ca_certs"), capath=options.get("ssl_ca_path"))
     reqs = str(options.get("ssl_cert_reqs", "required")).lower()
     if reqs in ("none", "cert_none"):
         context.check_hostname = False
