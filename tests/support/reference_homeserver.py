@@ -131,6 +131,7 @@ def _config(server_name: str, directory: str, port: int, redis_url: str, replica
         "federation_domain_whitelist": [],
         "redis": {"enabled": True, "host": redis.hostname or "127.0.0.1", "port": redis.port or 6379},
         "rc_message": {"per_second": 10000, "burst_count": 10000},
+        "rc_presence": {"per_user": {"per_second": 10000, "burst_count": 10000}},
         "rc_registration": {"per_second": 10000, "burst_count": 10000},
         "rc_presence": {"per_user": {"per_second": 10000, "burst_count": 10000}},
         "rc_login": {"address": {"per_second": 10000, "burst_count": 10000},
