@@ -102,7 +102,7 @@ def test_a_writer_down_holds_back_only_its_own_facts(writers: tuple[FakeWriter, 
     follower = run.follower
     metrics = ReplicationMetrics(stalled=follower.stalled_seconds, stalls=lambda: follower.stalls)
     try:
-        with caplog.at_level(logging.WARNING, logger="streamrep.replication.follower"):
+        with caplog.at_level(logging.INFO, logger="streamrep.replication.follower"):
             follower.on_position("events", "persister1", 10, 10)  # a gap of 10 facts, writer down
             follower.on_position("receipts", "master", 10, 10)
             assert run.tokens(EVENTS) == [] and run.tokens(RECEIPTS) == list(range(1, 11))

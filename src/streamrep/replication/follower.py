@@ -403,9 +403,11 @@ class StreamFollower:
         self.state.rewind(stream, instance, position)
         if refused:
             self.refusal = str(exc)
-        logger.warning("holding back %s/%s at token %s (the writer is at %s): %s; the other writers go on, "
-                       "and its facts are fetched again in the background until it answers "
-                       "(streamrep_replication_client_stalled_seconds)", stream, instance, position, upto, exc)
+        # Said once: in the log, or by the application when it says it itself.
+        logger.log(logging.INFO if self.on_stall is not None else logging.WARNING,
+                   "holding back %s/%s at token %s (the writer is at %s): %s; the other writers go on, "
+                   "and its facts are fetched again in the background until it answers "
+                   "(streamrep_replication_client_stalled_seconds)", stream, instance, position, upto, exc)
         if self.on_stall is not None:
             self.on_stall(stall)
         self._retry_later(stall)
@@ -513,8 +515,9 @@ class StreamFollower:
         if stall.refused and not any(s.refused for s in self.stalled.values()):
             self.refusal = None
         self.state.positions[key] = max(stall.position, upto)
-        logger.warning("%s/%s answers again: handed on what it held back, up to token %s; following it again",
-                       stall.stream, stall.instance, self.state.positions[key])
+        logger.log(logging.INFO if self.on_resume is not None else logging.WARNING,
+                   "%s/%s answers again: handed on what it held back, up to token %s; following it again",
+                   stall.stream, stall.instance, self.state.positions[key])
         if self.on_resume is not None:
             self.on_resume(stall)
         if self.after_read is not None:

@@ -69,7 +69,7 @@ ENDPOINT = "/_synapse/replication/get_repl_stream_updates"
 #: The streams of the reference (matrix-synapse 1.163), each served by its writers.
 REFERENCE_STREAMS = (
     "events", "backfill", "presence", "presence_federation", "typing", "receipts", "push_rules", "pushers",
-    "caches", "device_lists", "to_device", "federation", "account_data", "sticky_events",
+    "caches", "device_lists", "to_device", "federation", "account_data", "profile_updates", "sticky_events",
     "thread_subscriptions", "un_partial_stated_room", "un_partial_stated_event", "quarantined_media",
 )
 
