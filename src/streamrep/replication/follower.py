@@ -42,7 +42,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import gevent
 import gevent.lock
@@ -53,7 +53,7 @@ from streamrep.replication.backoff import Backoff
 from streamrep.replication.protocol import (
     Action, Fact, FillGap, FollowerState, GapUnfilled, Positions, Refused, StartFrom, WriterKey, group_facts,
 )
-from streamrep.replication.sources import CatchUpSource, StreamSource, pages
+from streamrep.replication.sources import CatchUpSource, Rows, StreamSource, pages
 
 __all__ = ["StreamFollower", "Handler", "Stall", "group_facts", "FETCH_LIMIT"]
 
@@ -83,6 +83,22 @@ class Stall:
     refused: bool = False
     #: background attempts made so far
     attempts: int = 0
+
+
+def _patiently(pages: Iterator[Rows], patience: float | None, stream: str, instance: str,
+               where: str = "") -> Iterator[Rows]:
+    """*pages*, each given at most *patience* seconds (None: as long as it takes)."""
+    while True:
+        if patience is None:
+            page = next(pages, None)
+        else:
+            slow = CatchUpUnavailableError(f"the writer {instance}{f' at {where}' if where else ''} did not "
+                                           f"answer for {stream} within {patience:g}s", stream, instance, where)
+            with gevent.Timeout(patience, slow):
+                page = next(pages, None)
+        if page is None:
+            return
+        yield page
 
 
 class StreamFollower:
@@ -124,6 +140,7 @@ class StreamFollower:
         on_resume: Callable[[Stall], None] | None = None,
         retry_base: float = 1.0,
         retry_max: float = 60.0,
+        fill_patience: float | None = 5.0,
     ) -> None:
         self.handler = handler
         self.source = source
@@ -157,6 +174,9 @@ class StreamFollower:
         self.on_resume = on_resume
         self.retry_base = retry_base
         self.retry_max = retry_max
+        #: seconds a page of a gap may take, from a source that may be cut short,
+        #: before its writer is held back and filled in the background (None: no limit)
+        self.fill_patience = fill_patience
         #: held while facts are handed on: the transport's reads and the background
         #: fills of stalled writers take turns
         self.lock = gevent.lock.RLock()
@@ -343,8 +363,14 @@ class StreamFollower:
         stream, instance = gap.stream, gap.instance
         from_token = gap.from_token
         expect = gap.expect
+        # A source that may be cut short (over the network) gets a page's worth of
+        # patience here: a writer that hangs is then held back in the background
+        # rather than holding every other writer's facts.
+        patience = self.fill_patience if getattr(source, "interruptible", False) else None
+        where = getattr(source, "where", None)
         try:
-            for rows in pages(source, stream, instance, from_token, gap.upto_token, FETCH_LIMIT):
+            for rows in _patiently(pages(source, stream, instance, from_token, gap.upto_token, FETCH_LIMIT),
+                                   patience, stream, instance, where(instance) if callable(where) else ""):
                 if expect:
                     self._compare(stream, instance, expect, rows)
                 for fact in self.state.gap_facts(stream, instance, from_token, rows):

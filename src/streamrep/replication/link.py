@@ -380,10 +380,11 @@ class LinkBase(abc.ABC):
         follower = self.follower
         if follower is not None:
             follower.hold()
-            follower.stop_retrying()
         self._shutdown(timeout)
-        if follower is not None and self.roles.after_stop is not None:
-            self.roles.after_stop(follower)
+        if follower is not None:
+            follower.stop_retrying()
+            if self.roles.after_stop is not None:
+                self.roles.after_stop(follower)
 
     @abc.abstractmethod
     def _shutdown(self, timeout: float) -> None:

@@ -35,7 +35,12 @@ Rows = list[tuple[int, bytes]]
 
 
 class CatchUpSource(Protocol):
-    """Rows of any writer between two tokens: what fills a reader's gap."""
+    """Rows of any writer between two tokens: what fills a reader's gap.
+
+    A source over the network may say it can be cut short between its calls'
+    network waits (a class attribute ``interruptible = True``): a follower filling
+    a gap as it reads then gives each page a few seconds, and holds a writer that
+    takes longer back (filling it in the background) rather than every writer."""
 
     def stream_names(self) -> Sequence[str]:
         """Names of the streams this source can fill."""

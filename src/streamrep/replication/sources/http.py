@@ -141,6 +141,9 @@ class HttpSource:
     says it can fill (default: every stream of the reference).
     """
 
+    #: a request may be cut short (a gevent.Timeout) and the connection is dropped
+    interruptible = True
+
     def __init__(self, writers: Mapping[str, WriterAddress], *, secret: str | None = None,
                  timeout: float = 10.0, attempts: int = 4, backoff_base: float = 0.25, backoff_max: float = 4.0,
                  streams: Iterable[str] | None = None, ssl_context: ssl.SSLContext | None = None,
@@ -314,6 +317,9 @@ class HttpSource:
                 connection.close()
                 if not reused:
                     raise _Failed(_describe(exc)) from None
+            except BaseException:
+                connection.close()  # cut short: the connection is in no known state
+                raise
         if response.will_close:
             connection.close()
         else:
