@@ -244,16 +244,20 @@ def _redis(raw: object, problems: _Problems) -> SynapseRedis | None:
                         files["private_key_file"], files["ca_file"], files["ca_path"])
 
 
-def _instance_map(raw: object, problems: _Problems) -> dict[str, SynapseInstance]:
-    """``instance_map``: each process's replication listener."""
+def _section(raw: object, key: str, problems: _Problems, example: str) -> dict[Any, Any]:
+    """The mapping under *key* (empty when absent or not a mapping)."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        problems.add("instance_map", f"expected a mapping, got {type(raw).__name__}",
-                     "write `main: {host: ..., port: ...}` indented under it")
+        problems.add(key, f"expected a mapping, got {type(raw).__name__}", f"write `{example}` indented under it")
         return {}
+    return raw
+
+
+def _instance_map(raw: object, problems: _Problems) -> dict[str, SynapseInstance]:
+    """``instance_map``: each process's replication listener."""
     instances: dict[str, SynapseInstance] = {}
-    for name, entry in raw.items():
+    for name, entry in _section(raw, "instance_map", problems, "main: {host: ..., port: ...}").items():
         key = f"instance_map.{name}"
         if not isinstance(entry, dict):
             problems.add(key, f"expected a mapping, got {entry!r}", "write {host: HOST, port: PORT} or {path: SOCKET}")
@@ -276,14 +280,8 @@ def _instance_map(raw: object, problems: _Problems) -> dict[str, SynapseInstance
 
 def _stream_writers(raw: object, problems: _Problems) -> dict[str, tuple[str, ...]]:
     """``stream_writers``: writer type -> instances (one name or a list)."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        problems.add("stream_writers", f"expected a mapping, got {type(raw).__name__}",
-                     "write `events: [persister1, persister2]` indented under it")
-        return {}
     writers: dict[str, tuple[str, ...]] = {}
-    for kind, names in raw.items():
+    for kind, names in _section(raw, "stream_writers", problems, "events: [persister1, persister2]").items():
         key = f"stream_writers.{kind}"
         if kind not in _WRITER_TYPES:
             problems.add(key, f"not a writer type of the reference (known: {', '.join(_WRITER_TYPES)})",
