@@ -21,13 +21,17 @@ EVENTS = {
     "ev": [("event_id", "string"), ("room_id", "string"), ("type", "string"),
            ("state_key", "string|null"), ("redacts", "string|null"),
            ("relates_to", "string|null"), ("membership", "string|null"),
-           ("rejected", "boolean"), ("outlier", "boolean")],
+           ("rejected", "flag"), ("outlier", "flag")],
     "state": [("room_id", "string"), ("type", "string"), ("state_key", "string"),
               ("event_id", "string|null")],
     "state-all": [("room_id", "string")],
 }
 CACHES = [("cache_func", "string"), ("keys", "array|null"), ("invalidation_ts", "integer")]
 TYPING = [("room_id", "string"), ("user_ids", "string[]")]
+PRESENCE = [("user_id", "string"), ("state", "string"), ("last_active_ts", "integer"),
+            ("status_msg", "string|null"), ("currently_active", "flag")]
+PUSHERS = [("user_id", "string"), ("app_id", "string"), ("pushkey", "string"),
+           ("deleted", "boolean")]
 ANY = [("anything", "any"), ("list", "array")]
 
 
@@ -42,6 +46,8 @@ def shapes(mod: ModuleType) -> dict[str, Any]:
         "events": mod.RowShape("events", variants=EVENTS),
         "caches": mod.RowShape("caches", CACHES),
         "typing": mod.RowShape("typing", TYPING),
+        "presence": mod.RowShape("presence", PRESENCE),
+        "pushers": mod.RowShape("pushers", PUSHERS),
         "any": mod.RowShape("any", ANY),
         "empty": mod.RowShape("empty", []),
     }
@@ -53,6 +59,10 @@ GOOD = [
     ("receipts", b'[ "!r:hs", "m.read", "@u:hs", "$e:hs", null, {"ts": 1.5} ]'),
     ("receipts", '["!r\u00e9","m.read","@u","$e",null,{"k":"\\n"}]'.encode()),
     ("events", b'["ev",["$a","!r","m.room.member","@u",null,null,"join",false,true]]'),
+    # A flag as the reference sends it from SQLite (0 or 1) and from PostgreSQL.
+    ("events", b'["ev",["$a","!r","m.room.message",null,null,null,null,0,0]]'),
+    ("events", b'["ev",["$a","!r","m.room.member","@u",null,null,"join",1,false]]'),
+    ("events", b'["ev", ["$a", "!r", "m.room.message", null, null, null, null, true, 1]]'),
     ("events", b'["state",["!r","m.room.topic","",null]]'),
     ("events", b'["state-all",["!r"]]'),
     ("caches", b'["get_event",null,1700000000000]'),
@@ -60,6 +70,10 @@ GOOD = [
     ("caches", b'["x",[],12345678901234567890]'),
     ("typing", b'["!r",[]]'),
     ("typing", b'["!r",["@a","@b"]]'),
+    ("presence", b'["@u","online",1700000000000,null,1]'),
+    ("presence", b'["@u","offline",0,"away",0]'),
+    ("presence", b'["@u","online",0,"",true]'),
+    ("pushers", b'["@u","m.http","key",false]'),
     ("any", b'[{"a":[null,true,1]},[[]]]'),
     ("empty", b'[]'),
 ]
@@ -78,8 +92,24 @@ BAD = [
     ("events", b'["ev",["$a","!r"]]',
      "events ev row has 2 fields, expected 9 (event_id, room_id, type, state_key, redacts, "
      "relates_to, membership, rejected, outlier)"),
-    ("events", b'["ev",["$a","!r","t",null,null,null,null,0,false]]',
-     "events ev row field 7 (rejected) must be a boolean, not an integer"),
+    ("events", b'["ev",["$a","!r","t",null,null,null,null,2,false]]',
+     "events ev row field 7 (rejected) must be a boolean or the integer 0 or 1, not 2"),
+    ("events", b'["ev",["$a","!r","t",null,null,null,null,false,-1]]',
+     "events ev row field 8 (outlier) must be a boolean or the integer 0 or 1, not -1"),
+    ("events", b'["ev",["$a","!r","t",null,null,null,null,false,10]]',
+     "events ev row field 8 (outlier) must be a boolean or the integer 0 or 1, not 10"),
+    ("events", b'["ev",["$a","!r","t",null,null,null,null,1.0,false]]',
+     "events ev row field 7 (rejected) must be a boolean or the integer 0 or 1, not a number"),
+    ("events", b'["ev",["$a","!r","t",null,null,null,null,"1",false]]',
+     "events ev row field 7 (rejected) must be a boolean or the integer 0 or 1, not a string"),
+    ("events", b'["ev",["$a","!r","t",null,null,null,null,null,false]]',
+     "events ev row field 7 (rejected) must be a boolean or the integer 0 or 1, not null"),
+    ("presence", b'["@u","online",1,null,[1]]',
+     "presence row field 4 (currently_active) must be a boolean or the integer 0 or 1, "
+     "not an array"),
+    # A field the reference always sends as a boolean takes no integer.
+    ("pushers", b'["@u","m.http","key",0]',
+     "pushers row field 3 (deleted) must be a boolean, not an integer"),
     ("events", b'["bogus",[]]',
      "events row kind 'bogus' is unknown (known: ev, state, state-all)"),
     ("events", b'[1,[]]', "events row field 0 (kind) must be a string, not an integer"),
@@ -142,7 +172,7 @@ def test_refuses_bad_declarations(rowcheck: ModuleType) -> None:
 # Values on both sides of the in-place check: compact ASCII, escapes, non-ASCII,
 # floats, huge integers, whitespace, deep nesting.
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70)
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.integers(-2, 11)
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.sampled_from(["", "!r:hs", "@u", "ev", "state", "state-all", "m.read", "\u00e9", "a\"b"]),
     lambda inner: st.lists(inner, max_size=4)
@@ -160,7 +190,8 @@ def _encode(value: Any, spaced: bool) -> bytes:
 
 @pytest.mark.compiled_vs_pure
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(stream=st.sampled_from(["receipts", "events", "caches", "typing", "any", "empty"]),
+@given(stream=st.sampled_from(["receipts", "events", "caches", "typing", "presence", "pushers",
+                                "any", "empty"]),
        row=st.one_of(
            JSON_VALUES.map(lambda v: (v, False)),
            st.lists(JSON_VALUES, max_size=7).map(lambda v: (v, False)),
@@ -190,6 +221,23 @@ def test_compiled_accepts_well_formed_receipts_as_pure_does(values: tuple[Any, .
     data = orjson.dumps(list(values))
     assert compiled.check_row(shapes(compiled)["receipts"], data) is None
     assert PURE.check_row(shapes(PURE)["receipts"], data) is None
+
+
+@pytest.mark.compiled_vs_pure
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(flag=st.booleans() | st.integers(-(2**70), 2**70) | st.integers(-3, 12) | st.none()
+       | st.floats(-2, 2) | st.sampled_from(["0", "1", "true", [], {}, [1]]),
+       spaced=st.booleans())
+def test_a_flag_is_a_boolean_or_0_or_1_on_both(flag: Any, spaced: bool) -> None:
+    data = _encode(["@u", "online", 5, None, flag], spaced)
+    compiled = core_module("rowcheck", "compiled")
+    answer = PURE.check_row(shapes(PURE)["presence"], data)
+    assert compiled.check_row(shapes(compiled)["presence"], data) == answer
+    if type(flag) is bool or (type(flag) is int and flag in (0, 1)):
+        assert answer is None
+    else:
+        assert answer is not None and answer.startswith(
+            "presence row field 4 (currently_active) must be a boolean or the integer 0 or 1, not ")
 
 
 @pytest.mark.compiled_vs_pure

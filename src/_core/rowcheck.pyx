@@ -26,6 +26,7 @@ cdef enum Kind:
     K_STRING_OR_NULL
     K_INTEGER
     K_BOOLEAN
+    K_FLAG
     K_OBJECT
     K_ARRAY
     K_ARRAY_OR_NULL
@@ -99,6 +100,17 @@ cdef bint _skip_strings(const char** cursor, const char* end) noexcept nogil:
         p += 1
 
 
+cdef bint _skip_flag(const char** cursor, const char* end) noexcept nogil:
+    """Past ``true``, ``false``, ``0`` or ``1`` (a one-digit integer)."""
+    cdef const char* p = cursor[0]
+    if p[0] == c'0' or p[0] == c'1':
+        if skip_integer(&p, end) and p == cursor[0] + 1:
+            cursor[0] = p
+            return True
+        return False
+    return skip_word(cursor, end, b"true", 4) or skip_word(cursor, end, b"false", 5)
+
+
 @cython.boundscheck(False)
 @cython.wraparound(False)
 cdef bint _skip_kind(const char** cursor, const char* end, char kind) noexcept nogil:
@@ -114,6 +126,8 @@ cdef bint _skip_kind(const char** cursor, const char* end, char kind) noexcept n
         return (p[0] == c'-' or c'0' <= p[0] <= c'9') and skip_integer(cursor, end)
     if kind == K_BOOLEAN:
         return skip_word(cursor, end, b"true", 4) or skip_word(cursor, end, b"false", 5)
+    if kind == K_FLAG:
+        return _skip_flag(cursor, end)
     if kind == K_OBJECT:
         return p[0] == c'{' and skip_value(cursor, end, 1)
     if kind == K_ARRAY:

@@ -5,8 +5,10 @@ A :class:`RowShape` lists the fields of a stream's row and the JSON kind of each
 ``kind`` string (the ``events`` stream). :func:`check_row` takes the row's raw JSON
 bytes and returns None when the row fits, else one sentence naming what is wrong.
 
-Field kinds: ``string``, ``string|null``, ``integer``, ``boolean``, ``object``,
-``array``, ``array|null``, ``string[]`` (an array of strings) and ``any``.
+Field kinds: ``string``, ``string|null``, ``integer``, ``boolean``, ``flag``,
+``object``, ``array``, ``array|null``, ``string[]`` (an array of strings) and ``any``.
+A ``flag`` is a boolean or the integer 0 or 1: the reference implementation reads
+some booleans from SQLite integer columns and sends them as they come out.
 """
 
 from __future__ import annotations
@@ -18,14 +20,15 @@ import orjson
 __all__ = ["KINDS", "RowShape", "check_row", "check_rows"]
 
 #: Every field kind a shape may use.
-KINDS = ("string", "string|null", "integer", "boolean", "object", "array", "array|null",
-         "string[]", "any")
+KINDS = ("string", "string|null", "integer", "boolean", "flag", "object", "array",
+         "array|null", "string[]", "any")
 
 _EXPECTED = {
     "string": "a string",
     "string|null": "a string or null",
     "integer": "an integer",
     "boolean": "a boolean",
+    "flag": "a boolean or the integer 0 or 1",
     "object": "an object",
     "array": "an array",
     "array|null": "an array or null",
@@ -62,6 +65,8 @@ def _fits(value: Any, kind: str) -> bool:
         return vtype is int
     if kind == "boolean":
         return vtype is bool
+    if kind == "flag":
+        return vtype is bool or (vtype is int and (value == 0 or value == 1))
     if kind == "object":
         return vtype is dict
     if kind == "array":
@@ -129,6 +134,9 @@ def _check_value(shape: RowShape, row: Any) -> str | None:
                 item = next(i for i, v in enumerate(value) if type(v) is not str)
                 return (f"{shape.name} row field {index} ({field}) must be an array of "
                         f"strings, but item {item} is {_json_kind(value[item])}")
+            if kind == "flag" and type(value) is int:
+                return (f"{shape.name} row field {index} ({field}) must be {_EXPECTED[kind]}, "
+                        f"not {value}")
             return (f"{shape.name} row field {index} ({field}) must be {_EXPECTED[kind]}, "
                     f"not {_json_kind(value)}")
     return None
