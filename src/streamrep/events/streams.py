@@ -247,10 +247,11 @@ EVENTS_STREAM_DEFINITION = EventsStream(
             BackingTable("current_state_delta_stream", "stream_id", None)),
     schema_component=schema.COMPONENT,
     row=RowFormat.tagged({
+        # streamrep sends booleans; the reference on SQLite sends 0 and 1.
         "ev": (("event_id", "string"), ("room_id", "string"), ("type", "string"),
                ("state_key", "string|null"), ("redacts", "string|null"),
                ("relates_to", "string|null"), ("membership", "string|null"),
-               ("rejected", "boolean"), ("outlier", "boolean")),
+               ("rejected", "flag"), ("outlier", "flag")),
         "state": (("room_id", "string"), ("type", "string"), ("state_key", "string"),
                   ("event_id", "string|null")),
         "state-all": (("room_id", "string"),),

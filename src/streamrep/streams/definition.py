@@ -39,8 +39,9 @@ class RowFormat:
 
     Rows are a flat JSON array of ``fields``, or, with ``variants``, ``[kind, data]``
     where the ``kind`` string selects the fields of the array ``data``. Kinds:
-    ``string``, ``string|null``, ``integer``, ``boolean``, ``object``, ``array``,
-    ``array|null``, ``string[]`` and ``any``.
+    ``string``, ``string|null``, ``integer``, ``boolean``, ``flag`` (a boolean or the
+    integer 0 or 1: a boolean the reference reads from SQLite arrives as an integer),
+    ``object``, ``array``, ``array|null``, ``string[]`` and ``any``.
     """
 
     fields: tuple[RowField, ...] = ()

@@ -6,7 +6,8 @@ their :class:`~streamrep.streams.StreamDefinition`. A follower of a Matrix
 deployment also meets the reference's other streams. It needs their field names,
 in order, to read their rows, and nothing else: no table, no writer. Those are
 here, one :class:`~streamrep.streams.RowFormat` per stream, with the JSON kinds the
-reference declares. :func:`streamrep.catalogue.row_formats` joins both into one
+reference declares; a boolean it reads from a database column is a ``flag``, as on
+SQLite it arrives as the integer 0 or 1. :func:`streamrep.catalogue.row_formats` joins both into one
 table, with one format per stream.
 
 ``tests/test_interop_reference.py`` checks every name and field against the
@@ -30,7 +31,7 @@ FORMAT_ONLY_STREAMS: Mapping[str, RowFormat] = MappingProxyType({
     "presence": RowFormat.flat(
         ("user_id", _S), ("state", _S), ("last_active_ts", "integer"),
         ("last_federation_update_ts", "integer"), ("last_user_sync_ts", "integer"),
-        ("status_msg", _S), ("currently_active", "boolean")),
+        ("status_msg", _S), ("currently_active", "flag")),
     # A user's presence to send to one remote server.
     "presence_federation": RowFormat.flat(("destination", _S), ("user_id", _S)),
     # A user changed their push rules.
@@ -40,7 +41,7 @@ FORMAT_ONLY_STREAMS: Mapping[str, RowFormat] = MappingProxyType({
                               ("deleted", "boolean")),
     # A user's devices changed, or the servers to tell about it are known.
     "device_lists": RowFormat.flat(("user_id", _S), ("is_signature", "boolean"),
-                                   ("hosts_calculated", "boolean")),
+                                   ("hosts_calculated", "flag")),
     # Something for the federation sender: ``type`` names the kind of ``data``.
     "federation": RowFormat.flat(("type", _S), ("data", "object")),
     # A profile field changed, or the user joined or left a room.
@@ -57,5 +58,5 @@ FORMAT_ONLY_STREAMS: Mapping[str, RowFormat] = MappingProxyType({
                                               ("rejection_status_changed", "boolean")),
     # A piece of media was quarantined or released.
     "quarantined_media": RowFormat.flat(("origin", _S), ("media_id", _S),
-                                        ("quarantined", "boolean")),
+                                        ("quarantined", "flag")),
 })
