@@ -199,19 +199,21 @@ def _ours(row: RowFormat) -> Any:
     return [list(f) for f in row.fields]
 
 
-#: Fields the reference declares ``bool`` but reads from a database column (the
-#: column itself, ``IS NOT NULL`` or a constant of a query), so on SQLite they arrive
-#: as 0 or 1: streamrep's ``flag``. Its other booleans are Python values of its code.
-READ_FROM_THE_DATABASE = {"events/ev": {"rejected", "outlier"}, "presence": {"currently_active"},
-                          "device_lists": {"hosts_calculated"}, "quarantined_media": {"quarantined"}}
+#: Fields whose values differ from the type the reference declares: a ``bool`` it
+#: reads from a database column (the column itself, ``IS NOT NULL`` or a constant of
+#: a query) arrives on SQLite as 0 or 1, streamrep's ``flag`` (its other booleans are
+#: Python values of its code); a ``str`` of a nullable column can be null.
+AS_SENT = {"events/ev": {("rejected", "bool"): "flag", ("outlier", "bool"): "flag"},
+           "presence": {("currently_active", "bool"): "flag", ("status_msg", "str"): "string|null"},
+           "device_lists": {("hosts_calculated", "bool"): "flag"},
+           "quarantined_media": {("quarantined", "bool"): "flag", ("origin", "str"): "string|null"}}
 
 
 def _theirs(declared: Any, where: str) -> Any:
     if isinstance(declared, dict):
         return {kind: _theirs(fields, f"{where}/{kind}") for kind, fields in declared.items()}
-    flags = READ_FROM_THE_DATABASE.get(where, set())
-    return [[name, "flag" if name in flags and t == "bool" else KIND_OF_DECLARED[t]]
-            for name, t in declared]
+    sent = AS_SENT.get(where, {})
+    return [[name, sent.get((name, t), KIND_OF_DECLARED[t])] for name, t in declared]
 
 
 def test_every_stream_has_the_references_row_format() -> None:

@@ -6,8 +6,9 @@ their :class:`~streamrep.streams.StreamDefinition`. A follower of a Matrix
 deployment also meets the reference's other streams. It needs their field names,
 in order, to read their rows, and nothing else: no table, no writer. Those are
 here, one :class:`~streamrep.streams.RowFormat` per stream, with the JSON kinds the
-reference declares; a boolean it reads from a database column is a ``flag``, as on
-SQLite it arrives as the integer 0 or 1. :func:`streamrep.catalogue.row_formats` joins both into one
+reference declares, as its rows carry them: a boolean it reads from a database
+column is a ``flag`` (on SQLite it arrives as the integer 0 or 1), and a string it
+reads from a nullable column is ``string|null``. :func:`streamrep.catalogue.row_formats` joins both into one
 table, with one format per stream.
 
 ``tests/test_interop_reference.py`` checks every name and field against the
@@ -31,7 +32,7 @@ FORMAT_ONLY_STREAMS: Mapping[str, RowFormat] = MappingProxyType({
     "presence": RowFormat.flat(
         ("user_id", _S), ("state", _S), ("last_active_ts", "integer"),
         ("last_federation_update_ts", "integer"), ("last_user_sync_ts", "integer"),
-        ("status_msg", _S), ("currently_active", "flag")),
+        ("status_msg", "string|null"), ("currently_active", "flag")),
     # A user's presence to send to one remote server.
     "presence_federation": RowFormat.flat(("destination", _S), ("user_id", _S)),
     # A user changed their push rules.
@@ -56,7 +57,7 @@ FORMAT_ONLY_STREAMS: Mapping[str, RowFormat] = MappingProxyType({
     # An event's full state is known after a partial join.
     "un_partial_stated_event": RowFormat.flat(("event_id", _S),
                                               ("rejection_status_changed", "boolean")),
-    # A piece of media was quarantined or released.
-    "quarantined_media": RowFormat.flat(("origin", _S), ("media_id", _S),
+    # A piece of media was quarantined or released (``origin`` null: local media).
+    "quarantined_media": RowFormat.flat(("origin", "string|null"), ("media_id", _S),
                                         ("quarantined", "flag")),
 })
