@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import pathlib
 import signal
-import threading
 import time
 from collections import Counter
 from typing import Any
@@ -22,6 +21,7 @@ import orjson
 import pytest
 
 from support.processes import reap_processes, streamrep_process
+from support.redis_capture import RawSubscriber
 from support.redis_server import own_redis_server, unique_server_name, wait_subscribed
 from support.reference import reference_fields
 from support.reference_homeserver import running_homeserver
@@ -33,24 +33,8 @@ pytestmark = pytest.mark.slow
 Row = tuple[str, str, int, str]
 
 
-class Capture:
+class Capture(RawSubscriber):
     """Every message published on the channel, in order, by a raw subscriber."""
-
-    def __init__(self, url: str, channel: str) -> None:
-        import redis
-
-        self.messages: list[bytes] = []
-        self._pubsub = redis.Redis.from_url(url).pubsub()
-        self._pubsub.subscribe(channel)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            message = self._pubsub.get_message(timeout=0.2)
-            if message is not None and message["type"] == "message":
-                self.messages.append(message["data"])
 
     def answered_from(self, since: int, timeout: float = 60) -> int:
         """The index after the homeserver's answer (its ``POSITION`` lines) to the
@@ -86,11 +70,6 @@ class Capture:
                 rows.extend((stream, instance, int(token), row) for row in waiting)
                 waiting.clear()
         return rows
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self._pubsub.close()
 
 
 def _named_by_the_reference(declared: dict[str, Any], stream: str, row: list[Any]) -> dict[str, Any]:

@@ -81,17 +81,28 @@ class Homeserver:
         except urllib.error.HTTPError as exc:
             raise AssertionError(f"{method} {path}: {exc.code} {exc.read()[:300]!r}") from None
 
-    def register(self, localpart: str) -> str:
-        """Register *localpart* through the shared secret; return an access token."""
+    def register(self, localpart: str, admin: bool = False) -> str:
+        """Register *localpart* (a server admin if *admin*) through the shared
+        secret; return an access token."""
         nonce = self.request("GET", "/_synapse/admin/v1/register")["nonce"]
         password = uuid.uuid4().hex
         # The reference's shared-secret MAC: HMAC-SHA1 of the NUL-separated fields.
         digest = hmac.new(_SECRET.encode(), b"\x00".join(
-            p.encode() for p in (nonce, localpart, password, "notadmin")), hashlib.sha1).hexdigest()
+            p.encode() for p in (nonce, localpart, password, "admin" if admin else "notadmin")),
+            hashlib.sha1).hexdigest()
         answer = self.request("POST", "/_synapse/admin/v1/register", {
-            "nonce": nonce, "username": localpart, "password": password, "admin": False,
+            "nonce": nonce, "username": localpart, "password": password, "admin": admin,
             "mac": digest})
         return str(answer["access_token"])
+
+    def upload(self, token: str, data: bytes) -> str:
+        """Upload *data* as a text file; return its media ID."""
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/_matrix/media/v3/upload?filename=f.txt",
+                                     data=data, method="POST")
+        req.add_header("Content-Type", "text/plain")
+        req.add_header("Authorization", f"Bearer {token}")
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return str(json.loads(resp.read())["content_uri"]).rsplit("/", 1)[1]
 
     def create_room(self, token: str) -> str:
         return str(self.request("POST", "/_matrix/client/v3/createRoom", {"preset": "private_chat"},
@@ -115,7 +126,7 @@ def _config(server_name: str, directory: str, port: int, redis_url: str, replica
         "server_name": server_name,
         "pid_file": os.path.join(directory, "homeserver.pid"),
         "listeners": [{"port": port, "bind_addresses": ["127.0.0.1"], "type": "http", "tls": False,
-                       "x_forwarded": False, "resources": [{"names": ["client"], "compress": False}]},
+                       "x_forwarded": False, "resources": [{"names": ["client", "media"], "compress": False}]},
                       {"port": replication_port, "bind_addresses": ["127.0.0.1"], "type": "http", "tls": False,
                        "resources": [{"names": ["replication"], "compress": False}]}],
         "instance_map": {"main": {"host": "127.0.0.1", "port": replication_port}},
@@ -133,7 +144,6 @@ def _config(server_name: str, directory: str, port: int, redis_url: str, replica
         "rc_message": {"per_second": 10000, "burst_count": 10000},
         "rc_presence": {"per_user": {"per_second": 10000, "burst_count": 10000}},
         "rc_registration": {"per_second": 10000, "burst_count": 10000},
-        "rc_presence": {"per_user": {"per_second": 10000, "burst_count": 10000}},
         "rc_login": {"address": {"per_second": 10000, "burst_count": 10000},
                      "account": {"per_second": 10000, "burst_count": 10000}},
     }

@@ -5,7 +5,8 @@
 Two users share a room; each :meth:`NineStreams.step` sends a message and touches
 every other stream once (typing on and off, a read receipt, global and room
 account data and a tag, a to-device message, a device's display name, a push rule,
-a pusher added or removed, and a presence status).
+a pusher added or removed, and a presence status). :class:`MediaQuarantine` writes
+a tenth, ``quarantined_media``.
 """
 
 from __future__ import annotations
@@ -74,3 +75,18 @@ class NineStreams:
         return {"kind": "http" if n % 2 == 0 else None, "app_id": "org.example.app", "pushkey": "key",
                 "app_display_name": "example", "device_display_name": "phone", "lang": "en",
                 "data": {"url": "http://127.0.0.1:9/_matrix/push/v1/notify"}}
+
+
+class MediaQuarantine:
+    """A server admin whose steps upload a file, quarantine it and release it: two
+    ``quarantined_media`` rows of local media each."""
+
+    def __init__(self, hs: Homeserver) -> None:
+        self.hs = hs
+        self.token = hs.register(f"admin{uuid.uuid4().hex[:8]}", admin=True)
+
+    def step(self, n: int) -> None:
+        media_id = self.hs.upload(self.token, f"file {n}".encode())
+        where = f"{quote(self.hs.server_name)}/{quote(media_id)}"
+        self.hs.request("POST", f"/_synapse/admin/v1/media/quarantine/{where}", {}, self.token)
+        self.hs.request("POST", f"/_synapse/admin/v1/media/unquarantine/{where}", {}, self.token)
