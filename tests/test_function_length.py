@@ -12,11 +12,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHON_LIMIT = 100
 KERNEL_LIMIT = 150
 
-#: Files being reshaped whose long functions are still to be split; remove a file
-#: from here once none of its functions is over the bound.
-RESHAPING = frozenset({
-    "src/streamrep/cli/tail.py",
-})
 
 _KERNEL = re.compile(
     r"^(?P<indent>\s*)(?:cpdef|cdef|def)\s+"
@@ -71,16 +66,10 @@ def _too_long() -> list[str]:
 
 
 def test_no_function_over_its_bound() -> None:
-    long = [entry for entry in _too_long() if entry.partition(":")[0] not in RESHAPING]
+    long = _too_long()
     assert not long, (f"functions over {PYTHON_LIMIT} lines (.py) or {KERNEL_LIMIT} lines "
                       "(.pyx): split them into helpers named for their phases:\n"
                       + "\n".join(long))
-
-
-def test_reshaping_files_still_have_a_long_function() -> None:
-    # An entry whose file no longer has a long function is stale: remove it.
-    files = {entry.partition(":")[0] for entry in _too_long()}
-    assert not sorted(RESHAPING - files), f"remove from RESHAPING: {sorted(RESHAPING - files)}"
 
 
 def test_the_kernel_scanner_measures_cdef_functions(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -16,6 +16,9 @@ from streamrep.cli._linkwatch import LinkWatch
 from streamrep.cli._printing import ROW_STYLES, TailPrinter
 from streamrep.cli._security import peer_security_from_context, peer_security_options
 from streamrep.cli.options import config_option
+
+if TYPE_CHECKING:
+    from streamrep.cli._common import PeerSettings
 
 
 def parse_from(value: str | None) -> dict[Any, int]:
@@ -108,122 +111,180 @@ def tail(config_path: str | None, connect: str | None, redis_url: str | None, st
         if settings.server_name is None:
             raise click.UsageError("--redis needs --server-name NAME (the deployment's Redis channel)")
         use_cooperative_sockets()
-    import gevent
-    import gevent.event
+    run = _TailRun(settings, name, stream_names, limit)
+    try:
+        run.open_sources()
+        start_from = run.starts(parse_from(from_token))
+        run.open_link(config_path, start_from, cursor_path, sink_url, give_up_after,
+                      row_style == "named", print_commands, metrics_listen)
+        run.follow()
+    finally:
+        run.close()
+    run.outcome()
 
-    from streamrep.catalogue import known_streams, row_formats
-    from streamrep.replication import open_link
 
-    db = settings.database
-    starts = parse_from(from_token)
-    source = None
-    database = streams_handle = None
-    if db is not None:
-        from streamrep.db.deployment import open_existing
-        from streamrep.replication.sources.database import DatabaseSource
-        from streamrep.streams import Streams
+class _TailRun:
+    """One run of ``tail``, phase by phase: its catch-up sources, where it starts,
+    its link, following until told to stop, closing, and how it ended."""
 
-        # A reader never creates a database, and refuses another deployment's.
-        database = open_existing(db, settings.server_name)
-        # A reader: the writers come from the configuration (or are this process's
-        # own name when there is none, which only matters for writing).
-        streams_handle = Streams(database, name, settings.stream_writers,
-                                 default_writer=settings.default_writer,
-                                 definitions=known_streams())
-        source = DatabaseSource(streams_handle, list(stream_names) or None)
-    http_source = None
-    if settings.synapse is not None:
-        http_source = catch_up_over_http(settings.synapse)
-        describe_writers("tail", settings, http_source)
-    filler = source if source is not None else http_source
-    names = list(stream_names) or (list(filler.stream_names()) if filler is not None else None)
-    start_from: dict[Any, int] = {}
-    if starts and names is None:
-        names = list(known_streams().names())
-    for key, token in starts.items():
-        for stream in names or ():
-            start_from[stream if key is None else (stream, key)] = token
-    printer = TailPrinter(sys.stdout.buffer, row_formats() if row_style == "named" else None)
-    done = gevent.event.Event()
-    printed = {"facts": 0}
+    def __init__(self, settings: PeerSettings, name: str, stream_names: tuple[str, ...], limit: int | None) -> None:
+        import gevent.event
 
-    def counted() -> None:
-        printed["facts"] += 1
-        if limit is not None and printed["facts"] >= limit:
-            follower = client.follower
-            assert follower is not None
-            follower.hold()  # not one fact more, so a cursor records only what was taken
-            done.set()
+        self.settings = settings
+        self.name = name
+        self.stream_names = stream_names
+        self.limit = limit
+        self.done = gevent.event.Event()
+        self.printed = 0
+        self.database: Any = None
+        self.streams_handle: Any = None
+        self.source: Any = None
+        self.http_source: Any = None
+        self.keeper: Any = None
+        self.client: Any = None
+        self.metrics_server: Any = None
+        self.watch: LinkWatch | None = None
+        self._gap_told = False
 
-    def handler(stream: str, instance: str, token: int, rows: list[Any]) -> None:
-        printer.fact(stream, instance, token, rows)
-        counted()
+    def open_sources(self) -> None:
+        """The database to catch up from (``--db``), and the writers' HTTP replication
+        API (``--synapse-config``)."""
+        from streamrep.catalogue import known_streams
 
-    where = settings.where
-    watch = LinkWatch("tail", where, "start the hub (streamrep serve) or fix --connect"
-                      if settings.redis_url is None
-                      else "start the Redis server or fix --redis (replication.redis.url)", give_up_after)
-    gaps = {"told": False}
+        settings = self.settings
+        if settings.database is not None:
+            from streamrep.db.deployment import open_existing
+            from streamrep.replication.sources.database import DatabaseSource
+            from streamrep.streams import Streams
 
-    def unfilled_gap(stream: str, instance: str, from_token: int, to_token: int) -> None:
-        if not gaps["told"]:
-            gaps["told"] = True
-            why = ("without --db or --synapse-config" if source is None and http_source is None
+            # A reader never creates a database, and refuses another deployment's.
+            self.database = open_existing(settings.database, settings.server_name)
+            # A reader: the writers come from the configuration (or are this process's
+            # own name when there is none, which only matters for writing).
+            self.streams_handle = Streams(self.database, self.name, settings.stream_writers,
+                                          default_writer=settings.default_writer,
+                                          definitions=known_streams())
+            self.source = DatabaseSource(self.streams_handle, list(self.stream_names) or None)
+        if settings.synapse is not None:
+            self.http_source = catch_up_over_http(settings.synapse)
+            describe_writers("tail", settings, self.http_source)
+
+    @property
+    def filler(self) -> Any:
+        return self.source if self.source is not None else self.http_source
+
+    def starts(self, starts: dict[Any, int]) -> dict[Any, int]:
+        """``--from`` as a start per stream or per ``(stream, instance)``."""
+        from streamrep.catalogue import known_streams
+
+        filler = self.filler
+        names = list(self.stream_names) or (list(filler.stream_names()) if filler is not None else None)
+        if starts and names is None:
+            names = list(known_streams().names())
+        start_from: dict[Any, int] = {}
+        for key, token in starts.items():
+            for stream in names or ():
+                start_from[stream if key is None else (stream, key)] = token
+        return start_from
+
+    def open_link(self, config_path: str | None, start_from: dict[Any, int], cursor_path: str | None,
+                  sink_url: str | None, give_up_after: float | None, named: bool, print_commands: bool,
+                  metrics_listen: str | None) -> None:
+        """The link, its handler (printing, or the cursor's keeper around it) and metrics."""
+        from streamrep.catalogue import row_formats
+        from streamrep.replication import open_link
+
+        settings = self.settings
+        printer = TailPrinter(sys.stdout.buffer, row_formats() if named else None)
+
+        def handler(stream: str, instance: str, token: int, rows: list[Any]) -> None:
+            printer.fact(stream, instance, token, rows)
+            self.counted()
+
+        self.watch = LinkWatch("tail", settings.where, "start the hub (streamrep serve) or fix --connect"
+                               if settings.redis_url is None
+                               else "start the Redis server or fix --redis (replication.redis.url)", give_up_after)
+        security = None if settings.redis_url is not None else peer_security_from_context(config_path, self.name)
+        self.keeper = open_keeper(cursor_path, sink_url, self.name, handler, start_from, self.counted)
+        stalls = StallReport("tail")
+        roles: dict[str, Any] = dict(source=self.filler, streams=self.stream_names or None,
+                                     on_retry=self.watch.retrying, on_gap=self.unfilled_gap,
+                                     on_command=printer.command if print_commands else None,
+                                     hand_on_positions=print_commands, on_stall=stalls.stalled,
+                                     on_resume=stalls.resumed)
+        if self.keeper is not None:
+            self.client = self.keeper.open_link(settings.link(self.name, security), **roles)
+        else:
+            self.client = open_link(settings.link(self.name, security), handler=handler, start_from=start_from,
+                                    **roles)
+        assert self.client.follower is not None
+        self.metrics_server = serve_link_metrics(self.client, metrics_listen)
+
+    def counted(self) -> None:
+        self.printed += 1
+        if self.limit is not None and self.printed >= self.limit:
+            self.client.follower.hold()  # not one fact more, so a cursor records only what was taken
+            self.done.set()
+
+    def unfilled_gap(self, stream: str, instance: str, from_token: int, to_token: int) -> None:
+        if not self._gap_told:
+            self._gap_told = True
+            why = ("without --db or --synapse-config" if self.filler is None
                    else "from that writer (the log line above says why)")
             click.echo(f"tail: missed facts of {stream}/{instance} after token {from_token} "
                        f"(it is at {to_token}) and cannot fetch them {why}; going on "
                        "from there (counted in streamrep_replication_client_gaps_unfilled)", err=True)
 
-    security = None if settings.redis_url is not None else peer_security_from_context(config_path, name)
-    keeper = open_keeper(cursor_path, sink_url, name, handler, start_from, counted)
-    stalls = StallReport("tail")
-    roles: dict[str, Any] = dict(source=filler, streams=stream_names or None, on_retry=watch.retrying,
-                                 on_gap=unfilled_gap, on_command=printer.command if print_commands else None,
-                                 hand_on_positions=print_commands, on_stall=stalls.stalled,
-                                 on_resume=stalls.resumed)
-    if keeper is not None:
-        client = keeper.open_link(settings.link(name, security), **roles)
-    else:
-        client = open_link(settings.link(name, security), handler=handler, start_from=start_from, **roles)
-    assert client.follower is not None
-    follower = client.follower
-    metrics_server = serve_link_metrics(client, metrics_listen)
+    def follow(self) -> None:
+        """Start the link and follow until a signal, ``--limit``, a refusal or giving up."""
+        import gevent
 
-    def watch_link() -> None:
-        while not done.is_set():
-            if client.connected:
-                watch.connected()
-            elif watch.given_up() or client.refused_credentials:
-                done.set()
-            if (keeper is not None and keeper.failure is not None) or follower.refusal is not None:
-                done.set()
-            gevent.sleep(0.1)
+        client, watch, follower, done = self.client, self.watch, self.client.follower, self.done
+        assert watch is not None
 
-    gevent.spawn(watch_link)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        gevent.signal_handler(signum, done.set)
-    click.echo(f"tail: following {', '.join(stream_names) or 'every stream'} on {where}", err=True)
-    client.start()
-    freeze_startup_heap()
-    try:
+        def watch_link() -> None:
+            while not done.is_set():
+                if client.connected:
+                    watch.connected()
+                elif watch.given_up() or client.refused_credentials:
+                    done.set()
+                if (self.keeper is not None and self.keeper.failure is not None) or follower.refusal is not None:
+                    done.set()
+                gevent.sleep(0.1)
+
+        gevent.spawn(watch_link)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            gevent.signal_handler(signum, done.set)
+        click.echo(f"tail: following {', '.join(self.stream_names) or 'every stream'} on {self.settings.where}",
+                   err=True)
+        client.start()
+        freeze_startup_heap()
         done.wait()
-    finally:
-        client.stop()
-        if metrics_server is not None:
-            metrics_server.stop()
-        if http_source is not None:
-            http_source.close()
-        close_keeper(keeper)
-        if streams_handle is not None:
-            streams_handle.close()
-        if database is not None:
-            database.close()
-    if keeper is not None and keeper.failure is not None:
-        raise keeper_failed(keeper)
-    if client.refused_credentials:
-        raise watch.failure("cannot follow", client.refusal, credentials=True)
-    if follower.refusal is not None:
-        raise CommandFailed(ExitCode.AUTHENTICATION, f"cannot fetch what it missed: {follower.refusal}")
-    if watch.given_up():
-        raise watch.failure(refusal=client.refusal)
-    click.echo(f"tail: {printed['facts']} facts", err=True)
+
+    def close(self) -> None:
+        """Stop the link first (nothing more is handed on), then what it used."""
+        if self.client is not None:
+            self.client.stop()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+        if self.http_source is not None:
+            self.http_source.close()
+        close_keeper(self.keeper)
+        if self.streams_handle is not None:
+            self.streams_handle.close()
+        if self.database is not None:
+            self.database.close()
+
+    def outcome(self) -> None:
+        """How the run ended: one line and a status for a failure, else the count."""
+        client, keeper, watch = self.client, self.keeper, self.watch
+        assert watch is not None
+        if keeper is not None and keeper.failure is not None:
+            raise keeper_failed(keeper)
+        if client.refused_credentials:
+            raise watch.failure("cannot follow", client.refusal, credentials=True)
+        if client.follower.refusal is not None:
+            raise CommandFailed(ExitCode.AUTHENTICATION, f"cannot fetch what it missed: {client.follower.refusal}")
+        if watch.given_up():
+            raise watch.failure(refusal=client.refusal)
+        click.echo(f"tail: {self.printed} facts", err=True)
