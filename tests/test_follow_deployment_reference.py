@@ -215,40 +215,46 @@ def _check(follower: Follower, truth: Counter[Row]) -> None:
     assert {instance for _s, instance, _t, _r in taken} == set(PERSISTERS)
 
 
-def _start(follower: Follower) -> dict[str, int]:
-    start = follower.start()
-    assert set(PERSISTERS) <= set(start), f"positions after the follower's REPLICATE: {start}"
-    return start
+class Case:
+    """A workload under way with a follower that started before it."""
+
+    def __init__(self, deployment: Deployment, capture: Capture, tmp_path: pathlib.Path, steps: int) -> None:
+        self.deployment = deployment
+        self.capture = capture
+        self.workload = Workload(deployment, steps)
+        self.follower = Follower(deployment, capture, tmp_path)
+        self.start = self.follower.start()
+        assert set(PERSISTERS) <= set(self.start), f"positions after the follower's REPLICATE: {self.start}"
+        self.workload.start()
+        self.workload.wait_sent(15)
+
+    def finish(self) -> Counter[Row]:
+        """Once the workload ended, check what the follower handed on against the
+        truth; returns the rows of the truth the capture did not hear."""
+        self.workload.join()
+        truth, unheard = _truth(self.deployment, self.capture, self.start)
+        self.follower.wait_rows(truth)
+        self.follower.stop()
+        _check(self.follower, truth)
+        return unheard
 
 
 def test_a_follower_stopped_and_restarted_with_its_cursor_gets_every_row_of_both_writers_once(
         deployment: Deployment, capture: Capture, tmp_path: pathlib.Path) -> None:
-    workload = Workload(deployment, steps=60)
-    follower = Follower(deployment, capture, tmp_path)
-    start = _start(follower)
-    workload.start()
-    workload.wait_sent(15)
-    follower.stop()
+    case = Case(deployment, capture, tmp_path, steps=60)
+    case.follower.stop()
     stopped_at = len(capture.rows)
-    workload.wait_sent(35)
+    case.workload.wait_sent(35)
     resumed_at = len(capture.rows)
-    follower.start()
-    workload.join()
-    truth, _unheard = _truth(deployment, capture, start)
+    case.follower.start()
+    case.finish()
     # The follower was away while both writers persisted rows: each of them had a gap.
     assert {row[1] for row in capture.rows[stopped_at:resumed_at]} == set(PERSISTERS)
-    follower.wait_rows(truth)
-    follower.stop()
-    _check(follower, truth)
 
 
 def test_d_redis_killed_and_restarted_while_the_workload_runs(
         deployment: Deployment, capture: Capture, tmp_path: pathlib.Path) -> None:
-    workload = Workload(deployment, steps=50)
-    follower = Follower(deployment, capture, tmp_path)
-    start = _start(follower)
-    workload.start()
-    workload.wait_sent(15)
+    case = Case(deployment, capture, tmp_path, steps=50)
     persisted = len(deployment.events())
     before = {name: deployment.replicates_sent(name) for name in PROCESSES}
     deployment.redis.kill()
@@ -259,26 +265,14 @@ def test_d_redis_killed_and_restarted_while_the_workload_runs(
         time.sleep(0.2)
     deployment.redis.start()
     deployment.wait_replicating(PROCESSES, before)
-    workload.join()
-    truth, unheard = _truth(deployment, capture, start)
+    unheard = case.finish()
     assert unheard, "every row was published: Redis was not down while rows were persisted"
-    follower.wait_rows(truth)
-    follower.stop()
-    _check(follower, truth)
 
 
 def test_e_the_deployment_restarted_while_the_follower_runs(
         deployment: Deployment, capture: Capture, tmp_path: pathlib.Path) -> None:
-    workload = Workload(deployment, steps=60)
-    follower = Follower(deployment, capture, tmp_path)
-    start = _start(follower)
-    workload.start()
-    workload.wait_sent(15)
+    case = Case(deployment, capture, tmp_path, steps=60)
     deployment.restart(("main",))
-    workload.wait_sent(30)
+    case.workload.wait_sent(30)
     deployment.restart()
-    workload.join()
-    truth, _unheard = _truth(deployment, capture, start)
-    follower.wait_rows(truth)
-    follower.stop()
-    _check(follower, truth)
+    case.finish()
