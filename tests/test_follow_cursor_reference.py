@@ -30,9 +30,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
-import urllib.request
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -44,6 +42,7 @@ import pytest
 
 from support.redis_server import RedisServer, own_redis_server, unique_server_name, wait_subscribed
 from support.reference_homeserver import REPLICATION_SECRET, Homeserver, running_homeserver
+from support.replication_truth import Capture, Row, Writer, canonical, served_rows
 
 pytestmark = pytest.mark.slow
 
@@ -51,117 +50,12 @@ pytestmark = pytest.mark.slow
 STREAMS = ("events", "receipts", "account_data", "typing", "to_device", "device_lists", "push_rules", "pushers",
            "presence")
 
-#: One row: (stream, instance, token, the row as canonical JSON).
-Row = tuple[str, str, int, bytes]
-Writer = tuple[str, str]
-
-
-def _canonical(row: Any) -> bytes:
-    """A row as JSON that compares equal however it was encoded (the reference
-    escapes non-ASCII characters, streamrep does not)."""
-    return orjson.dumps(row, option=orjson.OPT_SORT_KEYS)
-
-
-@dataclass
-class Message:
-    """One message on the channel, in order: a row (with its ``batch`` token
-    resolved), a ``POSITION``, or anything else."""
-
-    kind: str
-    writer: Writer = ("", "")
-    token: int = 0
-    row: bytes = b""
-
-
-class Capture:
-    """Every message published on the channel, in order, by a raw subscriber."""
-
-    def __init__(self, url: str, channel: str) -> None:
-        import redis
-
-        self.messages: list[Message] = []
-        self._batches: dict[Writer, list[bytes]] = {}
-        self._pubsub = redis.Redis.from_url(url).pubsub()
-        self._pubsub.subscribe(channel)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            message = self._pubsub.get_message(timeout=0.2)
-            if message is not None and message["type"] == "message":
-                self._take(message["data"])
-
-    def _take(self, data: bytes) -> None:
-        name, _, rest = data.partition(b" ")
-        if name == b"RDATA":
-            stream, instance, token, row = rest.split(b" ", 3)
-            writer = (stream.decode(), instance.decode())
-            waiting = self._batches.setdefault(writer, [])
-            waiting.append(_canonical(orjson.loads(row)))
-            if token != b"batch":
-                self.messages.extend(Message("row", writer, int(token), r) for r in waiting)
-                waiting.clear()
-        elif name == b"POSITION":
-            stream, instance, _prev, new = rest.split(b" ")
-            self.messages.append(Message("position", (stream.decode(), instance.decode()), int(new)))
-        else:
-            self.messages.append(Message(name.decode()))
-
-    def rows(self, writer: Writer, after: int, upto: int | None = None) -> list[Row]:
-        """The rows captured of *writer* with ``after < token <= upto``."""
-        return [(*writer, m.token, m.row) for m in list(self.messages)
-                if m.kind == "row" and m.writer == writer and m.token > after and (upto is None or m.token <= upto)]
-
-    def answers(self, since: int, timeout: float = 60) -> dict[Writer, int]:
-        """Each writer's answer to the first ``REPLICATE`` after message *since* (a
-        follower's, on subscribing): the position it follows from."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            messages = list(self.messages)[since:]
-            kinds = [m.kind for m in messages]
-            if "REPLICATE" in kinds:
-                after = messages[kinds.index("REPLICATE"):]
-                answered: dict[Writer, int] = {}
-                for m in after:
-                    if m.kind == "position" and m.writer[0] in STREAMS:
-                        answered.setdefault(m.writer, m.token)
-                if {s for s, _i in answered} == set(STREAMS):
-                    return answered
-            time.sleep(0.05)
-        raise AssertionError("the homeserver did not answer the follower's REPLICATE for every stream")
-
-    def last_tokens(self) -> dict[Writer, int]:
-        last: dict[Writer, int] = {}
-        for m in list(self.messages):
-            if m.kind == "row":
-                last[m.writer] = m.token
-        return last
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self._pubsub.close()
-
-
 def _served(hs: Homeserver, writer: Writer, after: int, upto: int) -> list[Row]:
-    """The rows the homeserver's HTTP replication API serves for ``after < token <=
-    upto``, asked the reference's way (again from ``upto_token`` while ``limited``)."""
+    """The rows the homeserver's HTTP replication API serves for ``after < token <= upto``."""
     stream, instance = writer
     assert instance == "master", "a single-process deployment: the main process writes every stream"
-    rows: list[Row] = []
-    while after < upto:
-        url = (f"http://127.0.0.1:{hs.replication_port}/_synapse/replication/get_repl_stream_updates/"
-               f"{stream}/truth{uuid.uuid4().hex}?from_token={after}&upto_token={upto}")
-        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {REPLICATION_SECRET}"})
-        with urllib.request.urlopen(request, timeout=30) as response:
-            answer = json.loads(response.read())
-        rows.extend((stream, instance, token, _canonical(row)) for token, row in answer["updates"])
-        if not answer["limited"]:
-            break
-        after = answer["upto_token"]
-    return rows
+    return [(stream, instance, token, row) for token, row in
+            served_rows(f"http://127.0.0.1:{hs.replication_port}", stream, after, upto, REPLICATION_SECRET)]
 
 
 @pytest.fixture(scope="module")
@@ -258,12 +152,12 @@ class Follower:
                                        " ORDER BY id").fetchall()
                 except sqlite3.OperationalError:
                     return []
-            return [(str(s), str(i), int(t), _canonical(orjson.loads(r))) for s, i, t, r in found]
+            return [(str(s), str(i), int(t), canonical(orjson.loads(r))) for s, i, t, r in found]
         rows: list[Row] = []
         for index in range(len(self.runs)):
             for line in (self.tmp / f"run{index}.out").read_bytes().split(b"\n")[:-1]:
                 item = orjson.loads(line)
-                rows.append((item["stream"], item["instance"], item["token"], _canonical(item["row"])))
+                rows.append((item["stream"], item["instance"], item["token"], canonical(item["row"])))
         return rows
 
     def cursor(self) -> dict[Writer, int]:
@@ -288,7 +182,7 @@ def _run(follower: Follower, capture: Capture, url: str, server: str) -> dict[Wr
     since = len(capture.messages)
     follower.start()
     wait_subscribed(url, server, 3, logs=[follower.tmp / f"run{len(follower.runs) - 1}.err"])
-    return capture.answers(since)
+    return capture.answers(since, STREAMS)
 
 
 def _stop(process: subprocess.Popen[bytes], sig: int) -> None:
@@ -306,7 +200,7 @@ def test_every_row_exactly_once_with_gaps_filled_over_http(
     follower = Follower(tmp_path, hs, durable)
     rng = random.Random(int(os.environ.get("STREAMREP_STRESS_SEED", "28")) + ord(case[0]))
     workload = Workload(hs)
-    capture = Capture(url, server)
+    capture = Capture(url, server, STREAMS)
     truth: list[Row] = []
     try:
         start = _run(follower, capture, url, server)
@@ -316,7 +210,7 @@ def test_every_row_exactly_once_with_gaps_filled_over_http(
                 _stop(follower.runs[0], signal.SIGKILL if case[0] == "c" else signal.SIGTERM)
                 stopped_at = follower.cursor()
                 for writer, token in start.items():
-                    truth += capture.rows(writer, token, stopped_at.get(writer, token))
+                    truth += capture.rows_of(writer, token, stopped_at.get(writer, token))
             workload.step(n)
         if stop_after is not None:
             for n in range(14, 20):  # phase 2, nobody following
@@ -333,7 +227,7 @@ def test_every_row_exactly_once_with_gaps_filled_over_http(
         time.sleep(1.0)
         last = capture.last_tokens()
         for writer, token in start.items():
-            truth += capture.rows(writer, token)
+            truth += capture.rows_of(writer, token)
         follower.wait_taken([row for row in truth if row[:2] in start])
         time.sleep(1.0)  # anything more would show up now
         _stop(follower.runs[-1], signal.SIGTERM)

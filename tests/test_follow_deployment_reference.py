@@ -133,7 +133,7 @@ class Follower:
             "--stream", "events", "--cursor", str(self.cursor), out=self.out(self.runs))
         self._wait_subscribed()
         try:
-            return self.capture.answered(since, "events")
+            return {instance: token for (_s, instance), token in self.capture.answers(since, ["events"]).items()}
         except AssertionError as exc:
             raise AssertionError(f"{exc}: " + self.err(self.runs).read_text()[-2000:]) from None
 

@@ -33,8 +33,9 @@ from urllib.parse import urlsplit
 import pytest
 
 from support.redis_server import RedisServer, free_port, own_redis_server, unique_server_name
-from support.reference_homeserver import (REPLICATION_SECRET, ClientApi, base_config, generate_keys, http_listener, log_config,
-                                          start_process, stop_process, tail_of, wait_answers, write_yaml)
+from support.reference_homeserver import (REPLICATION_SECRET, ClientApi, base_config, generate_keys,
+                                          http_listener, log_config, start_process, stop_process, tail_of,
+                                          wait_answers, write_yaml)
 from support.replication_truth import served_rows
 
 #: The event persisters, in the order ``stream_writers`` names them.

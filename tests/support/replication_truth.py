@@ -1,9 +1,10 @@
 """What a follower of a reference deployment should receive, found without streamrep.
 
 * :class:`Capture`: a raw Redis subscriber on the deployment's channel, recording every
-  ``RDATA`` row (rows of a ``batch`` get the token of the line that closes it), every
-  ``POSITION`` and every message, in the order Redis delivered them. When Redis goes
-  away it subscribes again as soon as Redis is back, and says where it was deaf.
+  ``RDATA`` row (rows of a ``batch`` get the token of the line that closes it) and
+  every message, in the order Redis delivered them, and telling each writer's answer
+  (``POSITION``) to a follower's ``REPLICATE``. When Redis goes away it subscribes
+  again as soon as Redis is back, and says where it was deaf.
 * :func:`served_rows`: every row a writer serves over its HTTP replication API for a
   range of tokens, read with urllib, page after page while the answer is ``limited``.
 
@@ -24,6 +25,8 @@ from typing import Any, Iterable
 
 import orjson
 
+#: (stream, instance)
+Writer = tuple[str, str]
 #: (stream, instance, token)
 Fact = tuple[str, str, int]
 #: (stream, instance, token, the row as canonical JSON)
@@ -48,8 +51,6 @@ class Capture:
         #: one per RDATA line that closes a fact
         self.facts: list[Fact] = []
         self.rows: list[Row] = []
-        #: (stream, instance, token) of every POSITION
-        self.positions: list[Fact] = []
         #: for each time Redis went away: (len(messages), len(rows)) when it did
         self.deaf: list[tuple[int, int]] = []
         self._batches: dict[tuple[str, str], list[bytes]] = {}
@@ -87,9 +88,6 @@ class Capture:
     def _take(self, data: bytes) -> None:
         self.messages.append(data)
         parts = data.split(b" ", 4)
-        if parts[0] == b"POSITION" and len(parts) == 5:
-            stream, instance = parts[1].decode(), parts[2].decode()
-            self.positions.append((stream, instance, int(parts[4])))
         if parts[0] != b"RDATA" or len(parts) != 5:
             return
         stream, instance = parts[1].decode(), parts[2].decode()
@@ -104,29 +102,41 @@ class Capture:
             self.rows.append((stream, instance, token, held))
         self.facts.append((stream, instance, token))
 
-    def answered(self, since: int, stream: str, timeout: float = 60.0) -> dict[str, int]:
-        """Until a ``REPLICATE`` published after message *since* was answered with a
-        ``POSITION`` of *stream*; then a moment more for every writer's answer.
-        Returns the first position of each writer of *stream* after that REPLICATE."""
+    def answers(self, since: int, streams: Iterable[str], timeout: float = 60.0,
+                settle: float = 0.5) -> dict[Writer, int]:
+        """Each writer's answer to the first ``REPLICATE`` published after message
+        *since* (a follower's, on subscribing): its first ``POSITION`` after it, once
+        every stream of *streams* has one and *settle* seconds more have passed for
+        the other writers of those streams."""
+        wanted = set(streams)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             messages = self.messages[since:]
             if b"REPLICATE" in messages:
-                after = messages[messages.index(b"REPLICATE"):]
-                if any(m.startswith(b"POSITION " + stream.encode() + b" ") for m in after):
-                    time.sleep(0.5)
-                    return self.positions_after(since + messages.index(b"REPLICATE"), stream)
+                index = since + messages.index(b"REPLICATE")
+                if wanted <= {stream for stream, _i in self._positions_after(index)}:
+                    time.sleep(settle)
+                    return {w: t for w, t in self._positions_after(index).items() if w[0] in wanted}
             time.sleep(0.05)
-        raise AssertionError(f"no POSITION of {stream} answered a REPLICATE after message {since}")
+        raise AssertionError(f"no POSITION of every stream of {sorted(wanted)} answered a REPLICATE "
+                             f"after message {since}")
 
-    def positions_after(self, index: int, stream: str) -> dict[str, int]:
-        """The first position of each writer of *stream* said after message *index*."""
-        found: dict[str, int] = {}
+    def _positions_after(self, index: int) -> dict[Writer, int]:
+        found: dict[Writer, int] = {}
         for data in self.messages[index:]:
             parts = data.split(b" ")
-            if parts[0] == b"POSITION" and len(parts) == 5 and parts[1].decode() == stream:
-                found.setdefault(parts[2].decode(), int(parts[4]))
+            if parts[0] == b"POSITION" and len(parts) == 5:
+                found.setdefault((parts[1].decode(), parts[2].decode()), int(parts[4]))
         return found
+
+    def rows_of(self, writer: Writer, after: int, upto: int | None = None) -> list[Row]:
+        """The rows heard of *writer* with ``after < token <= upto``, in order."""
+        return [row for row in list(self.rows)
+                if row[:2] == writer and row[2] > after and (upto is None or row[2] <= upto)]
+
+    def last_tokens(self) -> dict[Writer, int]:
+        """The token of the last row heard of each writer."""
+        return {(stream, instance): token for stream, instance, token, _r in list(self.rows)}
 
     def settle(self, stream: str, instance: str, token: int, timeout: float = 30.0) -> None:
         """Until the capture has the fact (*stream*, *instance*, *token*) or a later one
