@@ -41,7 +41,8 @@ from typing import Any, Iterator
 import orjson
 import pytest
 
-from support.reference_deployment import PERSISTERS, REPLICATION_SECRET, Deployment, running_deployment
+from support.reference_deployment import PERSISTERS, Deployment, running_deployment
+from support.reference_homeserver import REPLICATION_SECRET
 
 pytestmark = pytest.mark.slow
 
