@@ -27,6 +27,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from support.processes import cpu_seconds
 from support.redis_server import RedisServer, own_redis_server, unique_server_name, wait_subscribed
 from support.reference_homeserver import Homeserver, running_homeserver
 
@@ -34,12 +35,6 @@ MESSAGES = int(os.environ.get("STREAMREP_BENCH_MESSAGES", "1200"))
 THREADS = 8
 IDLE_SECONDS = 10.0
 ROOMS = 4
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User and system CPU of a process, in seconds."""
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _lines(path: pathlib.Path) -> int:
@@ -57,10 +52,10 @@ def deployment(tmp_path: pathlib.Path) -> Iterator[tuple[RedisServer, Homeserver
         redis_server.stop()
 
 
-def _send_all(hs: Homeserver) -> None:
+def _send_all(hs: Homeserver, messages: int) -> None:
     token = hs.register(f"bench{time.monotonic_ns()}")
     rooms = [hs.create_room(token) for _ in range(ROOMS)]
-    per_thread = MESSAGES // THREADS
+    per_thread = messages // THREADS
 
     def send(n: int) -> None:
         for i in range(per_thread):
@@ -77,24 +72,27 @@ def _send_all(hs: Homeserver) -> None:
 def test_follower_cpu_per_row(benchmark: Any, deployment: tuple[RedisServer, Homeserver],
                               tmp_path: pathlib.Path) -> None:
     redis_server, hs = deployment
+    # Untimed (--benchmark-disable, as scripts/test runs every benchmark): a short run.
+    messages, idle_seconds = (200, 2.0) if benchmark.disabled else (MESSAGES, IDLE_SECONDS)
+    env = {k: v for k, v in os.environ.items() if k not in ("STREAMREP_CONFIG", "STREAMREP_DEBUG_RESOURCES")}
     out, err = tmp_path / "tail.out", tmp_path / "tail.err"
     with out.open("wb") as stdout, err.open("wb") as stderr:
         tail = subprocess.Popen([sys.executable, "-m", "streamrep", "tail", "--synapse-config", hs.config_path,
-                                 "--stream", "events"], stdout=stdout, stderr=stderr, env=dict(os.environ))
+                                 "--stream", "events"], stdout=stdout, stderr=stderr, env=env)
     try:
         wait_subscribed(redis_server.url, hs.server_name, 2, logs=[err])
         figures: dict[str, float] = {}
         # What following costs with nothing to follow (keepalives, the link's watch),
         # taken off the run's CPU so the figure is per row.
-        idle_cpu, idle_start = _cpu_seconds(tail.pid), time.monotonic()
-        time.sleep(IDLE_SECONDS)
-        idle_rate = (_cpu_seconds(tail.pid) - idle_cpu) / (time.monotonic() - idle_start)
+        idle_cpu, idle_start = cpu_seconds([tail.pid]), time.monotonic()
+        time.sleep(idle_seconds)
+        idle_rate = (cpu_seconds([tail.pid]) - idle_cpu) / (time.monotonic() - idle_start)
 
         def run() -> None:
             before = len(hs.stream_orderings())
             printed_before = _lines(out)
-            tail_cpu, hs_cpu, start = _cpu_seconds(tail.pid), _cpu_seconds(hs.process.pid), time.monotonic()
-            _send_all(hs)
+            tail_cpu, hs_cpu, start = cpu_seconds([tail.pid]), cpu_seconds([hs.process.pid]), time.monotonic()
+            _send_all(hs, messages)
             persisted = len(hs.stream_orderings()) - before
             deadline = time.monotonic() + 120
             # Every event persisted is at least one events row (state events carry two).
@@ -105,7 +103,7 @@ def test_follower_cpu_per_row(benchmark: Any, deployment: tuple[RedisServer, Hom
             wall = time.monotonic() - start
             rows = _lines(out) - printed_before
             figures.update(rows=rows, persisted=persisted, wall=wall,
-                           tail_cpu=_cpu_seconds(tail.pid) - tail_cpu, hs_cpu=_cpu_seconds(hs.process.pid) - hs_cpu)
+                           tail_cpu=cpu_seconds([tail.pid]) - tail_cpu, hs_cpu=cpu_seconds([hs.process.pid]) - hs_cpu)
 
         benchmark.pedantic(run, rounds=1, iterations=1)
         assert tail.poll() is None, err.read_text()

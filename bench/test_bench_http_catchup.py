@@ -42,11 +42,11 @@ import orjson
 import pytest
 
 from support.reference_deployment import PERSISTERS, Deployment, running_deployment
+from support.processes import cpu_seconds
 from support.reference_homeserver import REPLICATION_SECRET
 
 pytestmark = pytest.mark.slow
 
-_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -60,18 +60,6 @@ class Missed:
     @property
     def rows(self) -> int:
         return self.upto - self.after
-
-
-def _cpu_seconds(pids: list[int]) -> float:
-    """User and system CPU the processes *pids* have used so far (0 for one gone)."""
-    total = 0.0
-    for pid in pids:
-        try:
-            fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        total += (int(fields[11]) + int(fields[12])) / _TICKS
-    return total
 
 
 def _reference_pids(deployment: Deployment) -> dict[str, list[int]]:
@@ -167,12 +155,12 @@ def test_endpoint(benchmark: Any, missed: Missed) -> None:
     found: dict[str, Any] = {}
 
     def run() -> None:
-        before = {key: _cpu_seconds(ids) for key, ids in pids.items()}
+        before = {key: cpu_seconds(ids) for key, ids in pids.items()}
         started, client = time.perf_counter(), time.process_time()
         found["rows"] = len(_fetch(missed.deployment, missed.after, missed.upto))
         found["wall"] = time.perf_counter() - started
         found["cpu"] = {"client": time.process_time() - client,
-                        **{key: _cpu_seconds(ids) - before[key] for key, ids in pids.items()}}
+                        **{key: cpu_seconds(ids) - before[key] for key, ids in pids.items()}}
 
     benchmark.pedantic(run, rounds=1, iterations=1)
     assert found["rows"] == missed.rows
@@ -187,7 +175,7 @@ def test_tail(benchmark: Any, missed: Missed, tmp_path: pathlib.Path) -> None:
     err = tmp_path / "tail.err"
 
     def run() -> None:
-        before = {key: _cpu_seconds(ids) for key, ids in pids.items()}
+        before = {key: cpu_seconds(ids) for key, ids in pids.items()}
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         with err.open("wb") as errors:
@@ -198,7 +186,7 @@ def test_tail(benchmark: Any, missed: Missed, tmp_path: pathlib.Path) -> None:
         found["wall"] = time.perf_counter() - started
         used = resource.getrusage(resource.RUSAGE_CHILDREN)
         found["cpu"] = {"tail": used.ru_utime + used.ru_stime - children.ru_utime - children.ru_stime,
-                        **{key: _cpu_seconds(ids) - before[key] for key, ids in pids.items()}}
+                        **{key: cpu_seconds(ids) - before[key] for key, ids in pids.items()}}
         assert done.returncode == 0, err.read_text()[-2000:]
 
     benchmark.pedantic(run, rounds=1, iterations=1)

@@ -31,3 +31,16 @@ def reap_processes() -> None:
             proc.wait(10)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User and system CPU the processes *pids* have used so far (0 for one gone)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
