@@ -597,3 +597,33 @@ def test_current_state_rows_follow_each_batch_across_snapshots(store):
         "SELECT COUNT(*) FROM state_groups g WHERE NOT EXISTS"
         " (SELECT 1 FROM state_group_edges e WHERE e.state_group = g.id)"))
     assert snapshots >= 3  # the create event's, and two made past the hops
+
+
+@pytest.mark.parametrize("json_lists", [True, False])
+def test_batch_lookup_finds_what_is_stored(store, monkeypatch, json_lists):
+    """The batch lookup's three probes (stored events and outliers with their bytes,
+    stored redactions aimed at the batch, backward extremities among it), with the
+    ID lists as JSON parameters (SQLite with ``json_each``) and as ``IN`` lists."""
+    import streamrep.events.plan as plan
+    from streamrep.events.validation import parse_event
+
+    monkeypatch.setattr(plan, "SQLITE_JSON", json_lists and plan.SQLITE_JSON)
+    create_room(store)
+    store.persist_events([ev("$o", ["$gone"], 3, outlier=True),
+                          ev("$red", ["$ann_join"], 3, type="m.room.redaction", redacts="$t1"),
+                          ev("$x", ["$hole"], 4),
+                          ev("$y", ["$gap"], 1, room="!other:x"),
+                          ev('$q"\u00e9\\', ["$ann_join"], 3)])
+    store.persist_events([ev("$red2", [], 1, room="!third:x", type="m.room.redaction",
+                             redacts="$t2")])
+    assert store.get_backward_extremities(ROOM) == {"$hole"}
+    batch = [parse_event(e) for e in (
+        ev("$o", ["$gone"], 3), ev("$t1", ["$red"], 4), ev("$t2", ["$x"], 5),
+        ev("$hole", ["$ann_join"], 3), ev("$gap", [], 1, room="!other:x"),
+        ev("$new", ["$t1", "$unknown"], 6), ev('$q"\u00e9\\', ["$ann_join"], 3))]
+    found = store.db.run(lambda txn: plan.BatchLookup.query(txn, batch))
+    assert found.stored == {"$o": True, "$red": False, "$x": False, "$ann_join": False,
+                            '$q"\u00e9\\': False}
+    assert set(found.outlier_json) == {"$o"}
+    assert found.redaction_targets == {("$t1", ROOM), ("$t2", "!third:x")}
+    assert found.backward == {(ROOM, "$hole"), ("!other:x", "$gap")}

@@ -18,7 +18,7 @@ import orjson
 
 from streamrep import _impl
 from streamrep.db import Transaction
-from streamrep.db.inlists import chunks, in_list
+from streamrep.db.inlists import SQLITE_JSON, chunks, in_list, json_values
 from streamrep.events.validation import EventRecord
 
 if TYPE_CHECKING:
@@ -69,19 +69,43 @@ def _lookup_sql(txn: Transaction, record_ids: dict[str, EventRecord], chunk: Seq
     """The lookup of one chunk: stored events (kind 0), redactions aimed at the
     batch's events (1), the batch's events that are backward extremities (2)."""
     batch_chunk = [e for e in chunk if e in record_ids]
+    by_room = _batchrows.by_room([record_ids[e] for e in batch_chunk
+                                  if not record_ids[e].outlier])
+    if not txn.is_postgres and SQLITE_JSON:
+        return _sqlite_lookup_sql(chunk, batch_chunk, by_room, params)
     sql = ["SELECT 0, event_id, outlier, NULL, CASE WHEN outlier THEN json END"
            " FROM events WHERE " + in_list(txn, "event_id", chunk, params)]
     if batch_chunk:
         sql.append("SELECT 1, redacts, NULL, room_id, NULL FROM events WHERE redacts"
                    " IS NOT NULL AND NOT rejected AND "
                    + in_list(txn, "redacts", batch_chunk, params))
-    by_room = _batchrows.by_room([record_ids[e] for e in batch_chunk
-                                  if not record_ids[e].outlier])
     for room_id, room_records in by_room.items():
         params.append(room_id)
         sql.append("SELECT 2, event_id, NULL, room_id, NULL FROM event_backward_extremities"
                    " WHERE room_id = ? AND "
                    + in_list(txn, "event_id", [r.event_id for r in room_records], params))
+    return " UNION ALL ".join(sql)
+
+
+def _sqlite_lookup_sql(chunk: Sequence[str], batch_chunk: list[str],
+                       by_room: dict[str, list[EventRecord]], params: list[Any]) -> str:
+    """:func:`_lookup_sql` on SQLite: each list of IDs is one JSON parameter, and
+    each probe reads it first (``CROSS JOIN`` keeps that order) and looks each ID up
+    in the table's index."""
+    sql = ["SELECT 0, e.event_id, e.outlier, NULL, CASE WHEN e.outlier THEN e.json END"
+           " FROM json_each(?) j CROSS JOIN events e ON e.event_id = j.value"]
+    params.append(json_values(chunk))
+    if batch_chunk:
+        sql.append("SELECT 1, e.redacts, NULL, e.room_id, NULL FROM json_each(?) j"
+                   " CROSS JOIN events e ON e.redacts = j.value"
+                   " WHERE e.redacts IS NOT NULL AND NOT e.rejected")
+        params.append(json_values(batch_chunk))
+    for room_id, room_records in by_room.items():
+        sql.append("SELECT 2, b.event_id, NULL, b.room_id, NULL FROM json_each(?) j"
+                   " CROSS JOIN event_backward_extremities b"
+                   " ON b.room_id = ? AND b.event_id = j.value")
+        params.append(json_values([r.event_id for r in room_records]))
+        params.append(room_id)
     return " UNION ALL ".join(sql)
 
 
