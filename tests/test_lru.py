@@ -59,3 +59,28 @@ def test_put_many_and_pop_many_match_one_at_a_time():
         many.pop_many(["a", "e", "zz"])
         assert list(one._data.items()) == list(many._data.items())
         assert one.weight == many.weight
+
+
+@pytest.mark.parametrize("overlapping", [False, True])
+def test_put_many_of_a_mapping_matches_one_at_a_time(overlapping):
+    """A mapping's items go in in its order, whether or not some keys are cached
+    already (then each of those moves to its place in the mapping's order)."""
+    for weigh in (None, len):
+        one: Lru[str, list[int]] = Lru("one", 4, max_weight=9 if weigh else None, weigh=weigh)
+        many: Lru[str, list[int]] = Lru("many", 4, max_weight=9 if weigh else None, weigh=weigh)
+        for cache in (one, many):
+            cache.put("a", [1])
+            cache.put("b", [1, 2])
+        new = {"c": [1], "a": [1, 2, 3], "d": [1]} if overlapping else {"c": [1], "d": [2]}
+        for key, value in new.items():
+            one.put(key, value)
+        many.put_many(new)
+        assert list(one._data.items()) == list(many._data.items())
+        assert one.weight == many.weight
+        many.pop_many({"x", "y"})  # none cached
+        many.pop_many(["zz"])
+        assert list(one._data.items()) == list(many._data.items())
+        one.pop("c")
+        many.pop_many({"c", "x"})
+        assert list(one._data.items()) == list(many._data.items())
+        assert one.weight == many.weight

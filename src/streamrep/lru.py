@@ -4,7 +4,7 @@ worker-side named caches (:class:`streamrep.caches.LruCache`) are built on it.""
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Generic, Hashable, Iterable, TypeVar
+from typing import Callable, Collection, Generic, Hashable, Iterable, Mapping, TypeVar
 
 __all__ = ["Lru"]
 
@@ -77,28 +77,37 @@ class Lru(Generic[K, V]):
             if weigh is not None:
                 self._weight -= weigh(evicted)
 
-    def put_many(self, items: Iterable[tuple[K, V]]) -> None:
-        """``put`` each ``(key, value)`` in turn (one eviction pass at the end)."""
+    def put_many(self, items: Iterable[tuple[K, V]] | Mapping[K, V]) -> None:
+        """``put`` each ``(key, value)`` in turn (one eviction pass at the end); a
+        mapping puts its items in its order. Keys not cached yet (the usual case: a
+        batch's new events) go in with one ``update``."""
         if self._weigh is not None:
-            for key, value in items:
+            for key, value in (items.items() if isinstance(items, Mapping) else items):
                 self.put(key, value)
             return
         data = self._data
-        move_to_end = data.move_to_end
-        for key, value in items:
-            data[key] = value
-            move_to_end(key)
+        if isinstance(items, Mapping) and data.keys().isdisjoint(items):
+            data.update(items)
+        else:
+            move_to_end = data.move_to_end
+            for key, value in (items.items() if isinstance(items, Mapping) else items):
+                data[key] = value
+                move_to_end(key)
         excess = len(data) - self.max_entries
         for _ in range(excess):
             data.popitem(last=False)
 
     def pop_many(self, keys: Iterable[K]) -> None:
-        """``pop`` each of *keys*."""
+        """``pop`` each of *keys* (a collection none of whose keys is cached costs
+        one ``isdisjoint``)."""
+        data = self._data
+        if isinstance(keys, Collection) and data.keys().isdisjoint(keys):
+            return
         if self._weigh is not None:
             for key in keys:
                 self.pop(key)
             return
-        pop = self._data.pop
+        pop = data.pop
         for key in keys:
             pop(key, None)
 

@@ -316,7 +316,7 @@ class EventStore:
     def _apply_outcome(self, outcome: PersistOutcome) -> list[CacheRow]:
         """Bring the caches up to date with a committed batch; return the ``caches``
         stream rows other processes need."""
-        self.states.event_group_cache.put_many(outcome.event_groups.items())
+        self.states.event_group_cache.put_many(outcome.event_groups)
         # Groups left as overlays on the batch's base are not cached: their state
         # is read back from the tables when asked for, as for any uncached group.
         self.states.group_cache.put_many(
