@@ -40,3 +40,49 @@ def test_overlay_reads_as_the_whole_state(base, changes):
         materialized = overlay.materialize()
         assert type(materialized) is MappingProxyType and materialized == whole
     assert dict(base) == dict(overlays[0][0].base)  # the base is left alone
+
+
+def _member(event_id: str, prev: str, depth: int, user: str) -> dict[str, object]:
+    return {"event_id": event_id, "room_id": "!r:x", "type": "m.room.member", "sender": user,
+            "state_key": user, "depth": depth, "prev_events": [prev],
+            "content": {"membership": "join"}}
+
+
+def test_current_state_stays_an_overlay_until_its_changes_are_many(db_url):
+    """A room's current state is kept between batches as the batches' changes over
+    the last whole state until those changes pass the limit (32 here), then made
+    whole; at every batch it reads as the tables' current state, as the state
+    recomputed from the forward extremities and as a fresh store reads its group."""
+    from streamrep import EventStore
+
+    store = EventStore(db_url, room_rules=None)
+    try:
+        store.persist_events([
+            {"event_id": "$c", "room_id": "!r:x", "type": "m.room.create", "sender": "@a:x",
+             "state_key": "", "depth": 1, "prev_events": [], "content": {"creator": "@a:x"}},
+            *[_member(f"$m{n}", "$c" if n == 0 else f"$m{n - 1}", n + 2, f"@u{n}:x")
+              for n in range(50)]])
+        kinds = []
+        prev, depth = "$m49", 52
+        for batch in range(12):
+            events = []
+            for n in range(5):
+                event_id = f"$b{batch}-{n}"
+                user = f"@u{n + 5 * batch if n < 4 else 1000 + batch}:x"
+                events.append(_member(event_id, prev, depth, user) if n % 2 == 0 else
+                              {"event_id": event_id, "room_id": "!r:x", "sender": "@a:x",
+                               "type": "m.room.message", "depth": depth,
+                               "prev_events": [prev], "content": {"body": "hi"}})
+                prev, depth = event_id, depth + 1
+            store.persist_events(events)
+            current = store.get_current_state("!r:x")
+            kinds.append(type(current).__name__)
+            with EventStore(db_url, room_rules=None) as fresh:
+                in_tables = dict(fresh.get_current_state("!r:x"))
+                assert dict(fresh.get_state_after_event(prev)) == in_tables
+            assert dict(current) == in_tables == dict(store.compute_state_at_extremities("!r:x"))
+            assert dict(store.get_state_after_event(prev)) == in_tables
+            assert len(current) == len(in_tables)
+        assert "StateOverlay" in kinds and "mappingproxy" in kinds[kinds.index("StateOverlay"):]
+    finally:
+        store.close()

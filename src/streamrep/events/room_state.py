@@ -20,7 +20,7 @@ from streamrep.db.inlists import chunks, in_list
 from streamrep.events.batch import Batch
 from streamrep.events.resolver import StateKey, StateResolver, conflicted_ids
 from streamrep.events.state import (EMPTY_STATE, GroupState, StateGroupStore, StateOverlay,
-                                    mutable_copy)
+                                    mutable_copy, settled, whole)
 from streamrep.events.validation import EventRecord
 from streamrep.events.visibility import DEFAULT_VISIBILITY, more_permissive
 from streamrep.events.writes import Writes
@@ -160,7 +160,7 @@ class RoomStateAssigner:
         if len(prev_groups) == 1:
             return self._group_state(prev_groups[0])[0], prev_groups[0]
         ordered = sorted(prev_groups)
-        sets = [self._group_state(g)[0] for g in ordered]
+        sets = [whole(self._group_state(g)[0]) for g in ordered]
         resolved = resolve_states(self.txn, self.resolver, self.room_id, sets, self.orderings)
         base_group = next((g for g, s in zip(ordered, sets) if s == resolved), None)
         if base_group is None:
@@ -225,6 +225,7 @@ class RoomStateAssigner:
         best: tuple[int, int, dict[StateKey, str]] | None = None
         for g in prev_groups:
             g_state, g_hops = self._group_state(g)
+            g_state = whole(g_state)
             if g_hops + 1 > max_hops or any(k not in after for k in g_state):
                 continue
             candidate = {k: v for k, v in after.items() if g_state.get(k) != v}
@@ -237,6 +238,7 @@ def resolve_states(txn: Transaction, resolver: StateResolver, room_id: str,
                    sets: list[GroupState], orderings: Orderings) -> dict[StateKey, str]:
     """*sets* merged by *resolver*, with the orderings of the conflicted events
     (read into *orderings* where missing)."""
+    sets = [whole(s) for s in sets]
     conflicted = conflicted_ids(sets)
     wanted = [e for e in conflicted if e not in orderings]
     for chunk in chunks(wanted):
@@ -264,11 +266,10 @@ def current_state_of(txn: Transaction, states: StateGroupStore, resolver: StateR
     sets = [known_states[g][0] if g in known_states else states.load(txn, g)[0]
             for g in group_ids]
     if len(sets) == 1:
-        state = sets[0]
-        if type(state) is StateOverlay:
-            # The room's current state: made whole once, kept (and cached) as the
-            # group's state, and the base of the next batch's overlays.
-            state = state.materialize()
+        # The room's current state, kept (and cached) as the group's state and the
+        # base of the next batch's overlays: whole once its overlay has many changes.
+        state = settled(sets[0])
+        if state is not sets[0] and group_ids[0] in known_states:
             known_states[group_ids[0]] = (state, known_states[group_ids[0]][1])
         return state
     return MappingProxyType(resolve_states(txn, resolver, room_id, sets, orderings))

@@ -11,6 +11,7 @@ an in-memory LRU.
 from __future__ import annotations
 
 from array import array
+from math import isqrt
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Iterable, Iterator, Mapping
 
@@ -26,7 +27,8 @@ if TYPE_CHECKING:
 else:
     _core_state = _impl.load("state")
 
-__all__ = ["GroupState", "StateGroupStore", "StateOverlay", "EMPTY_STATE", "mutable_copy"]
+__all__ = ["GroupState", "StateGroupStore", "StateOverlay", "EMPTY_STATE", "mutable_copy",
+           "settled", "whole"]
 
 #: A full state, read-only: ``{(type, state_key): event_id}``.
 GroupState = Mapping[StateKey, str]
@@ -98,6 +100,30 @@ class StateOverlay(Mapping[StateKey, str]):
 
     def __len__(self) -> int:
         return self._size
+
+
+def _overlay_limit(base_size: int) -> int:
+    """The most changes a room's current state keeps as an overlay over a base of
+    *base_size* keys: the square root of the size (at least 32), so that each state
+    event copies at most that many changes and making the state whole, once per
+    that many changes, costs about as much per change."""
+    return max(32, isqrt(base_size))
+
+
+def settled(state: GroupState) -> GroupState:
+    """*state* as a room's current state is kept from one batch to the next: an
+    overlay with few changes over its base stays one (the next batch's state events
+    add to those changes), a larger one is made whole. A room of thousands of
+    members then costs a batch its changes, not a copy of the whole state."""
+    if type(state) is StateOverlay and len(state.changes) > _overlay_limit(len(state.base)):
+        return state.materialize()
+    return state
+
+
+def whole(state: GroupState) -> GroupState:
+    """*state*, an overlay made whole (for work that reads every key: resolving
+    states, comparing them, which go faster over a mapping of its own)."""
+    return state.materialize() if type(state) is StateOverlay else state
 
 
 # Longest chain walked before the tables are declared corrupt (a cycle).

@@ -317,11 +317,13 @@ class EventStore:
         """Bring the caches up to date with a committed batch; return the ``caches``
         stream rows other processes need."""
         self.states.event_group_cache.put_many(outcome.event_groups)
-        # Groups left as overlays on the batch's base are not cached: their state
-        # is read back from the tables when asked for, as for any uncached group.
+        # Groups left as overlays on the batch's base are not cached (their state is
+        # read back from the tables when asked for, as for any uncached group), but
+        # for a room's current state: the base of the next batch's overlays.
+        current = {id(state) for state in outcome.current_state.values()}
         self.states.group_cache.put_many(
             [(group, value) for group, value in outcome.new_groups.items()
-             if type(value[0]) is not StateOverlay])
+             if type(value[0]) is not StateOverlay or id(value[0]) in current])
         for room_id, forward in outcome.forward.items():
             self._forward.put(room_id, forward)
         for room_id, state in outcome.current_state.items():
