@@ -16,6 +16,9 @@
   default) and off;
   ``test_persist_sqlite_growing_room``: the same over 100,000 events with the
   room rules, as the room grows to 5,000 members.
+* ``test_persist_sqlite_statements_alone``: the statements the ``rules-on``
+  SQLite benchmark runs, recorded and run again by bare ``sqlite3`` (what SQLite
+  alone spends on the same batches), events/s over 8 rounds.
 * ``test_state_after_event_cached``: ``get_state_after_event`` from cache, lookups/s
   (the same history, room rules on).
 * ``test_change_cache``: ``has_entity_changed`` over 1,000 rooms, calls/s.
@@ -205,6 +208,69 @@ def test_persist_sqlite_growing_room(benchmark: Any, use_impl: str, sqlite_url: 
         print(f"{benchmark.name}: per 10,000 events {rates}")
     finally:
         store.close()
+
+
+def test_persist_sqlite_statements_alone(benchmark: Any, tmp_path: Any,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SQL of the ``rules-on`` persist benchmark without the store: every
+    statement (and its parameters) the store runs for 8 rounds of 30 batches is
+    recorded, then the same transactions are run by bare ``sqlite3`` on a copy of
+    the database as it was before them, in rounds of 30 batches. What persisting
+    the same batches costs SQLite alone, the floor of the persist rates."""
+    import shutil
+    import sqlite3
+
+    from streamrep import EventStore
+    from streamrep.db.transaction import Transaction
+
+    url = f"sqlite:///{tmp_path}/bench.db"
+    source = _history("!bench:x")
+    with EventStore(url, verify_event_ids="off") as store:
+        for _ in range(30):
+            store.persist_events([next(source) for _ in range(BATCH)])
+    shutil.copy(tmp_path / "bench.db", tmp_path / "replay.db")
+    recorded: list[list[tuple[str, str, Any]]] = []
+    execute, executemany = Transaction.execute, Transaction.executemany
+
+    def record_execute(txn: Transaction, sql: str, params: Any = ()) -> None:
+        recorded[-1].append(("execute", sql, tuple(params)))
+        execute(txn, sql, params)
+
+    def record_executemany(txn: Transaction, sql: str, rows: Any) -> None:
+        rows = list(rows)
+        recorded[-1].append(("executemany", sql, rows))
+        executemany(txn, sql, rows)
+
+    with EventStore(url, verify_event_ids="off") as store:
+        monkeypatch.setattr(Transaction, "execute", record_execute)
+        monkeypatch.setattr(Transaction, "executemany", record_executemany)
+        for _ in range(8 * 30):
+            recorded.append([])
+            store.persist_events([next(source) for _ in range(BATCH)])
+        monkeypatch.undo()
+    conn = sqlite3.connect(tmp_path / "replay.db", isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    rounds = iter([recorded[i:i + 30] for i in range(0, len(recorded), 30)])
+
+    def next_round() -> tuple[tuple[list[list[tuple[str, str, Any]]]], dict[str, Any]]:
+        return (next(rounds),), {}
+
+    def run(transactions: list[list[tuple[str, str, Any]]]) -> None:
+        for statements in transactions:
+            conn.execute("BEGIN IMMEDIATE")
+            for kind, sql, params in statements:
+                if kind == "execute":
+                    conn.execute(sql, params).fetchall()
+                else:
+                    conn.executemany(sql, params)
+            conn.execute("COMMIT")
+
+    try:
+        benchmark.pedantic(run, setup=next_round, rounds=8, iterations=1)
+        _report(benchmark, "events_per_s", BATCH * 30, "bare sqlite3, rules-on statements")
+    finally:
+        conn.close()
 
 
 def test_state_after_event_cached(benchmark: Any, use_impl: str, sqlite_url: str) -> None:
