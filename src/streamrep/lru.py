@@ -4,7 +4,8 @@ worker-side named caches (:class:`streamrep.caches.LruCache`) are built on it.""
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Collection, Generic, Hashable, Iterable, Mapping, TypeVar
+from collections.abc import Collection, Mapping
+from typing import Callable, Generic, Hashable, Iterable, TypeVar
 
 __all__ = ["Lru"]
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Callable, Final, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Final, Iterable, Sequence
 
 import gevent.lock
 
