@@ -224,7 +224,7 @@ class _Context:
         memo = self._accepted_auth_state if skip_rejected else self._auth_state
         found = memo.get(event.event_id)
         if found is None:
-            found = self._derive_auth_state(event, skip_rejected, memo)
+            found = self._derive_auth_state(event, skip_rejected)
         return found
 
     def auth_states_of(self, event_ids: Iterable[str], skip_rejected: bool
@@ -236,14 +236,18 @@ class _Context:
         for eid in event_ids:
             found = memo.get(eid)
             if found is None:
-                found = self._derive_auth_state(events[eid], skip_rejected, memo)
+                found = self._derive_auth_state(events[eid], skip_rejected)
             out[eid] = found
         return out
 
-    def _derive_auth_state(self, event: MatrixEvent, skip_rejected: bool,
-                           memo: dict[str, dict[StateKey, MatrixEvent]]
+    def _derive_auth_state(self, event: MatrixEvent, skip_rejected: bool
                            ) -> dict[StateKey, MatrixEvent]:
-        found: dict[StateKey, MatrixEvent] = {}
+        """The event's auth state with and without its rejected auth events, both
+        derived in one pass and both kept (one dict when none is rejected, the usual
+        case: a power event's sender level reads one, its auth check the other);
+        the one *skip_rejected* names is returned."""
+        everything: dict[StateKey, MatrixEvent] = {}
+        accepted: dict[StateKey, MatrixEvent] | None = None
         events = self.events
         rejected_ids = self.rejected_ids
         complete = True
@@ -256,15 +260,20 @@ class _Context:
                     continue
             if auth_event.state_key is None:
                 continue
-            if skip_rejected and (aid in rejected_ids if rejected_ids is not None
-                                  else self.rejected(aid)):
-                continue
-            found[auth_event.key] = auth_event
+            if aid in rejected_ids if rejected_ids is not None else self.rejected(aid):
+                if accepted is None:
+                    accepted = everything.copy()
+            elif accepted is not None:
+                accepted[auth_event.key] = auth_event
+            everything[auth_event.key] = auth_event
+        if accepted is None:
+            accepted = everything
         if complete or not self.shared:
-            memo[event.event_id] = found
+            self._auth_state[event.event_id] = everything
+            self._accepted_auth_state[event.event_id] = accepted
         else:
             self._incomplete.add(event.event_id)
-        return found
+        return accepted if skip_rejected else everything
 
     def sender_level(self, event: MatrixEvent) -> int:
         """The sender's power level by the event's own auth events."""
