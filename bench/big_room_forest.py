@@ -134,6 +134,13 @@ def _digests(directory: Path) -> dict[int, str]:
     return dict(zip(table.column("state_group").to_pylist(), table.column("state_digest").to_pylist()))
 
 
+def _parts(parts: dict[str, int]) -> str:
+    """Peaks per process kind: the command (Spark's driver program), the JVM
+    (driver and local executor) and the largest Python worker."""
+    names = {"command": "driver Python", "jvm": "JVM", "worker": "largest Python worker"}
+    return ", ".join(f"{names[k]} {v / 2**30:.2f} GiB" for k, v in sorted(parts.items()))
+
+
 class _Server:
     """Databases on the server of *dsn*: a template and its copies, dropped at the end."""
 
@@ -227,9 +234,13 @@ def compare(shape: Shape, args: argparse.Namespace) -> None:
         for mode, flags in modes:
             url = server.url(server.create(template))
             out = work / f"changes-{mode[:5]}"
-            wall_c, peak_c, text, _ = run_measured(cli + ["spark", "compress"] + flags + [url, "--output", str(out)], env)
+            parts: dict[str, int] = {}
+            wall_c, peak_c, text, _ = run_measured(cli + ["spark", "compress"] + flags + [url, "--output", str(out)],
+                                                   env, parts)
             print(f"  {text.strip()}", flush=True)
             report(f"streamrep {mode}", "compress", wall_c, peak_c)
+            if "jvm" in parts:
+                print(f"  peak RSS per process: {_parts(parts)}", flush=True)
             wall_a, peak_a, text, _ = run_measured(cli + ["state", "apply-compression", "--db", url,
                                                           "--changes", str(out)], env)
             print(f"  {text.strip()}", flush=True)
@@ -237,9 +248,12 @@ def compare(shape: Shape, args: argparse.Namespace) -> None:
             report(f"streamrep {mode}", "apply-compression", wall_a, peak_a,
                    str(_sql(url, "SELECT count(*) FROM state_groups_state")), str(_sql(url, LONGEST_CHAIN_SQL)))
             digest_dir = work / f"after-{mode[:5]}"
+            parts = {}
             wall_r, peak_r, _, _ = run_measured(cli + ["spark", "reconstruct", "--digest"] + flags +
-                                                [url, "--output", str(digest_dir)], env)
+                                                [url, "--output", str(digest_dir)], env, parts)
             report(f"streamrep {mode}", "reconstruct --digest", wall_r, peak_r)
+            if "jvm" in parts:
+                print(f"  peak RSS per process: {_parts(parts)}", flush=True)
             check(mode, url, digest_dir)
         if "reference" in totals:
             for mode in ("single-process", "spark local[2]"):

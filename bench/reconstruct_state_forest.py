@@ -39,33 +39,52 @@ from support.state_forest import Forest, load_database, make_forest  # noqa: E40
 from streamrep import _impl  # noqa: E402
 
 
-def tree_rss(pid: int) -> int:
-    """Sum of RSS (bytes) of *pid* and all its descendants."""
+def tree_processes(pid: int) -> list[tuple[int, int, str]]:
+    """``(pid, RSS bytes, command name)`` of *pid* and all its descendants."""
     children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
+    seen: dict[int, tuple[int, str]] = {}
     page = os.sysconf("SC_PAGE_SIZE")
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+                name, fields = f.read().split(" (", 1)[1].rsplit(")", 1)
             with open(f"/proc/{entry}/statm") as f:
                 resident = int(f.read().split()[1]) * page
-        except OSError:
+        except (OSError, IndexError, ValueError):
             continue
-        children.setdefault(int(fields[1]), []).append(int(entry))
-        rss[int(entry)] = resident
-    total, stack = 0, [pid]
+        children.setdefault(int(fields.split()[1]), []).append(int(entry))
+        seen[int(entry)] = (resident, name)
+    found, stack = [], [pid]
     while stack:
         p = stack.pop()
-        total += rss.get(p, 0)
+        if p in seen:
+            found.append((p, *seen[p]))
         stack.extend(children.get(p, []))
-    return total
+    return found
 
 
-def run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, int, str, float]:
-    """Run *cmd*; return (wall seconds, peak tree RSS bytes, stdout, CPU seconds)."""
+def tree_rss(pid: int) -> int:
+    """Sum of RSS (bytes) of *pid* and all its descendants."""
+    return sum(rss for _, rss, _ in tree_processes(pid))
+
+
+def process_kind(root: int, pid: int, name: str) -> str:
+    """What a process of a measured tree is: the command itself, a JVM (Spark's
+    driver and its local executor), or a worker it started (Spark's Python
+    workers)."""
+    if pid == root:
+        return "command"
+    return "jvm" if name == "java" else "worker"
+
+
+def run_measured(cmd: list[str], env: dict[str, str],
+                 parts: dict[str, int] | None = None) -> tuple[float, int, str, float]:
+    """Run *cmd*; return (wall seconds, peak tree RSS bytes, stdout, CPU seconds).
+
+    With *parts*, also fill it with the peak RSS of the largest single process
+    of each :func:`process_kind`."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     clock = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -74,7 +93,12 @@ def run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, int, str, 
 
     def poll() -> None:
         while not done.is_set():
-            peak[0] = max(peak[0], tree_rss(proc.pid))
+            found = tree_processes(proc.pid)
+            peak[0] = max(peak[0], sum(rss for _, rss, _ in found))
+            if parts is not None:
+                for pid, rss, name in found:
+                    kind = process_kind(proc.pid, pid, name)
+                    parts[kind] = max(parts.get(kind, 0), rss)
             done.wait(0.05)
 
     poller = threading.Thread(target=poll, daemon=True)
