@@ -3,6 +3,7 @@
     python bench/big_room_forest.py --members 100000 --groups 10000            # compare
     python bench/big_room_forest.py --members 100000 --groups 10000 --keep-database   # and keep it
     python bench/big_room_forest.py --database NAME --skip-spark                # on a kept one
+    python bench/big_room_forest.py --database NAME --skip-reference --skip-single-process --jdbc-jar JAR
     python bench/big_room_forest.py --members 100000 --groups 50500 --parquet DIR --only-generate
 
 A big room starts from a snapshot of ``--members`` joined members (plus its
@@ -228,7 +229,7 @@ def compare(shape: Shape, args: argparse.Namespace) -> None:
                                 "--output", str(work / "ref-after")], env)
             check("reference", url, work / "ref-after")
 
-        modes = [("single-process", ["--single-process", "--db"])]
+        modes = [] if args.skip_single_process else [("single-process", ["--single-process", "--db"])]
         if not args.skip_spark:
             modes.append(("spark local[2]", ["--master", "local[2]"] + spark_conf + ["--jdbc-url"]))
         for mode, flags in modes:
@@ -289,6 +290,7 @@ def main() -> None:
     parser.add_argument("--compressor-python", default=default_compressor_python())
     parser.add_argument("--skip-reference", action="store_true")
     parser.add_argument("--skip-spark", action="store_true")
+    parser.add_argument("--skip-single-process", action="store_true")
     parser.add_argument("--jdbc-jar", default=None)
     args = parser.parse_args()
     shape = Shape(args.members, args.groups, args.big_rooms, args.small_rooms, args.fork_rate,
