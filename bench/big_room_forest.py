@@ -32,8 +32,11 @@ TEMPLATE``) and runs, in one run, one after the other:
 Each row reports the rows left in ``state_groups_state``, the longest chain
 counted as the reference counts it (the group and all its ancestors), wall
 time and peak RSS of the process tree (JVM and Python workers included:
-``/proc`` polled every 50 ms, summing every descendant's resident set). Every
-group's full state digest is compared with the one it had before.
+``/proc`` polled every 50 ms, summing every descendant's resident set; on
+Spark also the largest JVM and the largest Python worker alone), and CPU
+seconds spent by the command and by the PostgreSQL backends serving its copy
+(on a machine shared with other work, CPU compares better than wall time).
+Every group's full state digest is compared with the one it had before.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -135,6 +139,50 @@ def _digests(directory: Path) -> dict[int, str]:
     return dict(zip(table.column("state_group").to_pylist(), table.column("state_digest").to_pylist()))
 
 
+class BackendCpu:
+    """CPU seconds of the PostgreSQL backends serving one database (on this
+    machine), polled while a contender runs: the reference compressor works in
+    its own process, streamrep's apply mostly in the server."""
+
+    def __init__(self, database: str) -> None:
+        self.database = database
+        self.seen: dict[tuple[int, int], float] = {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> "BackendCpu":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join()
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.seen.values())
+
+    def _poll(self) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        needle = f" {self.database} ".encode()
+        while True:
+            for entry in os.listdir("/proc"):
+                if not entry.isdigit():
+                    continue
+                try:
+                    with open(f"/proc/{entry}/cmdline", "rb") as f:
+                        command = f.read().replace(b"\0", b" ")
+                    if not command.startswith(b"postgres:") or needle not in command:
+                        continue
+                    with open(f"/proc/{entry}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                except (OSError, ValueError):
+                    continue
+                self.seen[(int(entry), int(fields[19]))] = (int(fields[11]) + int(fields[12])) / tick
+            if self.done.wait(0.2):
+                return
+
+
 def _parts(parts: dict[str, int]) -> str:
     """Peaks per process kind: the command (Spark's driver program), the JVM
     (driver and local executor) and the largest Python worker."""
@@ -177,10 +225,12 @@ def compare(shape: Shape, args: argparse.Namespace) -> None:
     cli = [sys.executable, "-m", "streamrep"]
     table: list[tuple[str, str, str, str, str, str]] = []
 
-    def report(contender: str, phase: str, wall: float, peak: int, rows: str = "", chain: str = "") -> None:
+    def report(contender: str, phase: str, wall: float, peak: int, rows: str = "", chain: str = "",
+               cpu: tuple[float, float] = (0.0, 0.0)) -> None:
         table.append((contender, phase, rows, chain, f"{wall:.1f} s", f"{peak / 2**30:.2f} GiB"))
         print(f"{contender} | {phase} | rows {rows} | chain {chain} | {wall:.1f} s | "
-              f"peak RSS {peak / 2**30:.2f} GiB", flush=True)
+              f"peak RSS {peak / 2**30:.2f} GiB | CPU {cpu[0]:.1f} s in the command, "
+              f"{cpu[1]:.1f} s in its database's backends", flush=True)
 
     try:
         clock = time.perf_counter()
@@ -202,6 +252,7 @@ def compare(shape: Shape, args: argparse.Namespace) -> None:
         report("before", "reconstruct --single-process --digest", wall, peak)
         truth = _digests(work / "truth")
         totals: dict[str, float] = {}
+        cpu_totals: dict[str, float] = {}
 
         def check(contender: str, url: str, digest_dir: Path) -> None:
             after = _digests(digest_dir)
@@ -212,7 +263,8 @@ def compare(shape: Shape, args: argparse.Namespace) -> None:
                 raise SystemExit(f"{contender}: {len(after) - same} groups changed their full state")
 
         if args.compressor_python and not args.skip_reference:
-            url = server.url(server.create(template))
+            name = server.create(template)
+            url = server.url(name)
             # The reference takes one chunk per call and room: a room of N
             # groups needs ceil(N / 500) of them, so fewer chunks than that
             # sum leave rooms (or all of them) untouched.
@@ -221,10 +273,12 @@ def compare(shape: Shape, args: argparse.Namespace) -> None:
             code = ("import synapse_auto_compressor as c; c.compress_state_events_table("
                     f"db_url={url!r}, chunk_size=500, default_levels='100,50,25', "
                     f"number_of_chunks={chunks})")
-            wall, peak, _, _ = run_measured([args.compressor_python, "-c", code], env)
+            with BackendCpu(name) as backend:
+                wall, peak, _, cpu = run_measured([args.compressor_python, "-c", code], env)
             totals["reference"] = wall
+            cpu_totals["reference"] = cpu + backend.seconds
             report("synapse-auto-compressor 0.1.2", "compress", wall, peak,
-                   str(_sql(url, "SELECT count(*) FROM state_groups_state")), str(_sql(url, LONGEST_CHAIN_SQL)))
+                   str(_sql(url, "SELECT count(*) FROM state_groups_state")), str(_sql(url, LONGEST_CHAIN_SQL)), (cpu, backend.seconds))
             run_measured(cli + ["spark", "reconstruct", "--single-process", "--db", url, "--digest",
                                 "--output", str(work / "ref-after")], env)
             check("reference", url, work / "ref-after")
@@ -233,21 +287,26 @@ def compare(shape: Shape, args: argparse.Namespace) -> None:
         if not args.skip_spark:
             modes.append(("spark local[2]", ["--master", "local[2]"] + spark_conf + ["--jdbc-url"]))
         for mode, flags in modes:
-            url = server.url(server.create(template))
+            name = server.create(template)
+            url = server.url(name)
             out = work / f"changes-{mode[:5]}"
             parts: dict[str, int] = {}
-            wall_c, peak_c, text, _ = run_measured(cli + ["spark", "compress"] + flags + [url, "--output", str(out)],
-                                                   env, parts)
+            with BackendCpu(name) as backend:
+                wall_c, peak_c, text, cpu_c = run_measured(
+                    cli + ["spark", "compress"] + flags + [url, "--output", str(out)], env, parts)
             print(f"  {text.strip()}", flush=True)
-            report(f"streamrep {mode}", "compress", wall_c, peak_c)
+            report(f"streamrep {mode}", "compress", wall_c, peak_c, cpu=(cpu_c, backend.seconds))
+            cpu_totals[mode] = cpu_c + backend.seconds
             if "jvm" in parts:
                 print(f"  peak RSS per process: {_parts(parts)}", flush=True)
-            wall_a, peak_a, text, _ = run_measured(cli + ["state", "apply-compression", "--db", url,
-                                                          "--changes", str(out)], env)
+            with BackendCpu(name) as backend:
+                wall_a, peak_a, text, cpu_a = run_measured(cli + ["state", "apply-compression", "--db", url,
+                                                              "--changes", str(out)], env)
             print(f"  {text.strip()}", flush=True)
             totals[mode] = wall_c + wall_a
+            cpu_totals[mode] += cpu_a + backend.seconds
             report(f"streamrep {mode}", "apply-compression", wall_a, peak_a,
-                   str(_sql(url, "SELECT count(*) FROM state_groups_state")), str(_sql(url, LONGEST_CHAIN_SQL)))
+                   str(_sql(url, "SELECT count(*) FROM state_groups_state")), str(_sql(url, LONGEST_CHAIN_SQL)), (cpu_a, backend.seconds))
             digest_dir = work / f"after-{mode[:5]}"
             parts = {}
             wall_r, peak_r, _, _ = run_measured(cli + ["spark", "reconstruct", "--digest"] + flags +
@@ -260,7 +319,9 @@ def compare(shape: Shape, args: argparse.Namespace) -> None:
             for mode in ("single-process", "spark local[2]"):
                 if mode in totals:
                     print(f"{mode}: compress + apply {totals[mode]:.1f} s, "
-                          f"{totals['reference'] / totals[mode]:.1f}x faster than the reference")
+                          f"{totals['reference'] / totals[mode]:.1f}x faster than the reference; CPU "
+                          f"(command and database backends) {cpu_totals[mode]:.1f} s against "
+                          f"{cpu_totals['reference']:.1f} s, {cpu_totals['reference'] / cpu_totals[mode]:.1f}x")
     finally:
         server.close()
         shutil.rmtree(work, ignore_errors=True)
