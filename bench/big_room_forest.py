@@ -47,7 +47,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -56,7 +55,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
 
-from reconstruct_state_forest import run_measured  # noqa: E402
+from reconstruct_state_forest import BackendCpu, run_measured  # noqa: E402
 from support.big_room import Shape, generate, write_parquet  # noqa: E402
 
 from streamrep.spark.tables import SCHEMAS  # noqa: E402
@@ -137,50 +136,6 @@ def _digests(directory: Path) -> dict[int, str]:
 
     table = ds.dataset(str(directory), format="parquet").to_table(columns=["state_group", "state_digest"])
     return dict(zip(table.column("state_group").to_pylist(), table.column("state_digest").to_pylist()))
-
-
-class BackendCpu:
-    """CPU seconds of the PostgreSQL backends serving one database (on this
-    machine), polled while a contender runs: the reference compressor works in
-    its own process, streamrep's apply mostly in the server."""
-
-    def __init__(self, database: str) -> None:
-        self.database = database
-        self.seen: dict[tuple[int, int], float] = {}
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._poll, daemon=True)
-
-    def __enter__(self) -> "BackendCpu":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.done.set()
-        self.thread.join()
-
-    @property
-    def seconds(self) -> float:
-        return sum(self.seen.values())
-
-    def _poll(self) -> None:
-        tick = os.sysconf("SC_CLK_TCK")
-        needle = f" {self.database} ".encode()
-        while True:
-            for entry in os.listdir("/proc"):
-                if not entry.isdigit():
-                    continue
-                try:
-                    with open(f"/proc/{entry}/cmdline", "rb") as f:
-                        command = f.read().replace(b"\0", b" ")
-                    if not command.startswith(b"postgres:") or needle not in command:
-                        continue
-                    with open(f"/proc/{entry}/stat") as f:
-                        fields = f.read().rsplit(")", 1)[1].split()
-                except (OSError, ValueError):
-                    continue
-                self.seen[(int(entry), int(fields[19]))] = (int(fields[11]) + int(fields[12])) / tick
-            if self.done.wait(0.2):
-                return
 
 
 def _parts(parts: dict[str, int]) -> str:

@@ -41,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
 
-from reconstruct_state_forest import run_measured  # noqa: E402
+from reconstruct_state_forest import BackendCpu, run_measured  # noqa: E402
 from support.state_forest import Forest, load_database, make_forest  # noqa: E402
 
 #: Longest chain, walking from every root (PostgreSQL).
@@ -67,6 +67,10 @@ def default_compressor_python() -> str | None:
             if probe.returncode == 0:
                 return python
     return None
+
+
+def database_name(url: str) -> str:
+    return urlsplit(url).path.lstrip("/")
 
 
 def database_url(dsn: str, name: str) -> str:
@@ -177,7 +181,7 @@ def main() -> None:
     print(f"forest: {len(forest.groups)} groups in {rooms} rooms, {len(forest.state)} delta rows", flush=True)
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
     dbs = Databases(args.dsn)
-    rows: list[tuple[str, int, int, float, int, str]] = []
+    rows: list[tuple[str, int, int, float, int, str, float]] = []
     reference_estimate: tuple[float, int] | None = None
     try:
         reference_url = dbs.create(forest)
@@ -185,15 +189,16 @@ def main() -> None:
         start_chain = Databases.sql(reference_url, MAX_CHAIN_SQL)
         print(f"before: {len(forest.state)} rows, longest chain {start_chain} hops", flush=True)
 
-        def finish(name: str, url: str, wall: float, peak: int) -> None:
+        def finish(name: str, url: str, wall: float, peak: int, cpu: float) -> None:
             left = int(Databases.sql(url, "SELECT count(*) FROM state_groups_state"))  # type: ignore[arg-type]
             chain = int(Databases.sql(url, MAX_CHAIN_SQL))  # type: ignore[arg-type]
             after = digests(url, work / f"check-{len(rows)}", env)
             same = sum(1 for g, d in truth.items() if after.get(g) == d)
             verdict = f"{same}/{len(truth)} groups keep their full state"
-            rows.append((name, left, chain, wall, peak, verdict))
+            rows.append((name, left, chain, wall, peak, verdict, cpu))
             print(f"{name}: {left} rows left, longest chain {chain} hops, {wall:.1f}s wall, "
-                  f"peak RSS {peak / 2**30:.2f} GiB; {verdict}", flush=True)
+                  f"peak RSS {peak / 2**30:.2f} GiB, CPU {cpu:.1f}s (command and database backends); "
+                  f"{verdict}", flush=True)
             if sample is not None:
                 print(f"  rows left in the reference's sampled rooms: {rows_in_rooms(url, sample)}", flush=True)
 
@@ -207,7 +212,8 @@ def main() -> None:
             code = ("import synapse_auto_compressor as c; c.compress_state_events_table("
                     f"db_url={reference_url!r}, chunk_size=500, default_levels='100,50,25', "
                     f"number_of_chunks={chunks})")
-            wall, peak, _, _ = run_measured([args.compressor_python, "-c", code], env)
+            with BackendCpu(database_name(reference_url)) as backend:
+                wall, peak, _, cpu = run_measured([args.compressor_python, "-c", code], env)
             if share < 1.0:
                 sample = sampled_rooms(reference_url)
                 picked = set(sample)
@@ -220,41 +226,47 @@ def main() -> None:
                       f"{rooms / max(1, len(sample)):.1f}, not measured): {estimate:.0f}s", flush=True)
                 reference_estimate = (estimate, left)
             else:
-                finish("synapse-auto-compressor 0.1.2", reference_url, wall, peak)
+                finish("synapse-auto-compressor 0.1.2", reference_url, wall, peak, cpu + backend.seconds)
         elif not args.skip_reference:
             print("reference compressor: not installed (give --compressor-python)", flush=True)
 
         local_url = dbs.create(forest)
         cli = [sys.executable, "-m", "streamrep"]
-        wall_c, peak_c, out_c, _ = run_measured(
-            cli + ["spark", "compress", "--single-process", "--db", local_url, "--output", str(work / "local")], env)
-        wall_a, peak_a, out_a, _ = run_measured(
-            cli + ["state", "apply-compression", "--db", local_url, "--changes", str(work / "local")], env)
+        with BackendCpu(database_name(local_url)) as backend:
+            wall_c, peak_c, out_c, cpu_c = run_measured(
+                cli + ["spark", "compress", "--single-process", "--db", local_url, "--output", str(work / "local")],
+                env)
+            wall_a, peak_a, out_a, cpu_a = run_measured(
+                cli + ["state", "apply-compression", "--db", local_url, "--changes", str(work / "local")], env)
         print(f"  compress: {out_c.strip()}\n  apply: {out_a.strip()}", flush=True)
-        finish("streamrep single-process", local_url, wall_c + wall_a, max(peak_c, peak_a))
+        finish("streamrep single-process", local_url, wall_c + wall_a, max(peak_c, peak_a),
+               cpu_c + cpu_a + backend.seconds)
 
         if not args.skip_spark:
             spark_url = dbs.create(forest)
             extra: list[str] = []
             if args.jdbc_jar:
                 extra = ["--conf", f"spark.jars={args.jdbc_jar}"]
-            wall_c, peak_c, out_c, _ = run_measured(
-                cli + ["spark", "compress", "--master", "local[2]", "--jdbc-url", spark_url,
-                       "--output", str(work / "spark")] + extra, env)
-            wall_a, peak_a, out_a, _ = run_measured(
-                cli + ["state", "apply-compression", "--db", spark_url, "--changes", str(work / "spark")], env)
+            with BackendCpu(database_name(spark_url)) as backend:
+                wall_c, peak_c, out_c, cpu_c = run_measured(
+                    cli + ["spark", "compress", "--master", "local[2]", "--jdbc-url", spark_url,
+                           "--output", str(work / "spark")] + extra, env)
+                wall_a, peak_a, out_a, cpu_a = run_measured(
+                    cli + ["state", "apply-compression", "--db", spark_url, "--changes", str(work / "spark")], env)
             print(f"  compress: {out_c.strip()}\n  apply: {out_a.strip()}", flush=True)
-            finish("streamrep spark local[2]", spark_url, wall_c + wall_a, max(peak_c, peak_a))
+            finish("streamrep spark local[2]", spark_url, wall_c + wall_a, max(peak_c, peak_a),
+                   cpu_c + cpu_a + backend.seconds)
     finally:
         dbs.close()
         shutil.rmtree(work, ignore_errors=True)
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
     if rows and rows[0][0].startswith("synapse"):
         ref = rows[0]
-        for name, left, chain, wall, _, _ in rows[1:]:
-            print(f"{name} vs reference: {left / ref[1]:.3f}x the rows, {ref[3] / wall:.1f}x faster")
+        for name, left, chain, wall, _, _, cpu in rows[1:]:
+            print(f"{name} vs reference: {left / ref[1]:.3f}x the rows, {ref[3] / wall:.1f}x faster, "
+                  f"{ref[6] / cpu:.1f}x less CPU")
     elif reference_estimate is not None:
-        for name, left, chain, wall, _, _ in rows:
+        for name, left, chain, wall, _, _, _ in rows:
             print(f"{name} vs the reference's ESTIMATED time for all rooms: "
                   f"{reference_estimate[0] / wall:.1f}x faster (estimate, not measured)")
 

@@ -114,6 +114,50 @@ def run_measured(cmd: list[str], env: dict[str, str],
     return wall, peak[0], out, cpu
 
 
+class BackendCpu:
+    """CPU seconds of the PostgreSQL backends serving one database (on this
+    machine), polled while a contender runs: the reference compressor works in
+    its own process, streamrep's apply mostly in the server."""
+
+    def __init__(self, database: str) -> None:
+        self.database = database
+        self.seen: dict[tuple[int, int], float] = {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> "BackendCpu":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join()
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.seen.values())
+
+    def _poll(self) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        needle = f" {self.database} ".encode()
+        while True:
+            for entry in os.listdir("/proc"):
+                if not entry.isdigit():
+                    continue
+                try:
+                    with open(f"/proc/{entry}/cmdline", "rb") as f:
+                        command = f.read().replace(b"\0", b" ")
+                    if not command.startswith(b"postgres:") or needle not in command:
+                        continue
+                    with open(f"/proc/{entry}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                except (OSError, ValueError):
+                    continue
+                self.seen[(int(entry), int(fields[19]))] = (int(fields[11]) + int(fields[12])) / tick
+            if self.done.wait(0.2):
+                return
+
+
 def interned_batches(forest: Forest, chunk_groups: int = 250_000) -> list[tuple[array, ...]]:
     """The forest as expand_groups buffers (strings interned in Python), cut at
     room boundaries into closed batches of about *chunk_groups* groups."""
