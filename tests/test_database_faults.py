@@ -4,6 +4,7 @@ write whose ``COMMIT`` was cut off happens exactly once (commit markers)."""
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 import time
 import uuid
 from typing import Any, Iterator
@@ -169,3 +170,66 @@ def test_a_single_read_survives_terminated_backends(
     assert db.read_value("SELECT body FROM facts WHERE id = ?", (4,)) == "d"
     assert db.read_value("SELECT body FROM facts WHERE id = ?", (5,), "none") == "none"
     assert db.connections_in_use == 0
+
+
+def test_work_outside_a_transaction_waits_out_another_process_s_lock(tmp_path: pathlib.Path) -> None:
+    """Database.retry (migrations, stream ID startup) starts its work again while
+    another process holds a SQLite database's write lock past busy_timeout_ms, and
+    goes on once it is released."""
+    import sqlite3
+    import threading
+
+    from streamrep.db import Database
+
+    path = tmp_path / "locked.db"
+    db = Database(f"sqlite:///{path}?busy_timeout_ms=50")
+    try:
+        holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        holder.execute("BEGIN IMMEDIATE")
+        released = threading.Timer(0.5, holder.execute, args=("COMMIT",))
+        attempts = []
+
+        def write() -> int:
+            attempts.append(1)
+            with db.transaction("write") as txn:
+                txn.execute("CREATE TABLE IF NOT EXISTS t (x INTEGER)")
+            return len(attempts)
+
+        released.start()
+        assert db.retry(write, name="write") > 1
+        released.join()
+        holder.close()
+    finally:
+        db.close()
+
+
+def test_a_lock_held_for_good_is_one_line_naming_the_fix(tmp_path: pathlib.Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import sqlite3
+
+    from streamrep.cli.exits import ExitCode, describe
+    from streamrep.db import Database, transactions
+    from streamrep.errors import DatabaseUnavailableError
+
+    monkeypatch.setattr(transactions, "BUSY_RETRY_SECONDS", 0.3)
+    path = tmp_path / "locked.db"
+    db = Database(f"sqlite:///{path}?busy_timeout_ms=20")
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+
+        def write() -> None:
+            with db.transaction("write") as txn:
+                txn.execute("CREATE TABLE IF NOT EXISTS t (x INTEGER)")
+
+        with pytest.raises(DatabaseUnavailableError) as raised:
+            db.retry(write, name="write")
+        failure = describe(raised.value)
+        assert failure.code == ExitCode.DATABASE_UNAVAILABLE
+        assert "locked by another process" in failure.message and "busy_timeout_ms" in failure.message
+        raw = describe(sqlite3.OperationalError("database is locked"))
+        assert raw.code == ExitCode.DATABASE_UNAVAILABLE and "busy_timeout_ms" in raw.message
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        db.close()

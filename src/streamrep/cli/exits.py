@@ -20,6 +20,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 
+from streamrep.db.retry import is_busy
 from streamrep.errors import ChangeSetError
 from streamrep.errors import (CatchUpRefusedError, ConfigError, DatabaseConfigError, DatabaseMissingError,
                               DatabaseUnavailableError, DeploymentMismatchError, SynapseConfigError,
@@ -163,6 +164,14 @@ def describe(exc: BaseException, command: str = "streamrep") -> Failure:
         return Failure(ExitCode.BAD_PATH, _one_line(exc))
     if isinstance(exc, DeploymentMismatchError):
         return Failure(ExitCode.DEPLOYMENT_MISMATCH, _one_line(exc))
+    locked = _cause(exc, sqlite3.OperationalError)
+    if locked is not None and is_busy(locked):
+        if isinstance(exc, DatabaseUnavailableError):  # it names the lock and the fix
+            return Failure(ExitCode.DATABASE_UNAVAILABLE, _one_line(exc))
+        return Failure(ExitCode.DATABASE_UNAVAILABLE,
+                       f"the SQLite database stayed locked by another process ({_one_line(locked)}); "
+                       "retry once the other writer is done, or raise busy_timeout_ms in the URL "
+                       "(sqlite:///PATH?busy_timeout_ms=20000)")
     if isinstance(exc, DatabaseUnavailableError):
         return Failure(ExitCode.DATABASE_UNAVAILABLE,
                        f"{_one_line(exc)}; start the database server or fix the URL (--db, or "

@@ -41,6 +41,11 @@ R = TypeVar("R")
 PG_RETRYABLE = (psycopg2.errors.SerializationFailure, psycopg2.errors.DeadlockDetected)
 
 
+#: Seconds :meth:`TransactionRunner.retry` goes on trying work that found a SQLite
+#: database locked by another process (each attempt also waits the URL's busy_timeout_ms).
+BUSY_RETRY_SECONDS = 30.0
+
+
 class TransactionRunner:
     """Transactions on *connections* (a PostgreSQL pool or the SQLite connection).
 
@@ -208,15 +213,36 @@ class TransactionRunner:
         """``func(*args)``, again after a lost PostgreSQL connection (see
         :meth:`streamrep.db.Database.retry`)."""
         backoff: Backoff | None = None
+        busy: Backoff | None = None
         while True:
             try:
                 return func(*args)
             except Exception as exc:
+                if not self._postgres and is_busy(exc):
+                    # Another process's write lock outlasted SQLite's own wait, or a
+                    # snapshot went stale under another writer: *func* holds no
+                    # transaction open once it raised, so it starts again whole.
+                    if busy is None:
+                        busy = Backoff(BUSY_RETRY_SECONDS)
+                    self.wait_for_lock(busy, name, exc)
+                    continue
                 if not self._postgres or not is_connection_loss(exc):
                     raise
                 if backoff is None:
                     backoff = self.backoff(reconnect_timeout)
                 self.wait_to_reconnect(backoff, name, exc)
+
+    def wait_for_lock(self, backoff: Backoff, name: str, exc: BaseException) -> None:
+        """Sleep before trying a busy SQLite database again, or raise once the budget
+        is spent."""
+        delay = backoff.next_delay()
+        if delay is None:
+            raise DatabaseUnavailableError(
+                f"SQLite database {self._owner.config.redacted()} stayed locked by another process "
+                f"for {backoff.elapsed:.0f}s during {name} ({first_line(exc)}); retry once the other "
+                "writer is done, or raise busy_timeout_ms in the URL"
+            ) from exc
+        gevent.sleep(delay)
 
     def backoff(self, reconnect_timeout: float | None) -> Backoff:
         """A backoff over *reconnect_timeout* seconds (default: the URL's)."""
