@@ -35,22 +35,27 @@ def test_the_queue_is_bounded_in_bytes_and_hands_out_the_chunks_it_was_given() -
 
 
 class _TrickleSocket:
-    """sendmsg that takes a few bytes at a time, like a congested socket."""
+    """A non-blocking socket's sendmsg: takes *step* bytes, then is full
+    (BlockingIOError) until drained."""
 
     def __init__(self, step: int) -> None:
         self.step = step
         self.out = bytearray()
         self.calls = 0
+        self.full = False
 
     def sendmsg(self, buffers: list[Any]) -> int:
         assert len(buffers) <= 1024
         self.calls += 1
+        if self.full:
+            raise BlockingIOError
         budget = self.step
         for buf in buffers:
             take = bytes(buf[:budget])
             self.out += take
             budget -= len(take)
             if not budget:
+                self.full = True
                 break
         return self.step - budget
 
@@ -59,7 +64,12 @@ def test_scattered_writes_resume_exactly_after_partial_writes() -> None:
     chunks = [b"RDATA caches w %d [\"x\"]\n" % n for n in range(3000)] + [b"", b"tail\n"]
     for step in (1, 7, 4096, 10**9):
         sock = _TrickleSocket(step)
-        _send_scattered(sock.sendmsg, chunks)
+        rest: list[Any] = chunks
+        while rest:
+            rest, wrote = _send_scattered(sock.sendmsg, rest)
+            assert wrote
+            assert not rest or sock.full and _send_scattered(sock.sendmsg, rest) == (rest, False)
+            sock.full = False  # the peer read: writable again
         assert bytes(sock.out) == b"".join(chunks)
     assert sock.calls == 3  # 3,002 buffers in calls of at most 1,024
 

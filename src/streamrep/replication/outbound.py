@@ -1,10 +1,10 @@
 """The bounded outbound queue of one connection.
 
 Producers (the hub's publisher, relays, keepalive) append already-encoded bytes
-with the number of commands they hold; one writer greenlet per connection takes
-everything queued in one go, as the list of chunks it was queued as, and writes
-them with one scatter-gather call: a chunk shared by many connections (a burst's
-``RDATA``, encoded once) is never copied per connection. The bound is on commands
+with the number of commands they hold; the connection's writer takes everything
+queued in one go, as the list of chunks it was queued as, and writes them with
+one scatter-gather call: a chunk shared by many connections (a burst's ``RDATA``,
+encoded once) is never copied per connection. The bound is on commands
 and on bytes: a peer that falls more than ``max_commands`` or ``max_bytes`` behind
 is cut off rather than allowed to grow the hub's memory or slow anyone else.
 """
@@ -42,7 +42,9 @@ class OutboundQueue:
         self._chunks: list[bytes] = []
         self._queued = 0
         self._bytes = 0
-        self._ready = Event()
+        # Made by the first take() that waits: a connection that writes as data
+        # comes (without a greenlet waiting here) never needs one.
+        self._ready: Event | None = None
         self._closed = False
         #: commands ever accepted, for metrics
         self.total_commands = 0
@@ -85,7 +87,8 @@ class OutboundQueue:
         self.total_commands += count
         if resources.ENABLED:
             resources.acquired("queued command", count)
-        self._ready.set()
+        if self._ready is not None:
+            self._ready.set()
         return True
 
     def put_last(self, data: bytes, count: int = 1) -> bool:
@@ -107,15 +110,24 @@ class OutboundQueue:
         if not self._chunks:
             if self._closed:
                 return [], 0
-            self._ready.clear()
-            self._ready.wait(timeout)
-            if not self._chunks:
-                return [], 0
+            ready = self._ready
+            if ready is None:
+                ready = self._ready = Event()
+            ready.clear()
+            ready.wait(timeout)
+        return self.take_now()
+
+    def take_now(self) -> tuple[list[bytes], int]:
+        """Every chunk queued and how many commands they hold, without waiting
+        (``([], 0)`` when nothing is queued)."""
         chunks, count = self._chunks, self._queued
+        if not chunks:
+            return [], 0
         self._chunks = []
         self._queued = 0
         self._bytes = 0
-        self._ready.clear()
+        if self._ready is not None:
+            self._ready.clear()
         if resources.ENABLED:
             resources.released("queued command", count)
         return chunks, count
@@ -143,7 +155,8 @@ class OutboundQueue:
     def close(self) -> None:
         """Refuse further data; wakes a waiting writer so it can finish."""
         self._closed = True
-        self._ready.set()
+        if self._ready is not None:
+            self._ready.set()
 
     def clear(self) -> None:
         """Drop whatever is queued (the peer is gone)."""

@@ -108,7 +108,7 @@ class BusSession(Session):
                 continue
             handler = handlers.get(item.NAME)
             if handler is not None:
-                handler(item, out)
+                handler(self, item, out)
 
     def on_REPLICATE(self, command: Any, out: list[Action]) -> None:
         data, count = C.position_lines((s, i, t, t) for (s, i), t in self.own_positions.items())

@@ -102,7 +102,7 @@ class ClientSession(Session):
             if handler is None:
                 self._refuse(item, out)
                 return
-            handler(item, out)
+            handler(self, item, out)
 
     def on_SERVER(self, command: Any, out: list[Action]) -> None:
         self.server_name = command.data

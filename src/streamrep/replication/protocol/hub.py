@@ -50,6 +50,8 @@ class HubState:
         row_check: Callable[[str, Sequence[Any]], str | None] | None = None,
     ) -> None:
         self.server_name = server_name
+        #: ``SERVER <name>``, encoded once for every greeting
+        self.server_line = C.encode_one(C.server(server_name))
         self.row_check = row_check
         self.settings = settings
         if callable(readable):

@@ -98,7 +98,7 @@ class HubPeer(Session):
 
     def greeting(self) -> list[Action]:
         """``SERVER <name>`` and ``PING``."""
-        return [Send(C.encode_one(C.server(self.hub.server_name)), 1, "SERVER"),
+        return [Send(self.hub.server_line, 1, "SERVER"),
                 Send(C.encode_one(C.ping()), 1, "PING")]
 
     def wants(self, stream: str) -> bool:
@@ -171,7 +171,7 @@ class HubPeer(Session):
                 if handler is None:
                     self._refuse(item, out)
                     return
-                handler(item, out)
+                handler(self, item, out)
             if facts:
                 self._writer_facts(facts, out)
             if self._acks and not self.closed:

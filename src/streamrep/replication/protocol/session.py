@@ -14,8 +14,12 @@ from streamrep.wire_commands import CLIENT_SIDE, SERVER_SIDE, SPECS, accepted_fr
 
 __all__ = ["Session"]
 
-# Session class -> its (command, handler method) pairs, found once per class.
-_HANDLER_NAMES: dict[type, tuple[tuple[str, str], ...]] = {}
+#: ``handler(session, command, out)``: an ``on_<COMMAND>`` method, unbound.
+Handler = Callable[[Any, Any, list[Action]], None]
+# Session class -> command -> its handler function, found once per class: a new
+# session binds nothing (a hub accepting thousands of connections a second pays
+# for no bound method it may never call).
+_HANDLERS: dict[type, dict[str, Handler]] = {}
 
 
 class Session:
@@ -40,18 +44,18 @@ class Session:
         self.started_at = now
         self.closed = False
         self.close_reason: str | None = None
-        names = _HANDLER_NAMES.get(type(self))
-        if names is None:
-            names = _HANDLER_NAMES[type(self)] = self._handler_names()
-        self._handlers: dict[str, Callable[[Any, list[Action]], None]] = {
-            name: getattr(self, attribute) for name, attribute in names}
+        handlers = _HANDLERS.get(type(self))
+        if handlers is None:
+            handlers = _HANDLERS[type(self)] = self._handler_table()
+        #: command -> ``handler(self, command, out)``, shared by every session of the class
+        self._handlers = handlers
 
     @classmethod
-    def _handler_names(cls) -> tuple[tuple[str, str], ...]:
-        """``(command, method)`` for every command the peer may send that this class
-        handles; looked up once per class, bound once per session."""
+    def _handler_table(cls) -> dict[str, Handler]:
+        """command -> ``on_<command>`` function, for every command the peer may send
+        that this class handles; looked up once per class."""
         allowed = SPECS.keys() if cls.peer_side is None else accepted_from(cls.peer_side)
-        return tuple((name, f"on_{name}") for name in allowed if hasattr(cls, f"on_{name}"))
+        return {name: getattr(cls, f"on_{name}") for name in allowed if hasattr(cls, f"on_{name}")}
 
     # --- driven by the transport ---------------------------------------------------------
 
@@ -111,7 +115,7 @@ class Session:
             if handler is None:
                 self._refuse(command, out)
                 return
-            handler(command, out)
+            handler(self, command, out)
 
     def _refuse(self, command: Any, out: list[Action]) -> None:
         sender = {CLIENT_SIDE: "a client", SERVER_SIDE: "a server"}.get(self.peer_side or "", "a peer")

@@ -1,15 +1,20 @@
 """One TCP connection driven by a protocol session: the only place that reads and
 writes replication sockets.
 
-Three greenlets per connection: the read loop (decode, hand the commands to the
-session, pass its actions to the owner), the writer (everything queued at a
-time, from a bounded :class:`OutboundQueue`, in one scatter-gather ``sendmsg`` over
-the queued chunks as they are, so a burst shared by every reader is never copied
-per reader) and the
-keepalive timer (the session's :meth:`~streamrep.replication.protocol.Session.tick`).
-A TLS layer wraps the socket before it gets here; an authentication gate
-(:attr:`TcpConnection.gate`) sees every read before the session until it has
-nothing left to check.
+One greenlet per connection: the read loop (decode, hand the commands to the
+session, pass its actions to the owner), which also finishes the connection when
+it ends. Writing takes no greenlet: what producers queue (a bounded
+:class:`OutboundQueue`) is written from the event loop, once per loop iteration,
+in one non-blocking scatter-gather ``sendmsg`` over the queued chunks as they are
+(a burst shared by every reader is never copied per reader); what the socket does
+not take waits for it to become writable. So a peer that does not read costs the
+others nothing, never blocks the loop, and is cut off when it falls past its
+queue's bound or takes nothing for ``ping_timeout`` seconds. A TLS socket (no
+``sendmsg``, and writes that may need reads) gets a writer greenlet instead.
+Keepalive is the session's :meth:`~streamrep.replication.protocol.Session.tick`,
+from a timer of the connection's own or from its owner. A TLS layer wraps the
+socket before it gets here; an authentication gate (:attr:`TcpConnection.gate`)
+sees every read before the session until it has nothing left to check.
 """
 
 from __future__ import annotations
@@ -71,29 +76,41 @@ _READ_SIZE = 262144
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
 #: Largest piece small chunks are joined into on a TLS socket.
 _TLS_PIECE = 65536
+_WRITE = 2  # libev/libuv: watch for writability
+_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0x40)
 
 
-def _send_scattered(sendmsg: Callable[[list[Any]], int], chunks: list[bytes]) -> None:
-    """Write every chunk with as few ``sendmsg`` calls as the socket allows, resuming
-    after a partial write through a memoryview (no chunk is copied)."""
+def _send_scattered(sendmsg: Callable[[list[Any]], int], chunks: list[Any]) -> tuple[list[Any], bool]:
+    """Write the chunks with as few ``sendmsg`` calls as the socket takes, until it
+    is full (a short write, or :class:`BlockingIOError`). Returns what is left, in
+    order, the first chunk resumed through a memoryview after a partial write (no
+    chunk is copied), and whether anything was written."""
     total = len(chunks)
     start = 0
-    head: memoryview | None = None  # what is left of chunks[start] after a partial write
+    head: Any = None  # what is left of chunks[start] after a partial write
+    wrote = False
     while start < total:
-        end = min(total, start + _IOV_MAX)
-        batch: list[Any] = chunks[start:end]
+        batch: list[Any] = chunks[start:start + _IOV_MAX]
         if head is not None:
             batch[0] = head
-        sent = sendmsg(batch)
+        try:
+            sent = sendmsg(batch)
+        except BlockingIOError:
+            sent = 0
+        wrote = wrote or sent > 0
         for buf in batch:
             size = len(buf)
             if sent < size:
                 if sent:
                     head = memoryview(buf)[sent:]
-                break
+                rest = chunks[start:]
+                if head is not None:
+                    rest[0] = head
+                return rest, wrote
             sent -= size
             start += 1
             head = None
+    return [], wrote
 
 
 def _send_coalesced(sendall: Callable[[Any], None], chunks: list[bytes]) -> None:
@@ -148,14 +165,27 @@ class TcpConnection:
         self.refusal: str | None = None
         self._perform = perform if perform is not None else TcpConnection.perform_basic
         self._on_lost = on_lost
-        self._in_flight = False
         #: An authentication gate (:mod:`streamrep.replication.auth`) every read goes
         #: through first, until it says ``passthrough``; None: none.
         self.gate: Gate | None = None
-        self._closer: Greenlet | None = None
-        self._drained = gevent.event.Event()
-        self._greenlets: list[Greenlet] = []
+        self._reader: Greenlet | None = None  # the greenlet in run()
+        self._closer: Greenlet | None = None  # finishes a close asked for by another greenlet
+        self._eof = False  # the read loop has ended: the peer closed, or the socket failed
+        self._drained: gevent.event.Event | None = None
+        self._keepalive: Greenlet | None = None
+        # Writing. A plain socket is written from the event loop (_write_now); a
+        # TLS socket by a greenlet of its own (_write_loop).
+        self._sendmsg: Callable[[list[Any]], int] | None = None
+        if not hasattr(sock, "getpeercert") and hasattr(sock, "sendmsg"):
+            sendmsg = sock.sendmsg
+            self._sendmsg = lambda buffers: sendmsg(buffers, (), _DONTWAIT)
+        self._write_scheduled = False
+        self._unsent: list[Any] | None = None  # what the socket did not take yet
+        self._writable: Any = None  # the loop's watcher for writability, while _unsent waits
+        self._flushed: gevent.event.Event | None = None
         self._writer: Greenlet | None = None
+        self._in_flight = False
+        self._sock_closed = False
         if resources.ENABLED:
             resources.acquired("replication connection")
         try:
@@ -171,30 +201,40 @@ class TcpConnection:
     # --- lifecycle -------------------------------------------------------------------------
 
     def start(self, greeting: Sequence[Action] = (), keepalive: bool = True) -> None:
-        """Start the writer greenlet (and, with *keepalive*, the keepalive timer; an
-        owner of many connections calls :meth:`tick` itself instead) and carry out
-        *greeting*."""
-        self._writer = gevent.spawn(self._write_loop)
-        self._greenlets = [self._writer]
+        """Start writing (and, with *keepalive*, the keepalive timer; an owner of many
+        connections calls :meth:`tick` itself instead) and carry out *greeting*."""
+        if self._sendmsg is None:
+            self._writer = gevent.spawn(self._write_loop)
         if keepalive:
-            self._greenlets.append(gevent.spawn(self._keepalive_loop))
+            self._keepalive = gevent.spawn(self._keepalive_loop)
         if greeting:
             self._perform(self, list(greeting))
 
     def run(self, greeting: Sequence[Action] = (), keepalive: bool = True) -> None:
-        """Start, then read in the current greenlet until the connection ends."""
+        """Start, then read in the current greenlet until the connection ends, and
+        finish it (flush, close the socket) before returning."""
+        self._reader = gevent.getcurrent()
         self.start(greeting, keepalive)
         self._read_loop()
-        # Stay until the last lines are flushed: the caller may close the socket
-        # as soon as this returns.
-        if self._closer is not None:
+        if self._closer is None:
+            self._finish_close()
+        else:
+            # Stay until the last lines are flushed: the caller may close the
+            # socket as soon as this returns.
             self._closer.join(_CLOSE_FLUSH_SECONDS + _CLOSE_DRAIN_SECONDS + 1)
 
     def wait_flushed(self, timeout: float) -> None:
-        """Wait (at most *timeout*) for the writer to finish after a close."""
+        """Wait (at most *timeout*) for what is queued to be written after a close."""
         writer = self._writer
         if writer is not None:
             writer.join(timeout)
+            return
+        if self._sock_closed or self.idle():
+            return
+        flushed = self._flushed
+        if flushed is None:
+            flushed = self._flushed = gevent.event.Event()
+        flushed.wait(timeout)
 
     def close(self, reason: str, error: str | None = None) -> None:
         """End the connection, sending ``ERROR <error>`` first when given.
@@ -212,6 +252,7 @@ class TcpConnection:
         if error is not None:
             # ERROR lines go out even when the bound was reached.
             self.queue.put_last(C.encode_one(C.error(error)), 1)
+            self._schedule_write()
             if self.metrics is not None:
                 self.metrics.sent("ERROR", 1)
         self.queue.close()
@@ -219,10 +260,15 @@ class TcpConnection:
             self.metrics.disconnected(reason)
         # A connection that closed before saying anything is routine (a port
         # check, a load balancer's probe): not worth a line per connection.
-        quiet = reason == DisconnectReason.PEER_CLOSED and not self.heard
-        (logger.debug if quiet else logger.info)(
-            "replication connection %s closed: %s%s", self.name, reason, f" ({error})" if error else "")
-        self._closer = gevent.spawn(self._finish_close)
+        if reason != DisconnectReason.PEER_CLOSED or self.heard:
+            logger.info("replication connection %s closed: %s%s", self.name, reason,
+                        f" ({error})" if error else "")
+        elif logger.isEnabledFor(logging.DEBUG):
+            logger.debug("replication connection %s closed: %s", self.name, reason)
+        if gevent.getcurrent() is not self._reader:
+            # The read loop may be waiting for input: it keeps reading (and
+            # dropping) while this greenlet flushes and half-closes.
+            self._closer = gevent.spawn(self._finish_close)
         if self._on_lost is not None:
             try:
                 self._on_lost(self, reason)
@@ -230,24 +276,44 @@ class TcpConnection:
                 logger.exception("connection-lost handling failed for %s", self.name)
 
     def _finish_close(self) -> None:
-        writer = self._writer
-        if writer is not None and not writer.dead:
-            writer.join(_CLOSE_FLUSH_SECONDS)
-            if not writer.dead:
-                writer.kill(block=False)
-        # Half-close, then let the read loop drain until the peer closes its side.
-        try:
-            _half_close(self.sock)
-        except OSError:
-            self._drained.set()
-        self._drained.wait(_CLOSE_DRAIN_SECONDS)
+        """Flush (at most a second), half-close and let the peer close its side (at
+        most a second more), then close the socket. In the read loop's greenlet
+        once it has ended, else in a closer greenlet while the read loop drains."""
+        self.wait_flushed(_CLOSE_FLUSH_SECONDS)
+        self._stop_writing()
+        if not self._eof:
+            try:
+                _half_close(self.sock)
+            except OSError:
+                pass
+            else:
+                self._drain(_CLOSE_DRAIN_SECONDS)
+        self._sock_closed = True
         self.sock.close()
-        self.queue.clear()  # what the writer could not flush in time is dropped
+        self.queue.clear()  # what could not be flushed in time is dropped
         if resources.ENABLED:
             resources.released("replication connection")
-        for greenlet in self._greenlets:
-            if greenlet is not gevent.getcurrent() and not greenlet.dead:
+        for greenlet in (self._writer, self._keepalive):
+            if greenlet is not None and greenlet is not gevent.getcurrent() and not greenlet.dead:
                 greenlet.kill(block=False)
+
+    def _drain(self, seconds: float) -> None:
+        """Read (and drop) what the peer still sends until it closes, for at most
+        *seconds*: closing a socket with unread input makes the kernel reset the
+        connection, and a reset can destroy lines the peer has not read yet."""
+        if gevent.getcurrent() is not self._reader:
+            if not self._eof:
+                drained = self._drained = gevent.event.Event()
+                drained.wait(seconds)
+            return
+        recv = self.sock.recv
+        with gevent.Timeout(seconds, False):
+            while True:
+                try:
+                    if not recv(_READ_SIZE):
+                        return
+                except (OSError, ValueError):
+                    return
 
     # --- actions ----------------------------------------------------------------------------
 
@@ -282,26 +348,31 @@ class TcpConnection:
         try:
             self._read_until_eof()
         finally:
-            self._drained.set()
+            self._eof = True
+            if self._drained is not None:
+                self._drained.set()
 
     def _read_until_eof(self) -> None:
-        """Read and act on commands until the peer closes; once this end has
-        closed, keep reading (and dropping) until then, see _CLOSE_DRAIN_SECONDS."""
+        """Read and act on commands until the peer closes or this greenlet closed
+        the connection (run() then finishes it). Closed by another greenlet, keep
+        reading (and dropping) until the peer closes, see _CLOSE_DRAIN_SECONDS."""
         recv = self.sock.recv
         feed = self.decoder.feed
         session = self.session
         metrics = self.metrics
         perform = self._perform
         monotonic = time.monotonic
-        while True:
+        while not (self.closed and self._closer is None):
             try:
                 data = recv(_READ_SIZE)
             except (OSError, ValueError) as exc:  # ValueError: a TLS socket closed under us
+                self._eof = True
                 if not self.closed:
                     self.close(DisconnectReason.SOCKET_ERROR)
                 logger.debug("read from %s failed: %s", self.name, exc)
                 return
             if not data:
+                self._eof = True
                 if not self.closed:
                     self.close(DisconnectReason.PEER_CLOSED)
                 return
@@ -367,14 +438,88 @@ class TcpConnection:
                 why = f"more than {queue.max_bytes} bytes queued"
             self.close(DisconnectReason.SLOW_CONSUMER, f"too far behind: {why}")
             return False
+        if not self._write_scheduled and self._unsent is None and self._sendmsg is not None:
+            self._schedule_write()
         if self.metrics is not None:
             self.metrics.sent(name, count)
         return True
 
+    def _schedule_write(self) -> None:
+        """Write what is queued from the event loop, once everything running now has
+        queued its part: one ``sendmsg`` per peer per loop iteration. A peer whose
+        socket is full is written when it becomes writable instead."""
+        if self._write_scheduled or self._unsent is not None or self._sendmsg is None or self._sock_closed:
+            return
+        self._write_scheduled = True
+        gevent.get_hub().loop.run_callback(self._write_now)
+
+    def _write_now(self) -> None:
+        """Write, without blocking, what the socket did not take before and then what
+        is queued, until the socket is full (then wait for it to be writable) or
+        nothing is left. Runs in the event loop: it never blocks or yields."""
+        self._write_scheduled = False
+        if self._sock_closed:
+            return
+        sendmsg = self._sendmsg
+        assert sendmsg is not None
+        chunks = self._unsent
+        wrote = False
+        while True:
+            if chunks is None:
+                chunks, _count = self.queue.take_now()
+                if not chunks:
+                    break
+            try:
+                chunks, progress = _send_scattered(sendmsg, chunks)
+            except OSError as exc:
+                self._write_failed(exc)
+                return
+            wrote = wrote or progress
+            if chunks:
+                break
+            chunks = None
+        if wrote:
+            self.session.data_sent(time.monotonic())
+        self._unsent = chunks or None
+        if chunks:
+            if self._writable is None:
+                self._writable = gevent.get_hub().loop.io(self.sock.fileno(), _WRITE)
+                self._writable.start(self._write_now)
+            return
+        if self._writable is not None:
+            self._writable.close()
+            self._writable = None
+        if self._flushed is not None and self.queue.closed:
+            self._flushed.set()
+
+    def _write_failed(self, exc: OSError) -> None:
+        """A write failed (the peer reset the connection, say): close from a greenlet,
+        not from the event loop, which must not run the owner's handling."""
+        logger.debug("write to %s failed: %s", self.name, exc)
+        self._stop_writing()
+        if self._flushed is not None:
+            self._flushed.set()
+        if not self.closed:
+            gevent.spawn(self.close, DisconnectReason.SOCKET_ERROR)
+
+    def _stop_writing(self) -> None:
+        """Nothing more is written: stop watching the socket (before it is closed)."""
+        self._unsent = None
+        if self._writable is not None:
+            self._writable.close()
+            self._writable = None
+
     def _write_loop(self) -> None:
+        """A TLS socket's writer: everything queued at a time, in pieces."""
         queue = self.queue
-        write = self._chunk_writer()
+        sock = self.sock
+        sendall = sock.sendall
         session = self.session
+
+        def send_piece(piece: Any) -> None:
+            sendall(piece)
+            session.data_sent(time.monotonic())
+
         while True:
             chunks, _count = queue.take()
             if not chunks:
@@ -383,7 +528,7 @@ class TcpConnection:
                 continue
             self._in_flight = True
             try:
-                write(chunks)
+                _send_coalesced(send_piece, chunks)
             except OSError as exc:
                 logger.debug("write to %s failed: %s", self.name, exc)
                 self.close(DisconnectReason.SOCKET_ERROR)
@@ -391,29 +536,16 @@ class TcpConnection:
             finally:
                 self._in_flight = False
                 del chunks
-            session.data_sent(time.monotonic())
-
-    def _chunk_writer(self) -> Callable[[list[bytes]], None]:
-        """How this socket writes a list of chunks: ``sendmsg`` over them as they
-        are; a TLS socket (which has no ``sendmsg``) gets them coalesced into
-        pieces of at most :data:`_TLS_PIECE` bytes, so what is copied per peer
-        stays small."""
-        sock = self.sock
-        if hasattr(sock, "getpeercert") or not hasattr(sock, "sendmsg"):
-            sendall = sock.sendall
-            return lambda chunks: _send_coalesced(sendall, chunks)
-        sendmsg = sock.sendmsg
-        return lambda chunks: _send_scattered(sendmsg, chunks)
 
     def idle(self) -> bool:
         """True when everything queued has been handed to the socket."""
-        return len(self.queue) == 0 and not self._in_flight
+        return len(self.queue) == 0 and self._unsent is None and not self._in_flight
 
     def tick(self, now: float) -> None:
         """The session's timers (pings, timeouts, deadlines), carried out."""
         if self.closed:
             return
-        actions = self.session.tick(now, len(self.queue) == 0)
+        actions = self.session.tick(now, self.idle())
         if actions:
             self._perform(self, actions)
 

@@ -192,14 +192,15 @@ class ReplicationHub:
             stored_token=source.stored_token if source is not None else None,
             row_check=row_check,
         )
-        self.connections: list[HubConnection] = []
+        # Every connection past its handshake, in the order they came (a dict: a
+        # close removes its connection in constant time).
         self._by_session: dict[HubPeer, HubConnection] = {}
         # Sessions whose socket is still in its TLS or authentication handshake,
         # with the greenlet doing it.
         self._handshaking: dict[HubPeer, Greenlet] = {}
         self.metrics = ReplicationMetrics(
             positions=lambda: dict(self.state.positions),
-            queue_depths=lambda: {f"{c.name}#{id(c):x}": len(c.queue) for c in self.connections},
+            queue_depths=lambda: {f"{c.name}#{id(c):x}": len(c.queue) for c in self._by_session.values()},
         )
         self._host, self._port = host, port
         self._listener: socket.socket | None = None
@@ -236,6 +237,11 @@ class ReplicationHub:
     def readable(self, stream: str) -> bool:
         """Whether the hub can read *stream*'s rows (for catch-up and gap filling)."""
         return self.state.readable(stream)
+
+    @property
+    def connections(self) -> list[HubConnection]:
+        """Every connection past its handshake, in the order they came."""
+        return list(self._by_session.values())
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -358,7 +364,7 @@ class ReplicationHub:
         while True:
             gevent.sleep(step)
             now = time.monotonic()
-            for conn in tuple(self.connections):
+            for conn in tuple(self._by_session.values()):
                 try:
                     conn.tick(now)
                 except Exception:
@@ -402,7 +408,6 @@ class ReplicationHub:
             return
         conn = HubConnection(self, sock, label, session)
         gate = conn.gate = self.gate(sock)
-        self.connections.append(conn)
         self._by_session[session] = conn
         self.metrics.connected()
         # Keepalive: one timer for every connection (_tick_connections), not one each.
@@ -445,8 +450,7 @@ class ReplicationHub:
 
     def connection_lost(self, conn: TcpConnection, reason: str) -> None:
         assert isinstance(conn, HubConnection)
-        if self._by_session.pop(conn.session, None) is not None:
-            self.connections.remove(conn)
+        self._by_session.pop(conn.session, None)
         actions = self.state.peer_lost(conn.session)
         if not self.stopped.is_set():
             self.perform(conn, actions)
@@ -495,13 +499,13 @@ class ReplicationHub:
 
     def broadcast(self, stream: str, data: bytes, count: int, name: str, exclude: Any = None) -> None:
         """Queue encoded stream commands to every connection following *stream*."""
-        for conn in tuple(self.connections):
+        for conn in tuple(self._by_session.values()):
             if conn is not exclude and conn.session.wants(stream):
                 conn.send_lines(data, count, name)
 
     def relay_lines(self, data: bytes, name: str, exclude: Any = None) -> None:
         """Queue one encoded non-stream command to every connection but *exclude*."""
-        for conn in tuple(self.connections):
+        for conn in tuple(self._by_session.values()):
             if conn is not exclude:
                 conn.send_lines(data, 1, name)
 
