@@ -3,7 +3,8 @@
 * ``stalled_readers``: 990 readers that send ``NAME`` and ``REPLICATE`` and never read
   (``hub_load.py stalled``), one normal reader (``replication_roles.py worker``), then
   a writer persisting 20,000 one-row facts flat out. Figures: the normal reader's
-  commit-to-handler p50/p99/max, the hub's RSS before the stalled readers connect,
+  commit-to-handler p50/p99/max, the hub's CPU from the writer's start until the
+  reader has every fact, the hub's RSS before the stalled readers connect,
   with them connected, at its peak, once the hub has cut off those the burst pushed
   past the queue bound (and how they were told), and once the others have gone too.
 * ``connects``: ``hub_load.py connects`` connects, reads ``SERVER`` and closes, from
@@ -154,9 +155,11 @@ def _stalled_readers(tmp: str, count: int, facts: int) -> dict[str, Any]:
 
         sampler = threading.Thread(target=sample)
         sampler.start()
+        hub_cpu = _cpu_seconds(hub.pid)
         writer = run.writer(facts, 0)
         assert writer.wait(300) == 0
         assert worker.wait(300) == 0
+        figures["hub_cpu_burst_ms"] = (_cpu_seconds(hub.pid) - hub_cpu) * 1000
         # The hub cuts the stalled readers off as their queues pass the bound.
         deadline = time.monotonic() + 60
         while _rss_mb(hub.pid) > figures["rss_before_mb"] * 1.5 and time.monotonic() < deadline:

@@ -61,7 +61,10 @@ def test_slow_consumer_is_disconnected_others_keep_up() -> None:
                 source.append("caches", "main", t, [["get_user_by_id", [f"@u{t}:{padding}"], t]])
             hub.writer_advanced("caches", "main", token + per_advance - 1)
             deepest = max([deepest] + [len(c.queue) for c in hub.connections])
-            gevent.sleep(0)
+            # A writer's facts reach the hub through its socket: the loop polls
+            # between them (sleep(0) alone would run this loop again before any
+            # reader could read).
+            gevent.sleep(0.0005)
         wait_until(lambda: len(received) == total, timeout=30)
         reader.kill()
         assert received == list(range(1, total + 1))

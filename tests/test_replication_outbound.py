@@ -65,10 +65,12 @@ def test_scattered_writes_resume_exactly_after_partial_writes() -> None:
     for step in (1, 7, 4096, 10**9):
         sock = _TrickleSocket(step)
         rest: list[Any] = chunks
+        written = 0
         while rest:
             rest, wrote = _send_scattered(sock.sendmsg, rest)
-            assert wrote
-            assert not rest or sock.full and _send_scattered(sock.sendmsg, rest) == (rest, False)
+            assert wrote == len(sock.out) - written and (wrote == step or not rest)
+            written = len(sock.out)
+            assert not rest or sock.full and _send_scattered(sock.sendmsg, rest) == (rest, 0)
             sock.full = False  # the peer read: writable again
         assert bytes(sock.out) == b"".join(chunks)
     assert sock.calls == 3  # 3,002 buffers in calls of at most 1,024

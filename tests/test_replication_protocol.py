@@ -104,6 +104,20 @@ def test_keepalive_is_data() -> None:
     assert session.tick(5.5, idle=False) == [Close("timeout", "no command received for 3 seconds")]
 
 
+def test_a_peer_that_takes_nothing_of_what_waits_is_cut_off_as_too_slow() -> None:
+    """Pinging or not, a peer whose socket takes nothing for ping_timeout seconds
+    while lines wait for it is closed: a stalled reader under its queue's bounds
+    holds nothing for longer than that."""
+    session = ClientSession(SETTINGS, client_name="w1", now=0.0)
+    session.data_sent(1.0)  # part of a burst went out, the rest waits
+    assert session.tick(3.9, idle=False) == []
+    session.data_sent(3.9)  # the peer read a little: progress
+    assert session.tick(6.5, idle=False) == []
+    assert session.tick(7.0, idle=False) == [
+        Close("slow_consumer", "too far behind: nothing could be written for 3 seconds")]
+    assert session.closed and session.tick(9.0, idle=True) == []
+
+
 def _hub(**kwargs: Any) -> HubState:
     return HubState("hs", SETTINGS, readable=["caches"], **kwargs)
 
@@ -189,8 +203,8 @@ def test_hub_bounds_batches_and_the_handshake() -> None:
     assert peer.receive(lines(flood), now=0.0)[-1] == Close(
         "refused", "more than 100 batch rows without a token")
     silent = hub.new_peer("q", now=0.0)
-    assert silent.tick(9.0, idle=False) == []
-    assert silent.tick(10.5, idle=False) == [
+    assert [type(action) for action in silent.tick(9.0, idle=True)] == [Send]  # a PING, no close
+    assert silent.tick(10.5, idle=True) == [
         Close("handshake_timeout", "no NAME received within 10 seconds")]
 
 

@@ -79,8 +79,9 @@ class KeepaliveConfig:
 class BackpressureConfig:
     """Per-connection limits on the hub."""
 
-    #: Commands queued for one connection before it is disconnected with ``ERROR``.
-    max_queue: int = 10_000
+    #: Commands queued for one connection before it is disconnected with ``ERROR``
+    #: (by default far more than ``max_queue_bytes`` holds: bytes are the bound).
+    max_queue: int = 1_000_000
     #: Longest accepted inbound line, in bytes.
     max_line_length: int = 1_048_576
     #: Bytes queued for one connection before it is disconnected with ``ERROR``.

@@ -239,8 +239,8 @@ def _backpressure(data: Mapping[str, Any], writers: Mapping[str, tuple[str, ...]
     raw = section(data, "backpressure", problems)
     unknown_keys(raw, _BACKPRESSURE_KEYS, "backpressure.", problems)
     backpressure = BackpressureConfig(
-        max_queue=number(raw.get("max_queue", 10_000), "backpressure.max_queue",
-                         problems, int, 0, 10_000),
+        max_queue=number(raw.get("max_queue", 1_000_000), "backpressure.max_queue",
+                         problems, int, 0, 1_000_000),
         max_line_length=number(raw.get("max_line_length", 1_048_576),
                                "backpressure.max_line_length", problems, int, 255, 1_048_576),
         max_queue_bytes=number(raw.get("max_queue_bytes", 16 * 1024 * 1024),
@@ -256,7 +256,7 @@ def _backpressure(data: Mapping[str, Any], writers: Mapping[str, tuple[str, ...]
                      f"{backpressure.max_queue} is smaller than one catch-up must queue at once "
                      f"({needed_queue}: a POSITION for each of the {writer_pairs} stream writers, "
                      "SERVER and PING), so no worker could follow",
-                     f"set it to at least {needed_queue} (default 10000)")
+                     f"set it to at least {needed_queue} (default 1000000)")
     return backpressure
 
 

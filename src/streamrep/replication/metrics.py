@@ -24,11 +24,11 @@ __all__ = ["ReplicationMetrics", "serve_metrics"]
 class ReplicationMetrics(Collector):
     """Counters of one hub or client, exposed through :attr:`registry`.
 
-    ``positions``, ``queue_depths`` and ``gaps`` are callables the owner supplies,
-    read at scrape time: ``() -> {(stream, instance): token}``,
-    ``() -> {connection_name: queued_commands}`` and ``() -> {(stream, instance):
-    gaps}`` (gaps a reader could not fill), ``() -> {reason: count}`` (what a
-    verifying reader refused); :attr:`refused` counts what the owner itself refused,
+    ``positions``, ``queue_depths``, ``queue_bytes``, ``gaps`` and ``refusals`` are
+    callables the owner supplies, read at scrape time: ``() -> {(stream, instance):
+    token}``, ``() -> {connection_name: queued_commands}``, ``() -> {connection_name:
+    bytes waiting}``, ``() -> {(stream, instance): gaps}`` (gaps a reader could not
+    fill) and ``() -> {reason: count}`` (what a verifying reader refused); :attr:`refused` counts what the owner itself refused,
     by reason. ``stalled`` ``() -> {(stream, instance): seconds}`` gives the writers
     a reader holds back now because its source cannot answer for them, and
     ``stalls`` ``() -> {(stream, instance): count}`` how often each was.
@@ -43,6 +43,7 @@ class ReplicationMetrics(Collector):
         prefix: str = "streamrep_replication",
         stalled: Callable[[], Mapping[tuple[str, str], float]] | None = None,
         stalls: Callable[[], Mapping[tuple[str, str], int]] | None = None,
+        queue_bytes: Callable[[], dict[str, int]] | None = None,
     ) -> None:
         self.prefix = prefix
         self.commands_in: Counter[str] = Counter()
@@ -56,6 +57,7 @@ class ReplicationMetrics(Collector):
         self._refusals = refusals
         self._positions = positions
         self._queue_depths = queue_depths
+        self._queue_bytes = queue_bytes
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -124,6 +126,13 @@ class ReplicationMetrics(Collector):
             for conn_name, queued in sorted(self._queue_depths().items()):
                 depth.add_metric([conn_name], queued)
             yield depth
+        if self._queue_bytes is not None:
+            size = GaugeMetricFamily(
+                f"{p}_queued_bytes", "Bytes waiting to be written, per connection", labels=["connection"]
+            )
+            for conn_name, queued in sorted(self._queue_bytes().items()):
+                size.add_metric([conn_name], queued)
+            yield size
 
 
     def _collect_stalls(self) -> Iterator[Metric]:

@@ -6,7 +6,10 @@ queued in one go, as the list of chunks it was queued as, and writes them with
 one scatter-gather call: a chunk shared by many connections (a burst's ``RDATA``,
 encoded once) is never copied per connection. The bound is on commands
 and on bytes: a peer that falls more than ``max_commands`` or ``max_bytes`` behind
-is cut off rather than allowed to grow the hub's memory or slow anyone else.
+is cut off rather than allowed to grow the hub's memory or slow anyone else. Bytes
+are what a queue costs, so by default the byte bound is the one that acts: the
+default command bound is reached first only by lines shorter than 17 bytes, and a
+writer's large transaction (10,000 rows announced at once) is just so many bytes.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from streamrep import resources
 __all__ = ["OutboundQueue", "DEFAULT_MAX_QUEUED_COMMANDS", "DEFAULT_MAX_QUEUED_BYTES"]
 
 #: Default bound on commands waiting to be written to one peer.
-DEFAULT_MAX_QUEUED_COMMANDS = 10_000
+DEFAULT_MAX_QUEUED_COMMANDS = 1_000_000
 #: Default bound on bytes waiting to be written to one peer.
 DEFAULT_MAX_QUEUED_BYTES = 16 * 1024 * 1024
 

@@ -97,7 +97,7 @@ class Session:
         return [action]
 
     def data_sent(self, now: float) -> None:
-        """The transport handed lines to the peer at *now*."""
+        """The transport handed lines (or part of them) to the peer's socket at *now*."""
         self.keepalive.last_sent = now
 
     def closing(self, reason: str) -> None:

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ConnectionSettings", "DEFAULT_MAX_PENDING_CONNECTIONS", "DEFAULT_MAX_PENDING_PER_HOST"]
 
+#: Default bound on ``batch`` rows one peer may send before their token.
+DEFAULT_MAX_PENDING_ROWS = 10_000
 #: Default bounds on peers that have not started replicating, in all and per address.
 DEFAULT_MAX_PENDING_CONNECTIONS = 200
 DEFAULT_MAX_PENDING_PER_HOST = 50
@@ -31,8 +33,8 @@ class ConnectionSettings:
     acts on; ``PING`` does not count) is closed. ``database_poll_interval``: how
     often the hub looks in its database for facts of writers that nobody announces
     (0: never). ``max_pending_rows``: ``batch`` rows one peer may hold back before
-    the row with their token (default: ``max_queued_commands``, since a larger fact
-    could not be queued to any reader anyway). ``max_queued_commands`` and
+    the row with their token (default: 10,000, or ``max_queued_commands`` when
+    smaller, since a larger fact could not be queued to any reader). ``max_queued_commands`` and
     ``max_queued_bytes`` bound one peer's outbound queue. ``max_connections`` and
     ``max_connections_per_host``: the hub's limits on peers, refused beyond them.
     ``max_pending_connections`` and ``max_pending_per_host``: how many peers not
@@ -79,7 +81,8 @@ class ConnectionSettings:
         self.max_queued_commands = max_queued_commands
         self.max_line_length = max_line_length
         self.handshake_timeout = handshake_timeout
-        self.max_pending_rows = max_pending_rows if max_pending_rows is not None else max_queued_commands
+        self.max_pending_rows = (max_pending_rows if max_pending_rows is not None
+                                 else min(max_queued_commands, DEFAULT_MAX_PENDING_ROWS))
         self.max_connections = max_connections
         self.max_connections_per_host = max_connections_per_host
         self.database_poll_interval = database_poll_interval

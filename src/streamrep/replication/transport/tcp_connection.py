@@ -7,14 +7,25 @@ it ends. Writing takes no greenlet: what producers queue (a bounded
 :class:`OutboundQueue`) is written from the event loop, once per loop iteration,
 in one non-blocking scatter-gather ``sendmsg`` over the queued chunks as they are
 (a burst shared by every reader is never copied per reader); what the socket does
-not take waits for it to become writable. So a peer that does not read costs the
-others nothing, never blocks the loop, and is cut off when it falls past its
-queue's bound or takes nothing for ``ping_timeout`` seconds. A TLS socket (no
-``sendmsg``, and writes that may need reads) gets a writer greenlet instead.
-Keepalive is the session's :meth:`~streamrep.replication.protocol.Session.tick`,
-from a timer of the connection's own or from its owner. A TLS layer wraps the
-socket before it gets here; an authentication gate (:attr:`TcpConnection.gate`)
-sees every read before the session until it has nothing left to check.
+not take waits for it to become writable. So a peer that does not read never
+blocks the loop, and is cut off when it falls past its queue's bound or takes
+nothing for ``ping_timeout`` seconds.
+
+The hub's sockets start with a small kernel send buffer that grows fourfold each
+time the peer drains it: a peer that never reads holds a copy of at most that
+first buffer in the kernel, while a reader soon gets one as large as the kernel
+allows. Until a peer has drained its buffer once (or taken a mebibyte), its
+writes wait their turn in the owner's :class:`WriteLane`, a few at a time between
+everything else the loop does: copying a burst into the buffers of many peers that
+never read cannot hold up the relay or the readers that have shown they keep up,
+whose writes go first.
+
+A TLS socket (no ``sendmsg``, and writes that may need reads) gets a writer
+greenlet instead. Keepalive is the session's
+:meth:`~streamrep.replication.protocol.Session.tick`, from a timer of the
+connection's own or from its owner. A TLS layer wraps the socket before it gets
+here; an authentication gate (:attr:`TcpConnection.gate`) sees every read before
+the session until it has nothing left to check.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ import logging
 import os
 import socket
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import gevent
@@ -39,7 +51,7 @@ from streamrep.replication.protocol import Action, Close, ConnectionSettings, Di
 if TYPE_CHECKING:
     from streamrep.replication.metrics import ReplicationMetrics
 
-__all__ = ["TcpConnection", "Perform"]
+__all__ = ["TcpConnection", "Perform", "WriteLane"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,18 +89,23 @@ _IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 102
 #: Largest piece small chunks are joined into on a TLS socket.
 _TLS_PIECE = 65536
 _WRITE = 2  # libev/libuv: watch for writability
+#: The hub's first send buffer per peer (``SO_SNDBUF``; Linux doubles it): what a
+#: peer that never reads costs the kernel, copied once per such peer.
+FIRST_SEND_BUFFER = 16 * 1024
+#: The largest it grows to (the kernel holds it under ``net.core.wmem_max``).
+LARGEST_SEND_BUFFER = 4 * 1024 * 1024
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0x40)
 
 
-def _send_scattered(sendmsg: Callable[[list[Any]], int], chunks: list[Any]) -> tuple[list[Any], bool]:
+def _send_scattered(sendmsg: Callable[[list[Any]], int], chunks: list[Any]) -> tuple[list[Any], int]:
     """Write the chunks with as few ``sendmsg`` calls as the socket takes, until it
     is full (a short write, or :class:`BlockingIOError`). Returns what is left, in
     order, the first chunk resumed through a memoryview after a partial write (no
-    chunk is copied), and whether anything was written."""
+    chunk is copied), and how many bytes were written."""
     total = len(chunks)
     start = 0
     head: Any = None  # what is left of chunks[start] after a partial write
-    wrote = False
+    wrote = 0
     while start < total:
         batch: list[Any] = chunks[start:start + _IOV_MAX]
         if head is not None:
@@ -97,7 +114,7 @@ def _send_scattered(sendmsg: Callable[[list[Any]], int], chunks: list[Any]) -> t
             sent = sendmsg(batch)
         except BlockingIOError:
             sent = 0
-        wrote = wrote or sent > 0
+        wrote += sent
         for buf in batch:
             size = len(buf)
             if sent < size:
@@ -111,6 +128,54 @@ def _send_scattered(sendmsg: Callable[[list[Any]], int], chunks: list[Any]) -> t
             start += 1
             head = None
     return [], wrote
+
+
+#: A sleep that lets the event loop poll its sockets once (sleep(0) does not).
+_YIELD_SECONDS = 1e-6
+#: How long one turn of a WriteLane may write before the loop does anything else.
+_LANE_TURN_SECONDS = 0.001
+#: Bytes a peer's socket must have taken to show the peer reads, when it never
+#: filled: more than the kernel buffers of a peer that does not read hold.
+_SHOWN_TO_READ = 1 << 20
+
+
+class WriteLane:
+    """The writes of connections that have not shown yet that they read, taken in
+    order, for at most :data:`_LANE_TURN_SECONDS` per iteration of the event loop,
+    from a timer: each turn comes after the loop has polled the sockets, so what
+    became ready meanwhile (a relay's next read, a reader's socket that drained)
+    runs between turns. One per owner of many connections (the hub)."""
+
+    __slots__ = ("_waiting", "_timer")
+
+    def __init__(self) -> None:
+        self._waiting: deque[TcpConnection] = deque()
+        self._timer: Any = None
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def add(self, conn: TcpConnection) -> None:
+        self._waiting.append(conn)
+        timer = self._timer
+        if timer is None:
+            timer = self._timer = gevent.get_hub().loop.timer(0.0)
+        if not timer.active:
+            timer.start(self._turn)
+
+    def _turn(self) -> None:
+        waiting = self._waiting
+        deadline = time.perf_counter() + _LANE_TURN_SECONDS
+        while waiting:
+            conn = waiting.popleft()
+            try:
+                conn._write_now()
+            except Exception:
+                logger.exception("writing to %s failed", conn.name)
+            if time.perf_counter() >= deadline:
+                break
+        if waiting:
+            self._timer.start(self._turn)
 
 
 def _send_coalesced(sendall: Callable[[Any], None], chunks: list[bytes]) -> None:
@@ -136,7 +201,10 @@ class TcpConnection:
 
     *perform* carries out the session's actions (default: :meth:`perform_basic`,
     which knows ``Send``, ``Close`` and a peer's ``ERROR``). *on_lost* is called
-    once with the close reason.
+    once with the close reason. *send_buffer*: the socket's kernel send buffer,
+    which grows fourfold (up to :data:`LARGEST_SEND_BUFFER`) each time the peer
+    takes more after it was full; None leaves it to the kernel. *lane*: where
+    writes wait until the peer has drained its buffer once (None: written at once).
     """
 
     def __init__(
@@ -149,6 +217,8 @@ class TcpConnection:
         session: Session | None = None,
         perform: Perform | None = None,
         on_lost: Callable[[TcpConnection, str], None] | None = None,
+        send_buffer: int | None = None,
+        lane: WriteLane | None = None,
     ) -> None:
         self.sock = sock
         self.peer = peer
@@ -186,6 +256,9 @@ class TcpConnection:
         self._writer: Greenlet | None = None
         self._in_flight = False
         self._sock_closed = False
+        self._send_buffer = send_buffer
+        self._lane = lane  # None once the peer has shown it reads
+        self._taken = 0  # bytes its socket took while it was in the lane
         if resources.ENABLED:
             resources.acquired("replication connection")
         try:
@@ -204,6 +277,8 @@ class TcpConnection:
         """Start writing (and, with *keepalive*, the keepalive timer; an owner of many
         connections calls :meth:`tick` itself instead) and carry out *greeting*."""
         if self._sendmsg is None:
+            # A TLS writer blocks in sendall, with no moment to grow the buffer.
+            self._grow_send_buffer(LARGEST_SEND_BUFFER)
             self._writer = gevent.spawn(self._write_loop)
         if keepalive:
             self._keepalive = gevent.spawn(self._keepalive_loop)
@@ -362,6 +437,7 @@ class TcpConnection:
         metrics = self.metrics
         perform = self._perform
         monotonic = time.monotonic
+        sleep = gevent.sleep
         while not (self.closed and self._closer is None):
             try:
                 data = recv(_READ_SIZE)
@@ -403,6 +479,11 @@ class TcpConnection:
                     # reconnects) rather than leave it half-processed.
                     logger.exception("handling commands from %s failed", self.name)
                     self.close(DisconnectReason.LOCAL_CLOSE, "internal error")
+                # Let the loop poll and write what this read queued (to every peer)
+                # before the next read: a long burst goes out as it is read, not once
+                # it is over. (sleep(0) would not poll: sockets that became writable
+                # would wait for the whole burst.)
+                sleep(_YIELD_SECONDS)
 
     def _through_gate(self, gate: Gate, commands: list[Any],
                       error: ProtocolError | None = None) -> list[Action]:
@@ -451,7 +532,10 @@ class TcpConnection:
         if self._write_scheduled or self._unsent is not None or self._sendmsg is None or self._sock_closed:
             return
         self._write_scheduled = True
-        gevent.get_hub().loop.run_callback(self._write_now)
+        if self._lane is None:
+            gevent.get_hub().loop.run_callback(self._write_now)
+        else:
+            self._lane.add(self)
 
     def _write_now(self) -> None:
         """Write, without blocking, what the socket did not take before and then what
@@ -463,23 +547,33 @@ class TcpConnection:
         sendmsg = self._sendmsg
         assert sendmsg is not None
         chunks = self._unsent
-        wrote = False
+        drained = chunks is not None  # called because the full socket became writable
+        wrote = 0
         while True:
             if chunks is None:
                 chunks, _count = self.queue.take_now()
                 if not chunks:
                     break
             try:
-                chunks, progress = _send_scattered(sendmsg, chunks)
+                chunks, sent = _send_scattered(sendmsg, chunks)
             except OSError as exc:
                 self._write_failed(exc)
                 return
-            wrote = wrote or progress
+            wrote += sent
             if chunks:
                 break
             chunks = None
         if wrote:
             self.session.data_sent(time.monotonic())
+            # The full socket took a whole buffer again: the peer reads (a peer
+            # that does not only lets its own receive buffer take a little).
+            if drained and self._send_buffer is not None:
+                self._grow_send_buffer(self._send_buffer * 4)
+                self._lane = None
+            elif self._lane is not None:
+                self._taken += wrote
+                if self._taken >= _SHOWN_TO_READ:
+                    self._lane = None
         self._unsent = chunks or None
         if chunks:
             if self._writable is None:
@@ -491,6 +585,17 @@ class TcpConnection:
             self._writable = None
         if self._flushed is not None and self.queue.closed:
             self._flushed.set()
+
+    def _grow_send_buffer(self, size: int) -> None:
+        """The peer reads what it is sent: give its socket a larger send buffer."""
+        current = self._send_buffer
+        if current is None or current >= LARGEST_SEND_BUFFER:
+            return
+        self._send_buffer = min(size, LARGEST_SEND_BUFFER)
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._send_buffer)
+        except OSError:
+            self._send_buffer = None
 
     def _write_failed(self, exc: OSError) -> None:
         """A write failed (the peer reset the connection, say): close from a greenlet,
@@ -536,6 +641,11 @@ class TcpConnection:
             finally:
                 self._in_flight = False
                 del chunks
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes waiting to be written: queued, and what the socket did not take yet."""
+        return self.queue.queued_bytes + sum(len(chunk) for chunk in self._unsent or ())
 
     def idle(self) -> bool:
         """True when everything queued has been handed to the socket."""

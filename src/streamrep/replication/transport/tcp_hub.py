@@ -67,7 +67,7 @@ from streamrep.replication.protocol import (
 from streamrep.replication.auth import HubGate
 from streamrep.replication.security import HubSecurity
 from streamrep.replication.sources import StreamSource, pages
-from streamrep.replication.transport.tcp_connection import TcpConnection
+from streamrep.replication.transport.tcp_connection import FIRST_SEND_BUFFER, TcpConnection, WriteLane
 
 __all__ = ["ReplicationHub", "HubConnection", "DEFAULT_PORT", "CATCH_UP_BATCH"]
 
@@ -130,7 +130,8 @@ class HubConnection(TcpConnection):
 
     def __init__(self, hub: ReplicationHub, sock: socket.socket, peer: str, session: HubPeer) -> None:
         super().__init__(sock, peer, hub.settings, hub.metrics, session=session,
-                         perform=hub.perform, on_lost=hub.connection_lost)
+                         perform=hub.perform, on_lost=hub.connection_lost, send_buffer=FIRST_SEND_BUFFER,
+                         lane=hub.write_lane)
         self.hub = hub
         self.catch_ups: list[CatchUp] = []
         self.catch_up_worker: Greenlet | None = None
@@ -195,12 +196,15 @@ class ReplicationHub:
         # Every connection past its handshake, in the order they came (a dict: a
         # close removes its connection in constant time).
         self._by_session: dict[HubPeer, HubConnection] = {}
+        #: where writes to peers that have not shown they read wait their turn
+        self.write_lane = WriteLane()
         # Sessions whose socket is still in its TLS or authentication handshake,
         # with the greenlet doing it.
         self._handshaking: dict[HubPeer, Greenlet] = {}
         self.metrics = ReplicationMetrics(
             positions=lambda: dict(self.state.positions),
             queue_depths=lambda: {f"{c.name}#{id(c):x}": len(c.queue) for c in self._by_session.values()},
+            queue_bytes=lambda: {f"{c.name}#{id(c):x}": c.queued_bytes for c in self._by_session.values()},
         )
         self._host, self._port = host, port
         self._listener: socket.socket | None = None
@@ -282,6 +286,8 @@ class ReplicationHub:
         family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
         listener = gsocket.socket(family, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # Accepted sockets inherit the first (small) send buffer: see TcpConnection.
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, FIRST_SEND_BUFFER)
         listener.bind((self._host, self._port))
         listener.listen(listen_backlog())
         self._listener = listener
