@@ -104,3 +104,48 @@ def test_catch_up_delivers_facts_larger_than_the_queue_bound() -> None:
     finally:
         client.stop()
         hub.stop()
+
+
+def test_a_reader_that_keeps_up_is_never_cut_off_while_stalled_peers_are() -> None:
+    """Thirty peers that never read and a reader that does; the writer's
+    transactions are 25,000 rows, each queued at once (more than a bound counted
+    in commands per transaction would hold). The reader gets every fact once, on
+    one connection; the stalled peers are cut off once their sockets have taken
+    nothing for ping_timeout, and their kernel send buffers never grew past the
+    first one, while the reader's did."""
+    from support.replication import tcp_link
+
+    settings = ConnectionSettings(ping_interval=0.3, ping_timeout=1.0)
+    source = MemorySource(["caches"])
+    hub = ReplicationHub("hub.example", source, port=0, settings=settings)
+    hub.start()
+    stalled = [_slow_reader(hub.address) for _ in range(30)]
+    got: list[int] = []
+    reader = tcp_link(hub.address[1], "reader", settings=settings,
+                      handler=lambda stream, instance, token, rows: got.append(token))
+    reader.start()
+    try:
+        for n, peer in enumerate(stalled):
+            peer.send(f"NAME stalled{n}\nREPLICATE\n")
+        assert reader.wait_connected(10)
+        wait_until(lambda: len(hub.connections) == 31 and all(c.live_all for c in hub.connections))
+        first_buffer = hub.connections[0].sock.getsockopt(stdsocket.SOL_SOCKET, stdsocket.SO_SNDBUF)
+        padding = "x" * 100
+        for transaction in range(2):
+            for token in range(transaction * 25_000 + 1, (transaction + 1) * 25_000 + 1):
+                source.append("caches", "main", token, [["get_user_by_id", [f"@u{token}:{padding}"], token]])
+            hub.writer_advanced("caches", "main", (transaction + 1) * 25_000)
+        wait_until(lambda: len(got) == 50_000, timeout=30)
+        assert got == list(range(1, 50_001))
+        [reading] = [c for c in hub.connections if c.session.name == "reader"]
+        assert reading.sock.getsockopt(stdsocket.SOL_SOCKET, stdsocket.SO_SNDBUF) > first_buffer
+        assert all(c.sock.getsockopt(stdsocket.SOL_SOCKET, stdsocket.SO_SNDBUF) == first_buffer
+                   for c in hub.connections if c is not reading)
+        wait_until(lambda: hub.metrics.disconnects["slow_consumer"] == 30, timeout=10)
+        assert [c.session.name for c in hub.connections] == ["reader"]
+        assert reader.metrics.connections_total == 1  # never cut off, never reconnected
+    finally:
+        reader.stop()
+        for peer in stalled:
+            peer.close()
+        hub.stop()
