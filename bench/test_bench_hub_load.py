@@ -4,9 +4,10 @@
   (``hub_load.py stalled``), one normal reader (``replication_roles.py worker``), then
   a writer persisting 20,000 one-row facts flat out. Figures: the normal reader's
   commit-to-handler p50/p99/max, the hub's CPU from the writer's start until the
-  reader has every fact, the hub's RSS before the stalled readers connect,
-  with them connected, at its peak, once the hub has cut off those the burst pushed
-  past the queue bound (and how they were told), and once the others have gone too.
+  reader has every fact, the hub's RSS before the stalled readers connect, with
+  them connected, at its peak, once the hub has cut every stalled reader off (and
+  how long after the burst that was; what they were told), and once the stalled
+  process has read its sockets and closed them.
 * ``connects``: ``hub_load.py connects`` connects, reads ``SERVER`` and closes, from
   two processes of 75 connections each (40 per source address, under the hub's
   limits on pending peers) for 10 seconds, while a writer persists 1,000 one-row
@@ -52,6 +53,18 @@ def _cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat", "rb") as fh:
         fields = fh.read().rsplit(b")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _established(port: int) -> int:
+    """Established TCP connections whose local end is *port* (the hub's side)."""
+    count = 0
+    with open("/proc/net/tcp") as fh:
+        next(fh)
+        for line in fh:
+            fields = line.split()
+            if fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                count += 1
+    return count
 
 
 def _listen_overflows() -> int:
@@ -160,10 +173,12 @@ def _stalled_readers(tmp: str, count: int, facts: int) -> dict[str, Any]:
         assert writer.wait(300) == 0
         assert worker.wait(300) == 0
         figures["hub_cpu_burst_ms"] = (_cpu_seconds(hub.pid) - hub_cpu) * 1000
-        # The hub cuts the stalled readers off as their queues pass the bound.
+        # The hub cuts the stalled readers off once their sockets have taken
+        # nothing for keepalive.timeout (15 s), or as their queues pass the bound.
         deadline = time.monotonic() + 60
-        while _rss_mb(hub.pid) > figures["rss_before_mb"] * 1.5 and time.monotonic() < deadline:
+        while _established(run.port) > 0 and time.monotonic() < deadline:
             time.sleep(0.2)
+        figures["cut_after_s"] = time.monotonic() - (deadline - 60)
         time.sleep(3.0)
         figures["rss_after_cut_mb"] = _rss_mb(hub.pid)
         # Then the readers the burst did not push past the bound go too.

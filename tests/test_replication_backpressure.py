@@ -149,3 +149,28 @@ def test_a_reader_that_keeps_up_is_never_cut_off_while_stalled_peers_are() -> No
         for peer in stalled:
             peer.close()
         hub.stop()
+
+
+def test_the_allocator_gives_memory_back_once_many_peers_have_gone() -> None:
+    """After a hundred connections end, and none for a keepalive step, the hub asks
+    the C allocator (glibc's malloc_trim) to return what they freed; not while
+    connections keep ending, nor after a few."""
+    hub = ReplicationHub("hub.example", MemorySource(["caches"]), port=0,
+                         settings=ConnectionSettings(ping_interval=0.2, ping_timeout=0.6))
+    trims: list[int] = []
+    hub._trim = trims.append
+    hub.start()
+    try:
+        step = 0.6 / 4
+        for _ in range(3):
+            socket.create_connection(hub.address).close()
+        gevent.sleep(step * 3)
+        assert trims == []
+        peers = [socket.create_connection(hub.address) for _ in range(120)]
+        for peer in peers:
+            peer.close()
+        wait_until(lambda: trims == [0], timeout=10)
+        gevent.sleep(step * 3)
+        assert trims == [0]
+    finally:
+        hub.stop()

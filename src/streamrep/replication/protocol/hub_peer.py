@@ -70,6 +70,9 @@ class HubPeer(Session):
     """
 
     peer_side = CLIENT_SIDE
+    # No __dict__: a hub holds thousands of these.
+    __slots__ = ("hub", "label", "host", "name", "live_all", "live_streams", "catching_up", "sync_instances",
+                 "_batches", "_pending_rows", "_claimed", "_relay", "_acks", "active", "_acted")
 
     def __init__(self, hub: HubView, label: str, host: str = "", now: float | None = None) -> None:
         super().__init__(hub.settings, now)

@@ -36,6 +36,7 @@ class Session:
     passes_unknown_commands = False
     #: close on a line that cannot be decoded (a bus is never closed by one line)
     closes_on_bad_lines = True
+    __slots__ = ("settings", "keepalive", "started_at", "closed", "close_reason", "_handlers")
 
     def __init__(self, settings: ConnectionSettings, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now

@@ -207,6 +207,12 @@ class TcpConnection:
     writes wait until the peer has drained its buffer once (None: written at once).
     """
 
+    # No __dict__: a hub holds thousands of these.
+    __slots__ = ("sock", "peer", "settings", "metrics", "session", "queue", "decoder", "heard", "closed",
+                 "close_reason", "refusal", "_perform", "_on_lost", "gate", "_reader", "_closer", "_eof",
+                 "_drained", "_keepalive", "_sendmsg", "_write_scheduled", "_unsent", "_writable", "_flushed",
+                 "_writer", "_in_flight", "_sock_closed", "_send_buffer", "_lane", "_taken")
+
     def __init__(
         self,
         sock: socket.socket,

@@ -84,6 +84,22 @@ _RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.E
 _PAUSE_WHEN_OUT_OF_DESCRIPTORS = 0.1
 #: How many distinct refusals are logged at WARNING before they go to DEBUG.
 _LOGGED_REFUSALS_LIMIT = 1000
+#: Connections closed, with none closed for a keepalive step since, after which
+#: the C allocator is asked to give the memory they freed back to the system.
+_TRIM_AFTER_CLOSES = 100
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None where the C library has none."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim: Callable[[int], int] = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return trim
 
 
 def listen_backlog() -> int:
@@ -126,6 +142,7 @@ class _Acceptor(StreamServer):  # type: ignore[misc]  # gevent.server has no typ
 class HubConnection(TcpConnection):
     """The hub's end of one connection: a socket and its :class:`HubPeer`."""
 
+    __slots__ = ("hub", "catch_ups", "catch_up_worker")
     session: HubPeer
 
     def __init__(self, hub: ReplicationHub, sock: socket.socket, peer: str, session: HubPeer) -> None:
@@ -214,6 +231,8 @@ class ReplicationHub:
         self._metrics_listen = metrics_listen
         self._metrics_server: Any = None
         self._refusals_logged: set[tuple[str, str]] = set()
+        self._closed_since_trim = 0
+        self._trim = _malloc_trim()
         self.stopped = gevent.event.Event()
         self.load_positions()
 
@@ -367,6 +386,7 @@ class ReplicationHub:
         """Every connection's keepalive and deadlines, from one greenlet: a greenlet
         and a timer per connection would cost every accept and every close."""
         step = Keepalive(self.settings, 0.0).check_interval
+        closed = 0
         while True:
             gevent.sleep(step)
             now = time.monotonic()
@@ -376,6 +396,17 @@ class ReplicationHub:
                 except Exception:
                     logger.exception("keepalive of %s failed", conn.name)
                     conn.close(DisconnectReason.LOCAL_CLOSE, "internal error")
+            if self._closed_since_trim >= _TRIM_AFTER_CLOSES and self._closed_since_trim == closed:
+                self._give_memory_back()
+            closed = self._closed_since_trim
+
+    def _give_memory_back(self) -> None:
+        """Many peers went (slow readers cut off, say) and none since: Python has
+        freed their objects, but the C allocator keeps the pages for itself until
+        asked to return them."""
+        self._closed_since_trim = 0
+        if self._trim is not None:
+            self._trim(0)
 
     def _out_of_descriptors(self, exc: OSError) -> None:
         self._log_refusal("*", f"cannot accept connections: {exc.strerror}; raise the "
@@ -418,6 +449,7 @@ class ReplicationHub:
         self.metrics.connected()
         # Keepalive: one timer for every connection (_tick_connections), not one each.
         conn.run(gate.greeting(session.greeting()) if gate is not None else session.greeting(), keepalive=False)
+        self._closed_since_trim += 1  # finished: what it held is freed as this returns
 
     def _evict(self, peer: HubPeer, close: Close) -> None:
         """Close a pending peer to make room for a new connection."""
