@@ -76,6 +76,8 @@ class Gate(Protocol):
 
     def receive(self, commands: list[Any]) -> tuple[list[Action], list[Any]]: ...
 
+#: Why a connection may end without a line at INFO when the peer never said anything.
+_ROUTINE_UNHEARD = frozenset({DisconnectReason.PEER_CLOSED, DisconnectReason.PENDING_EVICTED})
 #: How long a closing connection may spend flushing its last lines.
 _CLOSE_FLUSH_SECONDS = 1.0
 # After our last line, how long to read (and drop) what the peer still sends
@@ -252,7 +254,8 @@ class TcpConnection:
         # Writing. A plain socket is written from the event loop (_write_now); a
         # TLS socket by a greenlet of its own (_write_loop).
         self._sendmsg: Callable[[list[Any]], int] | None = None
-        if not hasattr(sock, "getpeercert") and hasattr(sock, "sendmsg"):
+        kind = type(sock)  # the class: a gevent socket forwards misses on itself
+        if not hasattr(kind, "getpeercert") and hasattr(kind, "sendmsg"):
             sendmsg = sock.sendmsg
             self._sendmsg = lambda buffers: sendmsg(buffers, (), _DONTWAIT)
         self._write_scheduled = False
@@ -339,9 +342,10 @@ class TcpConnection:
         self.queue.close()
         if self.metrics is not None:
             self.metrics.disconnected(reason)
-        # A connection that closed before saying anything is routine (a port
-        # check, a load balancer's probe): not worth a line per connection.
-        if reason != DisconnectReason.PEER_CLOSED or self.heard:
+        # A connection that ended before saying anything is routine (a port
+        # check, a load balancer's probe, one closed to make room for newer ones
+        # in a burst of them): not worth a line per connection.
+        if reason not in _ROUTINE_UNHEARD or self.heard:
             logger.info("replication connection %s closed: %s%s", self.name, reason,
                         f" ({error})" if error else "")
         elif logger.isEnabledFor(logging.DEBUG):

@@ -363,7 +363,9 @@ class ReplicationHub:
     def gate(self, sock: socket.socket) -> HubGate | None:
         """The authentication gate of a new connection on *sock*: the shared-secret
         handshake, and ``NAME`` matched to the client certificate; None: neither."""
-        getpeercert = getattr(sock, "getpeercert", None)
+        # Looked up on the class: a plain gevent socket would otherwise forward the
+        # miss to the socket it wraps (an exception per connection).
+        getpeercert = getattr(sock, "getpeercert", None) if hasattr(type(sock), "getpeercert") else None
         names = None
         if getpeercert is not None:
             from streamrep.replication.tls import certificate_names
