@@ -56,13 +56,15 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def _established(port: int) -> int:
-    """Established TCP connections whose local end is *port* (the hub's side)."""
+    """Established TCP connections whose local end is 127.0.0.1:*port* (the hub's
+    side; a client on another loopback address may have the same port number)."""
+    local = f"0100007F:{port:04X}"
     count = 0
     with open("/proc/net/tcp") as fh:
         next(fh)
         for line in fh:
             fields = line.split()
-            if fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+            if fields[3] == "01" and fields[1] == local:
                 count += 1
     return count
 

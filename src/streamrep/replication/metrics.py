@@ -119,20 +119,14 @@ class ReplicationMetrics(Collector):
             for (stream, instance), token in sorted(self._positions().items()):
                 positions.add_metric([stream, instance], token)
             yield positions
-        if self._queue_depths is not None:
-            depth = GaugeMetricFamily(
-                f"{p}_queued_commands", "Commands waiting to be written, per connection", labels=["connection"]
-            )
-            for conn_name, queued in sorted(self._queue_depths().items()):
-                depth.add_metric([conn_name], queued)
-            yield depth
-        if self._queue_bytes is not None:
-            size = GaugeMetricFamily(
-                f"{p}_queued_bytes", "Bytes waiting to be written, per connection", labels=["connection"]
-            )
-            for conn_name, queued in sorted(self._queue_bytes().items()):
-                size.add_metric([conn_name], queued)
-            yield size
+        for name, what, read in (("queued_commands", "Commands", self._queue_depths),
+                                 ("queued_bytes", "Bytes", self._queue_bytes)):
+            if read is not None:
+                waiting = GaugeMetricFamily(f"{p}_{name}", f"{what} waiting to be written, per connection",
+                                            labels=["connection"])
+                for conn_name, queued in sorted(read().items()):
+                    waiting.add_metric([conn_name], queued)
+                yield waiting
 
 
     def _collect_stalls(self) -> Iterator[Metric]:
