@@ -89,6 +89,23 @@ def test_sha256_matches_hashlib_on_either_block_function() -> None:
         module.sha256_blocks("auto")
 
 
+def test_sha256_pair_matches_hashlib_whatever_the_two_lengths() -> None:
+    # The compiled pair hashes the blocks the two messages have in number together,
+    # then the longer one's rest alone: every split of the padded tails.
+    compiled = [core_module("eventhash", kind) for kind in IMPLEMENTATIONS]
+    first, second = bytes(range(256)) * 3, bytes(range(255, -1, -1)) * 3
+    lengths = [*range(0, 140, 3), 55, 56, 63, 64, 119, 120, 128, 700]
+    for module in compiled:
+        for mode in ("auto", "portable"):
+            module.sha256_blocks(mode)
+            for n in lengths:
+                for m in lengths:
+                    assert module.sha256_pair(first[:n], second[:m]) == (
+                        hashlib.sha256(first[:n]).digest(),
+                        hashlib.sha256(second[:m]).digest()), (mode, n, m)
+        module.sha256_blocks("auto")
+
+
 # --- properties ------------------------------------------------------------------
 
 keys = st.text(max_size=12)

@@ -31,6 +31,8 @@ cdef extern from "sha256.h":
     int streamrep_sha256_accelerated()
     void streamrep_sha256_force_portable(int portable)
     void streamrep_sha256(const unsigned char* data, size_t n, unsigned char* out)
+    void streamrep_sha256_pair(const unsigned char* a, size_t len_a, unsigned char* out_a,
+                               const unsigned char* b, size_t len_b, unsigned char* out_b)
 
 cdef extern from "Python.h":
     const char* PyUnicode_AsUTF8AndSize(object text, Py_ssize_t* size) except NULL
@@ -481,8 +483,8 @@ cdef int _both_digests(dict event, object rules, bint strict, unsigned char* con
         return _PURE  # the pruned event gets {} for a content it lacks
     _byte(full, b"}")
     _byte(pruned, b"}")
-    streamrep_sha256(<const unsigned char*>full.data, full.length, content_digest)
-    streamrep_sha256(<const unsigned char*>pruned.data, pruned.length, reference_digest)
+    streamrep_sha256_pair(<const unsigned char*>full.data, full.length, content_digest,
+                          <const unsigned char*>pruned.data, pruned.length, reference_digest)
     return 0
 
 
@@ -626,6 +628,17 @@ def sha256(data):
     streamrep_sha256(<const unsigned char*>PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw),
                      digest)
     return PyBytes_FromStringAndSize(<char*>digest, 32)
+
+
+def sha256_pair(a, b):
+    cdef bytes first = bytes(a), second = bytes(b)
+    cdef unsigned char digests[64]
+    streamrep_sha256_pair(<const unsigned char*>PyBytes_AS_STRING(first),
+                          PyBytes_GET_SIZE(first), digests,
+                          <const unsigned char*>PyBytes_AS_STRING(second),
+                          PyBytes_GET_SIZE(second), digests + 32)
+    return PyBytes_FromStringAndSize(<char*>digests, 32), PyBytes_FromStringAndSize(
+        <char*>digests + 32, 32)
 
 
 def sha256_blocks(str mode="auto"):

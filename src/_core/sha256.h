@@ -3,7 +3,8 @@
  * On x86-64 processors with the SHA extensions the block function uses them
  * (chosen once, at the first call); elsewhere a portable C block function runs.
  * hashlib's digest objects cost more to make than a short event costs to hash,
- * and events are hashed twice each on persist, hence a function of our own.
+ * and events are hashed twice each on persist (streamrep_sha256_pair hashes the
+ * two together), hence a function of our own.
  */
 #ifndef STREAMREP_SHA256_H
 #define STREAMREP_SHA256_H
@@ -63,50 +64,84 @@ static void streamrep_sha256_blocks_c(uint32_t state[8], const unsigned char *da
 #include <immintrin.h>
 #define STREAMREP_SHA256_HAVE_NI 1
 
-/* The same with the SHA extensions: four rounds at a time, the message schedule
- * kept in four registers (each new group of four words from the four before). */
+/* Four rounds with the SHA extensions, group *i* (0 to 15) of a block at *data*:
+ * the message schedule is kept in m[4] (each new group of four words from the four
+ * before), the state in s0 (A B E F) and s1 (C D G H). */
+#define STREAMREP_SHA256_NI_ROUNDS(s0, s1, m, i, data) do {                          \
+    __m128i words_, k_;                                                              \
+    if ((i) < 4) {                                                                   \
+        words_ = _mm_shuffle_epi8(                                                   \
+            _mm_loadu_si128((const __m128i *)((data) + 16 * (i))), byteswap);        \
+    } else {                                                                         \
+        __m128i t_ = _mm_sha256msg1_epu32(m[(i) & 3], m[((i) + 1) & 3]);             \
+        t_ = _mm_add_epi32(t_, _mm_alignr_epi8(m[((i) + 3) & 3], m[((i) + 2) & 3], 4)); \
+        words_ = _mm_sha256msg2_epu32(t_, m[((i) + 3) & 3]);                         \
+    }                                                                                \
+    m[(i) & 3] = words_;                                                             \
+    k_ = _mm_add_epi32(words_,                                                       \
+                       _mm_loadu_si128((const __m128i *)&streamrep_sha256_k[4 * (i)])); \
+    s1 = _mm_sha256rnds2_epu32(s1, s0, k_);                                          \
+    k_ = _mm_shuffle_epi32(k_, 0x0E);                                                \
+    s0 = _mm_sha256rnds2_epu32(s0, s1, k_);                                          \
+} while (0)
+
+/* state[8] (A to H) into the registers' order, and back. */
+#define STREAMREP_SHA256_NI_LOAD(state, s0, s1) do {                                 \
+    __m128i t_ = _mm_shuffle_epi32(_mm_loadu_si128((const __m128i *)&(state)[0]), 0xB1); \
+    s1 = _mm_shuffle_epi32(_mm_loadu_si128((const __m128i *)&(state)[4]), 0x1B);     \
+    s0 = _mm_alignr_epi8(t_, s1, 8);                                                 \
+    s1 = _mm_blend_epi16(s1, t_, 0xF0);                                              \
+} while (0)
+#define STREAMREP_SHA256_NI_STORE(state, s0, s1) do {                                \
+    __m128i t_ = _mm_shuffle_epi32(s0, 0x1B);                                        \
+    __m128i u_ = _mm_shuffle_epi32(s1, 0xB1);                                        \
+    _mm_storeu_si128((__m128i *)&(state)[0], _mm_blend_epi16(t_, u_, 0xF0));         \
+    _mm_storeu_si128((__m128i *)&(state)[4], _mm_alignr_epi8(u_, t_, 8));            \
+} while (0)
+
+/* The same with the SHA extensions, four rounds at a time. */
 __attribute__((target("sha,sse4.1,ssse3")))
 static void streamrep_sha256_blocks_ni(uint32_t state[8], const unsigned char *data,
                                        size_t blocks) {
     const __m128i byteswap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
-    __m128i tmp = _mm_loadu_si128((const __m128i *)&state[0]);      /* A B C D */
-    __m128i state1 = _mm_loadu_si128((const __m128i *)&state[4]);   /* E F G H */
-    __m128i state0;
-    tmp = _mm_shuffle_epi32(tmp, 0xB1);                               /* C D A B */
-    state1 = _mm_shuffle_epi32(state1, 0x1B);                         /* H G F E */
-    state0 = _mm_alignr_epi8(tmp, state1, 8);                         /* A B E F */
-    state1 = _mm_blend_epi16(state1, tmp, 0xF0);                      /* C D G H */
+    __m128i state0, state1;
+    STREAMREP_SHA256_NI_LOAD(state, state0, state1);
     while (blocks--) {
-        __m128i abef = state0, cdgh = state1;
-        __m128i m[4];
+        __m128i abef = state0, cdgh = state1, m[4];
         int i;
         for (i = 0; i < 16; i++) {
-            __m128i words, k;
-            if (i < 4) {
-                words = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(data + 16 * i)),
-                                         byteswap);
-            } else {
-                /* m[i & 3] holds the group four back; i + 1, i + 2, i + 3 the next. */
-                __m128i t = _mm_sha256msg1_epu32(m[i & 3], m[(i + 1) & 3]);
-                t = _mm_add_epi32(t, _mm_alignr_epi8(m[(i + 3) & 3], m[(i + 2) & 3], 4));
-                words = _mm_sha256msg2_epu32(t, m[(i + 3) & 3]);
-            }
-            m[i & 3] = words;
-            k = _mm_add_epi32(words, _mm_loadu_si128((const __m128i *)&streamrep_sha256_k[4 * i]));
-            state1 = _mm_sha256rnds2_epu32(state1, state0, k);
-            k = _mm_shuffle_epi32(k, 0x0E);
-            state0 = _mm_sha256rnds2_epu32(state0, state1, k);
+            STREAMREP_SHA256_NI_ROUNDS(state0, state1, m, i, data);
         }
         state0 = _mm_add_epi32(state0, abef);
         state1 = _mm_add_epi32(state1, cdgh);
         data += 64;
     }
-    tmp = _mm_shuffle_epi32(state0, 0x1B);                            /* F E B A */
-    state1 = _mm_shuffle_epi32(state1, 0xB1);                         /* D C H G */
-    state0 = _mm_blend_epi16(tmp, state1, 0xF0);                      /* D C B A */
-    state1 = _mm_alignr_epi8(state1, tmp, 8);                         /* H G F E */
-    _mm_storeu_si128((__m128i *)&state[0], state0);
-    _mm_storeu_si128((__m128i *)&state[4], state1);
+    STREAMREP_SHA256_NI_STORE(state, state0, state1);
+}
+
+/* One block of each of two messages, their rounds interleaved: a round's result
+ * feeds the next round of its own message only, so while one message's round
+ * waits for the one before, the other's runs (about 1.5 times the speed of one
+ * block after the other). */
+__attribute__((target("sha,sse4.1,ssse3")))
+static void streamrep_sha256_two_blocks_ni(uint32_t state_a[8], const unsigned char *a,
+                                           uint32_t state_b[8], const unsigned char *b) {
+    const __m128i byteswap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
+    __m128i a0, a1, b0, b1, start_a0, start_a1, start_b0, start_b1, ma[4], mb[4];
+    int i;
+    STREAMREP_SHA256_NI_LOAD(state_a, a0, a1);
+    STREAMREP_SHA256_NI_LOAD(state_b, b0, b1);
+    start_a0 = a0; start_a1 = a1; start_b0 = b0; start_b1 = b1;
+    for (i = 0; i < 16; i++) {
+        STREAMREP_SHA256_NI_ROUNDS(a0, a1, ma, i, a);
+        STREAMREP_SHA256_NI_ROUNDS(b0, b1, mb, i, b);
+    }
+    a0 = _mm_add_epi32(a0, start_a0);
+    a1 = _mm_add_epi32(a1, start_a1);
+    b0 = _mm_add_epi32(b0, start_b0);
+    b1 = _mm_add_epi32(b1, start_b1);
+    STREAMREP_SHA256_NI_STORE(state_a, a0, a1);
+    STREAMREP_SHA256_NI_STORE(state_b, b0, b1);
 }
 #endif
 
@@ -137,34 +172,105 @@ static void streamrep_sha256_force_portable(int portable) {
     }
 }
 
-/* out[32] = SHA-256 of data[0:len]. */
-static void streamrep_sha256(const unsigned char *data, size_t len, unsigned char out[32]) {
-    uint32_t state[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                         0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+/* A message as SHA-256 reads it: its whole 64-byte blocks where they are, then
+ * the padded tail (the last partial block, 0x80, zeros, the length in bits). */
+typedef struct {
+    const unsigned char *data;
+    size_t full;    /* whole blocks at data */
+    size_t blocks;  /* full and the tail's one or two */
     unsigned char tail[128];
-    size_t full = len / 64, rest = len % 64, tail_len;
+} streamrep_sha256_message;
+
+static void streamrep_sha256_prepare(streamrep_sha256_message *m, const unsigned char *data,
+                                     size_t len) {
+    size_t rest = len % 64, tail_len;
     uint64_t bits = (uint64_t)len * 8;
     int i;
-    if (streamrep_sha256_blocks == NULL) {
-        streamrep_sha256_accelerated();
-    }
-    if (full) {
-        streamrep_sha256_blocks(state, data, full);
-    }
-    memcpy(tail, data + full * 64, rest);
-    tail[rest] = 0x80;
+    m->data = data;
+    m->full = len / 64;
+    memcpy(m->tail, data + m->full * 64, rest);
+    m->tail[rest] = 0x80;
     tail_len = rest + 1 + 8 <= 64 ? 64 : 128;
-    memset(tail + rest + 1, 0, tail_len - rest - 1 - 8);
+    memset(m->tail + rest + 1, 0, tail_len - rest - 1 - 8);
     for (i = 0; i < 8; i++) {
-        tail[tail_len - 1 - i] = (unsigned char)(bits >> (8 * i));
+        m->tail[tail_len - 1 - i] = (unsigned char)(bits >> (8 * i));
     }
-    streamrep_sha256_blocks(state, tail, tail_len / 64);
+    m->blocks = m->full + tail_len / 64;
+}
+
+static inline const unsigned char *streamrep_sha256_block(const streamrep_sha256_message *m,
+                                                          size_t i) {
+    return i < m->full ? m->data + 64 * i : m->tail + 64 * (i - m->full);
+}
+
+static void streamrep_sha256_init(uint32_t state[8]) {
+    static const uint32_t initial[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                        0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+    memcpy(state, initial, sizeof(initial));
+}
+
+/* Blocks *from* to the last of *m* into *state*. */
+static void streamrep_sha256_rest(uint32_t state[8], const streamrep_sha256_message *m,
+                                  size_t from) {
+    if (from < m->full) {
+        streamrep_sha256_blocks(state, m->data + 64 * from, m->full - from);
+        from = m->full;
+    }
+    if (from < m->blocks) {
+        streamrep_sha256_blocks(state, m->tail + 64 * (from - m->full), m->blocks - from);
+    }
+}
+
+static void streamrep_sha256_digest(const uint32_t state[8], unsigned char out[32]) {
+    int i;
     for (i = 0; i < 8; i++) {
         out[4 * i] = (unsigned char)(state[i] >> 24);
         out[4 * i + 1] = (unsigned char)(state[i] >> 16);
         out[4 * i + 2] = (unsigned char)(state[i] >> 8);
         out[4 * i + 3] = (unsigned char)state[i];
     }
+}
+
+/* out[32] = SHA-256 of data[0:len]. */
+static void streamrep_sha256(const unsigned char *data, size_t len, unsigned char out[32]) {
+    uint32_t state[8];
+    streamrep_sha256_message m;
+    if (streamrep_sha256_blocks == NULL) {
+        streamrep_sha256_accelerated();
+    }
+    streamrep_sha256_prepare(&m, data, len);
+    streamrep_sha256_init(state);
+    streamrep_sha256_rest(state, &m, 0);
+    streamrep_sha256_digest(state, out);
+}
+
+/* out_a[32] and out_b[32] = SHA-256 of a[0:len_a] and of b[0:len_b]: with the SHA
+ * extensions, the blocks the two have in number are hashed two at a time. */
+static void streamrep_sha256_pair(const unsigned char *a, size_t len_a, unsigned char out_a[32],
+                                  const unsigned char *b, size_t len_b,
+                                  unsigned char out_b[32]) {
+    uint32_t state_a[8], state_b[8];
+    streamrep_sha256_message ma, mb;
+    size_t i = 0;
+    if (streamrep_sha256_blocks == NULL) {
+        streamrep_sha256_accelerated();
+    }
+    streamrep_sha256_prepare(&ma, a, len_a);
+    streamrep_sha256_prepare(&mb, b, len_b);
+    streamrep_sha256_init(state_a);
+    streamrep_sha256_init(state_b);
+#ifdef STREAMREP_SHA256_HAVE_NI
+    if (streamrep_sha256_blocks == streamrep_sha256_blocks_ni) {
+        for (; i < ma.blocks && i < mb.blocks; i++) {
+            streamrep_sha256_two_blocks_ni(state_a, streamrep_sha256_block(&ma, i),
+                                           state_b, streamrep_sha256_block(&mb, i));
+        }
+    }
+#endif
+    streamrep_sha256_rest(state_a, &ma, i);
+    streamrep_sha256_rest(state_b, &mb, i);
+    streamrep_sha256_digest(state_a, out_a);
+    streamrep_sha256_digest(state_b, out_b);
 }
 
 #endif

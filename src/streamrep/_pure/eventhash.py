@@ -35,7 +35,7 @@ from typing import Any, Iterable, Mapping
 # The twins' API; CanonicalJsonError and RedactionRules, defined here once, are
 # shared by both.
 __all__ = ["prune", "canonical_json", "content_hash", "reference_hash", "unpadded_base64",
-           "event_id_from_hash", "check_hashes", "check_records", "sha256", "sha256_blocks"]
+           "event_id_from_hash", "check_hashes", "check_records", "sha256", "sha256_pair", "sha256_blocks"]
 
 #: The largest integer canonical JSON allows (and its negation the smallest).
 MAX_SAFE_INTEGER = 2**53 - 1
@@ -209,6 +209,12 @@ def check_records(records: Iterable[Any], rules: RedactionRules, strict: bool,
 def sha256(data: bytes) -> bytes:
     """The SHA-256 digest of *data*."""
     return hashlib.sha256(data).digest()
+
+
+def sha256_pair(a: bytes, b: bytes) -> tuple[bytes, bytes]:
+    """The SHA-256 digests of *a* and of *b* (the compiled core hashes the two
+    together, as it does an event's two hashes)."""
+    return sha256(a), sha256(b)
 
 
 def sha256_blocks(mode: str = "auto") -> str:
