@@ -36,6 +36,9 @@ cdef extern from "sha256.h":
 
 cdef extern from "Python.h":
     const char* PyUnicode_AsUTF8AndSize(object text, Py_ssize_t* size) except NULL
+    bint PyUnicode_IS_COMPACT_ASCII(object text)
+    void* PyUnicode_DATA(object text)
+    Py_ssize_t PyUnicode_GET_LENGTH(object text)
 
 cdef long long _MAX_SAFE = _ref.MAX_SAFE_INTEGER
 cdef frozenset _CONTENT_EXCLUDED = frozenset(_ref.CONTENT_HASH_EXCLUDED)
@@ -159,10 +162,19 @@ cdef int _utf8_string(Buffer* out, const unsigned char* p, Py_ssize_t n) except 
     return 0
 
 
+cdef inline const char* _utf8(object text, Py_ssize_t* n) except NULL:
+    """The UTF-8 of the str *text* (raises UnicodeEncodeError for a lone surrogate):
+    an ASCII string's own characters, read in place."""
+    if PyUnicode_IS_COMPACT_ASCII(text):
+        n[0] = PyUnicode_GET_LENGTH(text)
+        return <const char*>PyUnicode_DATA(text)
+    return PyUnicode_AsUTF8AndSize(text, n)
+
+
 cdef inline int _string(Buffer* out, object text) except -1:
     """A JSON string (raises UnicodeEncodeError for a lone surrogate)."""
     cdef Py_ssize_t n
-    cdef const char* p = PyUnicode_AsUTF8AndSize(text, &n)
+    cdef const char* p = _utf8(text, &n)
     return _utf8_string(out, <const unsigned char*>p, n)
 
 
@@ -223,7 +235,7 @@ cdef int _object(Buffer* out, dict value, bint strict, int depth, frozenset leav
             continue
         member.key = key
         member.value = item
-        member.utf8 = PyUnicode_AsUTF8AndSize(<object>key, &member.length)
+        member.utf8 = _utf8(<object>key, &member.length)
         if content is not None and member.length == 7 and memcmp(member.utf8, b"content", 7) == 0:
             member.value = <PyObject*>content
         # Insertion sort: objects are small.
@@ -401,20 +413,77 @@ cdef int _reference_digest(dict event, object rules, bint strict,
     return 0
 
 
+# What a top-level key is to an event's two hashes (bits; a key not in the
+# table of _key_places is in the content hash only).
+cdef enum:
+    _IN_CONTENT_HASH = 1
+    _IN_REFERENCE_HASH = 2
+
+# The table of the top-level keys of the last redaction rules asked about (by
+# their frozenset of top-level keys, which cannot change).
+cdef frozenset _places_top = None
+cdef dict _places = None
+
+
+cdef dict _key_places(frozenset top):
+    """Each key the content hash leaves out or the pruned event keeps, with the
+    hashes it is in."""
+    global _places_top, _places
+    cdef dict places
+    if top is _places_top:
+        return _places
+    places = {}
+    for key in _CONTENT_EXCLUDED | top | _REFERENCE_EXCLUDED:
+        places[key] = (0 if key in _CONTENT_EXCLUDED else _IN_CONTENT_HASH) | (
+            _IN_REFERENCE_HASH if key in top and key not in _REFERENCE_EXCLUDED else 0)
+    _places_top = top
+    _places = places
+    return places
+
+
+cdef int _pruned_content_json(Buffer* out, dict event, object rules, bint strict,
+                              const char* written, Py_ssize_t written_length) except -1:
+    """Write the content redaction leaves (``_pruned_content``) without making it:
+    *written* is the content's own JSON when it is already written (else NULL);
+    :data:`_PURE` when the pure twin must write it."""
+    cdef PyObject* found
+    cdef object content, etype, kept
+    found = PyDict_GetItem(event, "content")
+    content = None if found is NULL else <object>found
+    found = PyDict_GetItem(event, "type")
+    etype = None if found is NULL else <object>found
+    if type(content) is not dict or type(etype) is not str:
+        return _put(out, b"{}", 2)
+    found = PyDict_GetItem(rules.content, etype)
+    if found is NULL:
+        return _put(out, b"{}", 2)
+    kept = <object>found
+    if kept is None:
+        if written is NULL:
+            return _write(out, content, strict, 1)
+        return _put(out, written, written_length)
+    if type(kept) is not frozenset or PyDict_GetItem(rules.nested, etype) is not NULL:
+        return _write(out, _pruned_content(event, rules), strict, 1)
+    return _object(out, <dict>content, strict, 1, None, <frozenset>kept, None)
+
+
 cdef int _both_digests(dict event, object rules, bint strict, unsigned char* content_digest,
                        unsigned char* reference_digest) except -1:
     """The content hash's and the reference hash's SHA-256 in one pass over the
-    event's members: a member both cover is written once and copied; :data:`_PURE`
-    when the pure twin must write them."""
+    event's members: a member both cover is written once and copied, and the two
+    are hashed together; :data:`_PURE` when the pure twin must write them."""
     cdef Buffer* full = &_buffer
     cdef Buffer* pruned = &_buffer2
     cdef Member members[_SMALL]
     cdef Member member
-    cdef Py_ssize_t pos = 0, count = 0, i, j, start
+    cdef Py_ssize_t pos = 0, count = 0, i, j, key_start = 0, start = 0
     cdef PyObject* key
     cdef PyObject* item
+    cdef PyObject* found
     cdef frozenset top = rules.top_level
-    cdef bint in_full, in_pruned, first_full = True, first_pruned = True, has_content = False
+    cdef dict places = _key_places(top)
+    cdef int place
+    cdef bint first_full = True, first_pruned = True, has_content = False
     if len(event) > _SMALL:
         return _PURE
     while PyDict_Next(event, &pos, &key, &item):
@@ -422,7 +491,7 @@ cdef int _both_digests(dict event, object rules, bint strict, unsigned char* con
             return _PURE
         member.key = key
         member.value = item
-        member.utf8 = PyUnicode_AsUTF8AndSize(<object>key, &member.length)
+        member.utf8 = _utf8(<object>key, &member.length)
         j = count
         while j > 0 and _before(&member, &members[j - 1]):
             members[j] = members[j - 1]
@@ -434,47 +503,36 @@ cdef int _both_digests(dict event, object rules, bint strict, unsigned char* con
     _byte(full, b"{")
     _byte(pruned, b"{")
     for i in range(count):
-        key = members[i].key
-        in_full = not PySet_Contains(_CONTENT_EXCLUDED, <object>key)
-        in_pruned = PySet_Contains(top, <object>key) and not PySet_Contains(
-            _REFERENCE_EXCLUDED, <object>key)
-        if members[i].length == 7 and memcmp(members[i].utf8, b"content", 7) == 0:
-            has_content = True
+        found = PyDict_GetItem(places, <object>members[i].key)
+        place = _IN_CONTENT_HASH if found is NULL else <int><object>found
+        if place == 0:
+            continue
+        if place & _IN_CONTENT_HASH:
             if not first_full:
                 _byte(full, b",")
             first_full = False
-            _utf8_string(full, <const unsigned char*>members[i].utf8, 7)
-            _byte(full, b":")
-            if _write(full, <object>members[i].value, strict, 1) == _PURE:
-                return _PURE
-            if in_pruned:
-                if not first_pruned:
-                    _byte(pruned, b",")
-                first_pruned = False
-                _put(pruned, b'"content":', 10)
-                if _write(pruned, _pruned_content(event, rules), strict, 1) == _PURE:
-                    return _PURE
-            continue
-        if not (in_full or in_pruned):
-            continue
-        if in_full:
-            if not first_full:
-                _byte(full, b",")
-            first_full = False
-            start = full.length
+            key_start = full.length
             _utf8_string(full, <const unsigned char*>members[i].utf8, members[i].length)
             _byte(full, b":")
+            start = full.length
             if _write(full, <object>members[i].value, strict, 1) == _PURE:
                 return _PURE
-            if in_pruned:
-                if not first_pruned:
-                    _byte(pruned, b",")
-                first_pruned = False
-                _put(pruned, full.data + start, full.length - start)
+        if not place & _IN_REFERENCE_HASH:
+            continue
+        if not first_pruned:
+            _byte(pruned, b",")
+        first_pruned = False
+        if members[i].length == 7 and memcmp(members[i].utf8, b"content", 7) == 0:
+            has_content = True
+            _put(pruned, b'"content":', 10)
+            if _pruned_content_json(
+                    pruned, event, rules, strict,
+                    full.data + start if place & _IN_CONTENT_HASH else NULL,
+                    full.length - start) == _PURE:
+                return _PURE
+        elif place & _IN_CONTENT_HASH:
+            _put(pruned, full.data + key_start, full.length - key_start)
         else:
-            if not first_pruned:
-                _byte(pruned, b",")
-            first_pruned = False
             _utf8_string(pruned, <const unsigned char*>members[i].utf8, members[i].length)
             _byte(pruned, b":")
             if _write(pruned, <object>members[i].value, strict, 1) == _PURE:
@@ -569,7 +627,7 @@ cdef bint _same_base64(object given, const unsigned char* digest, bint urlsafe,
         return False
     memcpy(expected, prefix, prefix_length)
     length += _base64_into(digest, 32, urlsafe, expected + prefix_length)
-    text = PyUnicode_AsUTF8AndSize(given, &n)
+    text = _utf8(given, &n)
     if prefix_length == 0:
         while n > length and text[n - 1] == b"=":
             n -= 1
