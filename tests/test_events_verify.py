@@ -159,6 +159,39 @@ def test_verification_needs_no_room_rules(db_url: str) -> None:
         store.close()
 
 
+def test_an_outlier_arriving_again_is_checked_as_first_stored(db_url: str) -> None:
+    # Checked right after validation, the copy arriving now matches its hashes;
+    # the one written is the outlier first stored, which does not.
+    r, events = _room()
+    good = r.event("m.room.message", ALICE, {"body": "one"})
+    store = EventStore(db_url, verify_event_ids="off")
+    try:
+        store.persist_events(events)
+        store.persist_events([dict(good, content={"body": "one, edited"}, outlier=True)])
+        store.verify_event_ids = "strict"
+        result = store.persist_events([good])
+        assert result.rejected[good["event_id"]].startswith("bad_content_hash: ")
+    finally:
+        store.close()
+
+
+def test_an_event_is_checked_under_its_room_s_version_whatever_a_skipped_create_says(
+        db_url: str) -> None:
+    # A create event already stored is skipped, so it does not name the version
+    # the transaction checks under; a copy of it naming version 3 (standard
+    # Base64 IDs) must not make this version 10 event fail.
+    r, events = _room()
+    message = r.event("m.room.message", ALICE, {"body": "one"})
+    store = EventStore(db_url, verify_event_ids="strict")
+    try:
+        assert store.persist_events(events).rejected == {}
+        create = dict(events[0], content={**events[0]["content"], "room_version": "3"})
+        assert store.persist_events([create, message]).rejected == {}
+        assert not store.get_event(message["event_id"]).rejected
+    finally:
+        store.close()
+
+
 def test_an_unknown_mode_is_refused(sqlite_url: str) -> None:
     with pytest.raises(InvalidEventError, match="verify_event_ids must be one of"):
         EventStore(sqlite_url, verify_event_ids="sometimes")  # type: ignore[arg-type]

@@ -49,7 +49,8 @@ from streamrep.events.rules import NO_VERDICT, Rejection, RoomRules
 from streamrep.events.state import GroupState, StateGroupStore, StateOverlay
 from streamrep.events.tokens import StreamToken, TopologicalToken, parse_token
 from streamrep.events.validation import EventRecord, parse_event
-from streamrep.events.verify import VerifyMode, batch_versions, check_mode, verify_batch
+from streamrep.events.verify import (EarlyCheck, VerifyMode, batch_versions, check_early,
+                                     check_mode, verify_batch)
 from streamrep.lru import Lru
 from streamrep.matrix.rules import MatrixRoomRules
 
@@ -243,8 +244,11 @@ class EventStore:
         """
         records = self._validate(events)
         with self._write_lock:
+            # Checked now, while validation has left the events in the caches.
+            early = check_early(records, self.room_versions) if (
+                self.verify_event_ids != "off") else None
             try:
-                outcome = self.db.run(self._persist_txn, records, backfilled, remote,
+                outcome = self.db.run(self._persist_txn, records, backfilled, remote, early,
                                       name="persist_events")
             except BaseException:
                 if self.room_rules is not None:
@@ -284,7 +288,7 @@ class EventStore:
         return list(records.values())
 
     def _persist_txn(self, txn: Transaction, records: list[EventRecord], backfilled: bool,
-                     remote: bool) -> PersistOutcome:
+                     remote: bool, early: EarlyCheck | None) -> PersistOutcome:
         """One batch, forward: what to write, the event ID check and the rules'
         verdict on it, the writes."""
         plan = plan_batch(txn, records)
@@ -296,7 +300,8 @@ class EventStore:
                 check_batch_text(txn, plan.todo, codec)
         rules = self.room_rules
         checked = verify_batch(plan.todo, batch_versions(txn, plan.todo, self.room_versions),
-                               self.verify_event_ids) if self.verify_event_ids != "off" else None
+                               self.verify_event_ids, early) if (
+            self.verify_event_ids != "off") else None
         if checked is not None and checked.rejected:
             plan = dataclasses.replace(plan, todo=checked.records)
         verdict = NO_VERDICT
