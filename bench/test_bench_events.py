@@ -13,7 +13,8 @@
   without the event ID check (``verify_event_ids="off"``);
   ``test_persist_*_verify``: rules on, over the same history with the IDs room
   version 10 gives (the events' reference hashes), the check on (``warn``, the
-  default) and off;
+  default) and off; ``test_persist_*_verify_cost``: the same two side by side in
+  one process, round by round, and the CPU time ``warn`` takes over ``off``;
   ``test_persist_sqlite_growing_room``: the same over 100,000 events with the
   room rules, as the room grows to 5,000 members.
 * ``test_persist_sqlite_statements_alone``: the statements the ``rules-on``
@@ -181,6 +182,65 @@ def test_persist_sqlite_verify(benchmark: Any, use_impl: str, sqlite_url: str,
 def test_persist_postgres_verify(benchmark: Any, use_impl: str, pg_url: str,
                                  verify: str) -> None:
     _persist_bench(benchmark, pg_url, use_impl, "rules-on", verify, hash_ids=True)
+
+
+def _verify_cost_bench(benchmark: Any, urls: tuple[str, str], impl_kind: str) -> None:
+    """Two stores over the same history (rules on, IDs that are reference hashes),
+    one with the check ``off``, one with ``warn``. Each round persists 30 batches
+    of 100 into each, in turns (which goes first alternates), and takes the CPU time
+    of each half (``time.process_time``). The check's cost is the median over the
+    rounds of warn / off: each ``warn`` half is paired with the ``off`` half that
+    persisted the same events beside it, so the room's growth and the machine's
+    moods cancel out."""
+    from streamrep import EventStore
+
+    stores = {mode: EventStore(url, verify_event_ids=mode)
+              for mode, url in zip(("off", "warn"), urls)}
+    sources = {mode: _history("!bench:x", hash_ids=True) for mode in stores}
+    ratios: list[float] = []
+
+    def next_round() -> tuple[tuple[dict[str, list[list[dict[str, Any]]]]], dict[str, Any]]:
+        return ({mode: [[next(sources[mode]) for _ in range(BATCH)] for _ in range(30)]
+                 for mode in stores},), {}
+
+    def run(batches: dict[str, list[list[dict[str, Any]]]]) -> None:
+        spent: dict[str, float] = {}
+        order = ("off", "warn") if len(ratios) % 2 else ("warn", "off")
+        for mode in order:
+            start = time.process_time()
+            for batch in batches[mode]:
+                stores[mode].persist_events(batch)
+            spent[mode] = time.process_time() - start
+        ratios.append(spent["warn"] / spent["off"])
+
+    try:
+        benchmark.pedantic(run, setup=next_round, rounds=16, iterations=1, warmup_rounds=1)
+        assert stores["warn"].unverified_events == {}
+        if benchmark.stats is None:  # --benchmark-disable: ran once, nothing timed
+            return
+        ratios.pop(0)  # the warm-up round
+        ratios.sort()
+        median = (ratios[7] + ratios[8]) / 2
+        benchmark.extra_info["warn_over_off_cpu"] = round(median, 3)
+        print(f"\n{benchmark.name}: warn / off CPU time, median of {len(ratios)} rounds "
+              f"{median:.3f} (quartiles {ratios[4]:.3f} to {ratios[11]:.3f}) ({impl_kind})")
+    finally:
+        for store in stores.values():
+            store.close()
+
+
+def test_persist_sqlite_verify_cost(benchmark: Any, use_impl: str, tmp_path: Any) -> None:
+    _verify_cost_bench(benchmark, (f"sqlite:///{tmp_path}/off.db",
+                                   f"sqlite:///{tmp_path}/warn.db"), use_impl)
+
+
+@pytest.mark.postgres
+def test_persist_postgres_verify_cost(benchmark: Any, use_impl: str) -> None:
+    from support.postgres import fresh_schema_dsn, postgres_server_dsn
+
+    with fresh_schema_dsn(postgres_server_dsn()) as off, \
+            fresh_schema_dsn(postgres_server_dsn()) as warn:
+        _verify_cost_bench(benchmark, (off, warn), use_impl)
 
 
 def test_persist_sqlite_growing_room(benchmark: Any, use_impl: str, sqlite_url: str) -> None:
