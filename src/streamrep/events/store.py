@@ -49,8 +49,8 @@ from streamrep.events.rules import NO_VERDICT, Rejection, RoomRules
 from streamrep.events.state import GroupState, StateGroupStore, StateOverlay
 from streamrep.events.tokens import StreamToken, TopologicalToken, parse_token
 from streamrep.events.validation import EventRecord, parse_event
-from streamrep.events.verify import (EarlyCheck, VerifyMode, batch_versions, check_early,
-                                     check_mode, verify_batch)
+from streamrep.events.verify import (EarlyCheck, VerifyMode, check_early, check_mode,
+                                     verify_planned)
 from streamrep.lru import Lru
 from streamrep.matrix.rules import MatrixRoomRules
 
@@ -299,8 +299,8 @@ class EventStore:
             if codec is not None:
                 check_batch_text(txn, plan.todo, codec)
         rules = self.room_rules
-        checked = verify_batch(plan.todo, batch_versions(txn, plan.todo, self.room_versions),
-                               self.verify_event_ids, early) if (
+        checked = verify_planned(txn, plan.todo, plan.deoutliered, self.room_versions,
+                                 self.verify_event_ids, early) if (
             self.verify_event_ids != "off") else None
         if checked is not None and checked.rejected:
             plan = dataclasses.replace(plan, todo=checked.records)

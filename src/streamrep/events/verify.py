@@ -15,18 +15,18 @@ Rooms of versions 1 and 2, whose event IDs their servers choose, are not checked
 
 The store checks a batch right after validating it, before its transaction
 (:func:`check_early`), wherever the room's version is known without the database
-(cached, or named by a create event of the batch): the check reads every value of
+(named by a create event of the batch, or cached): the check reads every value of
 every event, and then finds them in the processor's caches, where validation has
 just read them; in the transaction, after the database round trip, it would read
-them from memory (about a third more CPU time). The transaction's check
-(:func:`verify_batch`) takes those results for the events it writes that were
+them from memory (about a third more CPU time). The transaction
+(:func:`verify_planned`) takes those results as they are when it writes every
+event of the batch as validated, and else, for the events it writes that were
 checked under the same version, and checks the rest.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import operator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -45,7 +45,7 @@ else:
     _batchrows = _impl.load("batchrows")
 
 __all__ = ["VERIFY_MODES", "VerifyMode", "Verification", "EarlyCheck", "check_mode",
-           "check_early", "verify_batch", "batch_versions"]
+           "check_early", "verify_planned", "verify_batch", "batch_versions"]
 
 VerifyMode = Literal["strict", "warn", "off"]
 VERIFY_MODES: tuple[VerifyMode, ...] = ("strict", "warn", "off")
@@ -75,12 +75,18 @@ class Verification:
 class EarlyCheck:
     """What :func:`check_early` found."""
 
+    #: the batch's records, as validated
+    records: list[EventRecord]
     #: the version each room was checked under
     versions: dict[str, RoomVersion]
-    #: the records checked, by event ID
-    checked: dict[str, EventRecord]
-    #: those that failed, and why
+    #: whether that is every room of the batch
+    complete: bool
+    #: the records that failed, and why
     failed: dict[str, Rejection]
+
+    def checked(self) -> dict[str, EventRecord]:
+        """The records checked, by event ID."""
+        return {r.event_id: r for r in self.records if r.room_id in self.versions}
 
 
 def _named_by_creates(records: list[EventRecord]) -> dict[str, RoomVersion]:
@@ -108,32 +114,48 @@ def batch_versions(txn: Transaction, records: list[EventRecord],
 
 def check_early(records: list[EventRecord], versions: RoomVersions) -> EarlyCheck:
     """Check the records of each room whose version is known without the database
-    (cached, else named by a create event of *records*), as soon as they are
+    (named by a create event of *records*, else cached), as soon as they are
     validated (see the module docstring)."""
-    known: dict[str, RoomVersion] = {}
-    checked: dict[str, EventRecord] = {}
+    rooms = _batchrows.by_room(records)
+    known = _named_by_creates(records)
+    for room_id in rooms:
+        if room_id not in known:
+            version = versions.known(room_id)
+            if version is not None:
+                known[room_id] = version
     failed: dict[str, Rejection] = {}
-    for room_id, room_records in _batchrows.by_room(records).items():
-        version = versions.known(room_id) or _named_by_creates(room_records).get(room_id)
+    for room_id, room_records in rooms.items():
+        version = known.get(room_id)
         if version is not None:
-            known[room_id] = version
             failed.update(check_events(room_records, version))
-            checked.update(zip(map(_event_id_of, room_records), room_records))
-    return EarlyCheck(known, checked, failed)
+    return EarlyCheck(records, known, len(known) == len(rooms), failed)
 
 
-_event_id_of = operator.attrgetter("event_id")
+def verify_planned(txn: Transaction, todo: list[EventRecord], deoutliered: list[str],
+                   versions: RoomVersions, mode: VerifyMode,
+                   early: EarlyCheck | None) -> Verification:
+    """:func:`verify_batch` of the events a batch's plan writes (*todo*; those of
+    them *deoutliered*) under the versions :func:`batch_versions` gives them,
+    taking what *early* found. When the plan writes every record of the batch as
+    validated (none was stored before), and *early* checked every room, its
+    results are the answer: the versions are the same (the same create events,
+    else the same cached versions)."""
+    if mode == "off":
+        return Verification(todo)
+    if (early is not None and early.complete and not deoutliered
+            and len(todo) == len(early.records)):
+        return _verdict(todo, early.failed, mode)
+    return verify_batch(todo, batch_versions(txn, todo, versions), mode, early)
 
 
 def _check_room(records: list[EventRecord], version: RoomVersion,
                 early: EarlyCheck | None) -> dict[str, Rejection]:
     """:func:`check_events` of *records* (of one room), taking *early*'s result for
-    each record it checked (the same record, under the same version; the
-    transaction's version wins over a cached one or a create event's)."""
+    each record it checked (the same record, under the same version)."""
     used = None if early is None else early.versions.get(records[0].room_id)
     if early is None or (used is not version and used != version):
         return check_events(records, version)
-    checked = early.checked
+    checked = early.checked()
     rest = [r for r in records if checked.get(r.event_id) is not r]
     failed = check_events(rest, version) if rest else {}
     if early.failed:
@@ -146,14 +168,20 @@ def verify_batch(records: list[EventRecord], versions: dict[str, RoomVersion],
                  mode: VerifyMode, early: EarlyCheck | None = None) -> Verification:
     """Check each of *records* (its room's version in *versions*) under *mode*;
     *early*: what :func:`check_early` found for them, if it ran."""
-    found = Verification(records)
     if mode == "off":
-        return found
+        return Verification(records)
     failed: dict[str, Rejection] = {}
     for room_id, room_records in _batchrows.by_room(records).items():
         version = versions.get(room_id)
         if version is not None:
             failed.update(_check_room(room_records, version, early))
+    return _verdict(records, failed, mode)
+
+
+def _verdict(records: list[EventRecord], failed: dict[str, Rejection],
+             mode: VerifyMode) -> Verification:
+    """What *mode* makes of the *failed* ones of *records*."""
+    found = Verification(records)
     if not failed:
         return found
     if mode == "warn":
