@@ -5,7 +5,7 @@ from typing import Any, Iterable, Mapping
 from streamrep._pure.eventhash import RedactionRules
 
 __all__ = ["prune", "canonical_json", "content_hash", "reference_hash", "unpadded_base64",
-           "event_id_from_hash", "check_hashes", "check_records", "sha256", "sha256_blocks"]
+           "event_id_from_hash", "check_hashes", "check_records", "sha256", "sha256_pair", "sha256_blocks"]
 
 def prune(event: Mapping[str, Any], rules: RedactionRules) -> dict[str, Any]: ...
 def canonical_json(value: Any, strict: bool = True) -> bytes: ...
