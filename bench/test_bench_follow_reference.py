@@ -19,15 +19,13 @@ from __future__ import annotations
 import os
 import pathlib
 import signal
-import subprocess
-import sys
 import threading
 import time
 from typing import Any, Iterator
 
 import pytest
 
-from support.processes import cpu_seconds
+from support.processes import cpu_seconds, reap_processes, streamrep_process
 from support.redis_server import RedisServer, own_redis_server, unique_server_name, wait_subscribed
 from support.reference_homeserver import Homeserver, running_homeserver
 
@@ -74,11 +72,8 @@ def test_follower_cpu_per_row(benchmark: Any, deployment: tuple[RedisServer, Hom
     redis_server, hs = deployment
     # Untimed (--benchmark-disable, as scripts/test runs every benchmark): a short run.
     messages, idle_seconds = (200, 2.0) if benchmark.disabled else (MESSAGES, IDLE_SECONDS)
-    env = {k: v for k, v in os.environ.items() if k not in ("STREAMREP_CONFIG", "STREAMREP_DEBUG_RESOURCES")}
     out, err = tmp_path / "tail.out", tmp_path / "tail.err"
-    with out.open("wb") as stdout, err.open("wb") as stderr:
-        tail = subprocess.Popen([sys.executable, "-m", "streamrep", "tail", "--synapse-config", hs.config_path,
-                                 "--stream", "events"], stdout=stdout, stderr=stderr, env=env)
+    tail = streamrep_process(err, "tail", "--synapse-config", hs.config_path, "--stream", "events", out=out)
     try:
         wait_subscribed(redis_server.url, hs.server_name, 2, logs=[err])
         figures: dict[str, float] = {}
@@ -120,6 +115,5 @@ def test_follower_cpu_per_row(benchmark: Any, deployment: tuple[RedisServer, Hom
         tail.send_signal(signal.SIGTERM)
         try:
             tail.wait(30)
-        except subprocess.TimeoutExpired:
-            tail.kill()
-            tail.wait(10)
+        finally:
+            reap_processes()
