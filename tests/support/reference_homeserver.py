@@ -153,6 +153,7 @@ def base_config(server_name: str, directory: str, redis_url: str,
         "rc_message": {"per_second": 10000, "burst_count": 10000},
         "rc_presence": {"per_user": {"per_second": 10000, "burst_count": 10000}},
         "rc_registration": {"per_second": 10000, "burst_count": 10000},
+        "rc_room_creation": {"per_second": 10000, "burst_count": 10000},
         "rc_login": {"address": {"per_second": 10000, "burst_count": 10000},
                      "account": {"per_second": 10000, "burst_count": 10000}},
     }
