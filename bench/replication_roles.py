@@ -8,6 +8,8 @@ rows arrived. Prints ``ready`` once connected.
 ``python bench/replication_roles.py writer HOST:PORT DB FACTS ROWS_PER_FACT RATE OUT``:
 persists FACTS to-device facts of ROWS_PER_FACT rows (RATE rows/s, 0 = flat out;
 several facts share a transaction: about 5 ms of the rate, or 10,000 rows flat out), announcing each when it commits, and writes ``{"commits": [[token, ns], ...]}``.
+RATE -1: persists them all flat out first, then announces them all at once (a
+writer coming back with a backlog), so that the workers time the relay alone.
 
 With ``redis://HOST:PORT`` in place of ``HOST:PORT`` both replicate through Redis
 pub/sub (channel ``bench.example``) instead of the hub.
@@ -85,6 +87,7 @@ def writer(connect: str, db: str, fact_count: int, rows_per_fact: int, rate: flo
     from streamrep.streams import Streams
 
     instance = "benchwriter"
+    backlog = rate < 0  # persist every fact first, then announce them all
     database = open_database(db)
     streams = Streams(database, instance, {"to_device": [instance]})
     positions = lambda: [("to_device", instance, streams.current_token("to_device", instance))]  # noqa: E731
@@ -95,9 +98,14 @@ def writer(connect: str, db: str, fact_count: int, rows_per_fact: int, rate: flo
     # announces what it wrote without reading it again.
     pending: dict[int, list[tuple[int, bytes]]] = {}
 
+    held: list[tuple[str, str, list[tuple[int, bytes]]]] = []
+
     def on_advance(stream: str, inst: str, visible: list[int], position: int) -> None:
         committed = time.time_ns()
         rows = [row for token in visible for row in pending.pop(token)]
+        if backlog:
+            held.append((stream, inst, rows))
+            return
         client.announce(stream, inst, rows)
         commits.extend((token, committed) for token in visible)
 
@@ -117,7 +125,7 @@ def writer(connect: str, db: str, fact_count: int, rows_per_fact: int, rate: flo
         # Several facts per transaction (each its own stream ID): at a set rate
         # about 5 ms of it; flat out about 10,000 rows, as a busy writer batches
         # (fewer commits: the writer's SQLite time is what limits this bench).
-        per_txn = int(rate * 0.005) if rate else 10_000
+        per_txn = int(rate * 0.005) if rate > 0 else 10_000
         batch = min(fact_count - done, max(1, per_txn // rows_per_fact))
         with id_gen.get_next_mult(batch) as stream_ids:
             devices = [(stream_id, f"D{done + offset}") for offset, stream_id in enumerate(stream_ids)]
@@ -138,6 +146,13 @@ def writer(connect: str, db: str, fact_count: int, rows_per_fact: int, rate: flo
         else:
             gevent.sleep(0)
     elapsed = time.monotonic() - start
+    if backlog:
+        # Everything is committed: announce it all at once, as a writer does that
+        # comes back with a backlog; what the workers see is the relay alone.
+        announced = time.time_ns()
+        for stream, inst, rows in held:
+            client.announce(stream, inst, rows)
+            commits.extend((row[0], announced) for row in rows[:1])
     client.flush(60)
     client.stop()
     streams.close()

@@ -3,6 +3,10 @@
 
 * ``throughput``: the writer persists flat out (to-device facts of 1,000 rows);
   the figure is RDATA lines per second delivered to the four workers in total.
+* ``fanout``: the writer persists its facts first (to-device facts of 1,000
+  rows), then announces them all at once; the figure is RDATA lines per second
+  delivered to the four workers in total: the relay alone, which the writer's
+  persisting does not limit (latencies are from the announcement).
 * ``latency``: the writer persists 50,000 rows/s (facts of 10 rows, about 5 ms
   of them per transaction); the figure is the 99th percentile from a fact's
   commit to the worker's handler.
@@ -237,6 +241,16 @@ def test_bench_replication_throughput(benchmark: Any, impl_kind: str, transport:
                       transport=transport)
     _report(benchmark, f"throughput[{impl_kind}-{transport}]", figures)
     assert figures["delivered_lines"] == WORKERS * 150 * 1000
+
+
+@pytest.mark.benchmark(group="replication-e2e-fanout")
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_bench_replication_fanout(benchmark: Any, impl_kind: str, transport: str, tmp_path: Any) -> None:
+    _transport(impl_kind, transport)
+    figures = _rounds(benchmark, tmp_path, impl_kind, facts=300, rows_per_fact=1000, rate=-1,
+                      transport=transport)
+    _report(benchmark, f"fanout[{impl_kind}-{transport}]", figures)
+    assert figures["delivered_lines"] == WORKERS * 300 * 1000
 
 
 @pytest.mark.benchmark(group="replication-e2e-latency")

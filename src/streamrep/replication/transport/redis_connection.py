@@ -4,7 +4,7 @@ A replication process publishes and receives one message per command line, many
 thousands a second: through redis-py's ``PubSub`` and pipelines that costs tens
 of microseconds a message. These connections instead hand everything one ``recv``
 returned to hiredis's reply parser at once, and write a whole batch of
-``PUBLISH`` commands packed by hiredis in one ``sendall``. They speak only what
+``PUBLISH`` commands packed by hiredis in one send. They speak only what
 replication needs (``AUTH``, ``SUBSCRIBE``, ``PUBLISH``, ``PING``), read the
 server's address, credentials and TLS settings from the URLs redis-py takes (with
 redis-py's own URL parser), and work on the standard library's sockets, which
@@ -17,12 +17,16 @@ import socket
 import ssl
 from typing import Any
 
+import gevent
 import hiredis
 from redis.connection import parse_url
 
 __all__ = ["Publisher", "RedisRefused", "Subscription", "SubscriptionLost", "encode_publish"]
 
 _RECV_BYTES = 1 << 18
+
+#: A publisher's sends time out per piece of this many bytes (see Publisher.send).
+_SEND_PIECE = 1 << 20
 
 
 def encode_publish(channel: str, messages: list[bytes]) -> bytes:
@@ -163,6 +167,11 @@ class _Connection:
                 pass
 
 
+def _cooperative(sock: Any) -> bool:
+    """Whether *sock* is one of gevent's (it waits by switching greenlets)."""
+    return type(sock).__module__.startswith("gevent.")
+
+
 class Subscription(_Connection):
     """One connection subscribed to *channels*."""
 
@@ -244,12 +253,26 @@ class Publisher(_Connection):
         self._call("PING")
 
     def send(self, data: bytes, count: int) -> None:
-        """Send *count* commands encoded for Redis (:func:`encode_publish`) in one write."""
+        """Send *count* commands encoded for Redis (:func:`encode_publish`).
+
+        A big batch takes Redis a while (it passes every message on to each
+        subscriber as it reads): what fails is Redis taking no part of it for
+        ``connect_timeout``, not the whole batch taking longer than that. The
+        socket's timeout stays ``connect_timeout`` (the answers are waited for
+        with a greenlet's timeout, see :meth:`take_answers`) and applies to each
+        piece of :data:`_SEND_PIECE` bytes.
+        """
         sock = self._sock
         if sock is None:
             raise SubscriptionLost("not connected")
         self.sent += count
-        sock.sendall(data)
+        sock.settimeout(self.connect_timeout)
+        if len(data) <= _SEND_PIECE:
+            sock.sendall(data)
+            return
+        view = memoryview(data)
+        for start in range(0, len(view), _SEND_PIECE):
+            sock.sendall(view[start:start + _SEND_PIECE])
 
     def ping(self) -> None:
         self.send(hiredis.pack_command(("PING",)), 1)
@@ -257,7 +280,14 @@ class Publisher(_Connection):
     def take_answers(self, timeout: float) -> tuple[int, str | None]:
         """Wait up to *timeout* for answers: how many came, and Redis's refusal of
         one of them (None: none refused)."""
-        replies = self.read(timeout)
+        replies: list[Any] = []
+        if _cooperative(self._sock):
+            # Not the socket's timeout: a send may be under way on the same socket
+            # from another greenlet, and a short socket timeout would cut it.
+            with gevent.Timeout(timeout, False):
+                replies = self.read()
+        else:  # blocking sockets: nothing else runs meanwhile
+            replies = self.read(timeout)
         refusal = None
         for reply in replies:
             if isinstance(reply, hiredis.ReplyError):
