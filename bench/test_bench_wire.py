@@ -203,3 +203,33 @@ def test_build_and_encode(benchmark: Any, wire: ModuleType, impl_kind: str) -> N
     size = benchmark(run)
     assert size == len(STREAM)
     _report(benchmark, f"build + encode [{impl_kind}]", len(fields))
+
+
+def _redis_chunks(channel: bytes = b"example.com") -> list[bytes]:
+    """The mix as a Redis subscriber receives it: one ``message`` reply per line,
+    in 64 KiB reads."""
+    stream = b"".join(b"*3\r\n$7\r\nmessage\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (
+        len(channel), channel, len(line), line) for line in MIX)
+    return [stream[i : i + CHUNK] for i in range(0, len(stream), CHUNK)]
+
+
+REDIS_CHUNKS = _redis_chunks()
+
+
+def test_split_redis_messages(benchmark: Any, impl_kind: str) -> None:
+    """What a Redis subscriber does before decoding: the read's ``message``
+    replies split into one buffer of lines (``pubsub.MessageSplitter``)."""
+    benchmark.group = "redis messages split into lines"
+    pubsub = core_module("pubsub", impl_kind)
+
+    def run() -> int:
+        splitter = pubsub.MessageSplitter()
+        count = 0
+        for chunk in REDIS_CHUNKS:
+            lines, replies = splitter.feed(chunk)
+            count += replies
+        return count
+
+    count = benchmark(run)
+    assert count == len(MIX)
+    _report(benchmark, f"split Redis messages [{impl_kind}]", count)

@@ -58,6 +58,10 @@ class LineTooLongError(ProtocolError):
         return (type(self), (str(self), self.line_prefix))
 
 
+class MalformedReplyError(StreamrepError):
+    """Redis sent a subscription bytes that are not RESP2 replies."""
+
+
 # --- databases, streams and stream IDs -----------------------------------------
 
 

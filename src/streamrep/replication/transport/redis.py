@@ -313,14 +313,18 @@ class RedisLink(LinkBase):
         with follower.lock:
             self._carry_out(follower.state.stored_positions(stored))
 
-    def _received(self, decoder: Any, lines: list[bytes]) -> None:
+    def _received(self, decoder: Any, lines: bytes) -> None:
+        """*lines*: the messages of one read, each followed by a newline."""
         echoes = self._echoes
         if len(echoes):
-            lines = [line for line in lines if line.startswith(_NAMED_BY_WRITER) or not echoes.is_echo(line)]
-            if not lines:
+            kept = [line for line in lines.split(b"\n")[:-1]
+                    if line.startswith(_NAMED_BY_WRITER) or not echoes.is_echo(line)]
+            if not kept:
                 return
+            kept.append(b"")
+            lines = b"\n".join(kept)
         try:
-            commands = decoder.feed(b"\n".join(lines) + b"\n")
+            commands = decoder.feed(lines)
         except ProtocolError as exc:
             # Another process's bad line hurts nobody else: say so (once per kind of
             # problem: anyone may publish, so the log must not follow their pace),

@@ -15,11 +15,19 @@ from __future__ import annotations
 
 import socket
 import ssl
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gevent
 import hiredis
 from redis.connection import parse_url
+
+from streamrep import _impl
+from streamrep.errors import MalformedReplyError
+
+if TYPE_CHECKING:
+    from streamrep._pure import pubsub as _pubsub
+else:
+    _pubsub = _impl.load("pubsub")
 
 __all__ = ["Publisher", "RedisRefused", "Subscription", "SubscriptionLost", "encode_publish"]
 
@@ -178,27 +186,43 @@ class Subscription(_Connection):
     def __init__(self, url: str, channels: list[str], connect_timeout: float) -> None:
         super().__init__(url, connect_timeout)
         self.channels = channels
+        # Once subscribed, replies are parsed by the core, not hiredis: the bytes
+        # hiredis holds after the subscription's confirmations go to it first.
+        self._messages = _pubsub.MessageSplitter()
+        self._early = b""
 
     def open(self) -> None:
         """Connect, authenticate and subscribe; returns once Redis confirmed every channel."""
         self._connect()
         self._send("SUBSCRIBE", *self.channels)
-        confirmed = 0
-        while confirmed < len(self.channels):
-            for reply in self._replies():
-                if isinstance(reply, list) and reply and reply[0] == b"subscribe":
-                    confirmed += 1
-                elif isinstance(reply, hiredis.ReplyError):
-                    raise _refusal("SUBSCRIBE", reply)
+        messages = self._messages
+        while messages.subscribed < len(self.channels):
+            sock = self._sock
+            assert sock is not None
+            sock.settimeout(self.connect_timeout)
+            try:
+                data = sock.recv(_RECV_BYTES)
+            except TimeoutError:
+                raise SubscriptionLost(f"no answer from Redis in {self.connect_timeout:g}s") from None
+            if not data:
+                raise SubscriptionLost("Redis closed the connection")
+            try:
+                lines, _ = messages.feed(data)
+            except MalformedReplyError as exc:
+                raise SubscriptionLost(str(exc)) from None
+            if messages.refusal is not None:
+                raise _refusal("SUBSCRIBE", hiredis.ReplyError(messages.refusal.decode(errors="replace")))
+            # Messages right behind the confirmations: the first read hands them on.
+            self._early += lines
 
     def ping(self) -> None:
         """Ask for a ``pong`` (a subscribed connection answers it in the stream)."""
         self._send("PING")
 
-    def read_messages(self, timeout: float, skip: bytes | None = None) -> tuple[list[bytes], int]:
-        """The messages one read completes (without those starting with *skip*), and
-        how many replies it completed (pongs included); ``([], 0)`` when *timeout*
-        passed with nothing to read."""
+    def read_messages(self, timeout: float, skip: bytes | None = None) -> tuple[bytes, int]:
+        """The messages one read completes (without those starting with *skip*),
+        each followed by a newline, and how many replies it completed (pongs
+        included); ``(b"", 0)`` when *timeout* passed with nothing to read."""
         sock = self._sock
         if sock is None:
             raise SubscriptionLost("not connected")
@@ -206,25 +230,20 @@ class Subscription(_Connection):
         try:
             data = sock.recv(_RECV_BYTES)
         except TimeoutError:
-            return [], 0
+            return b"", 0
         if not data:
             raise SubscriptionLost("Redis closed the connection")
-        reader = self._reader
-        reader.feed(data)
-        gets = reader.gets
-        out: list[bytes] = []
-        append = out.append
-        count = 0
-        message = b"message"
-        reply = gets()
-        while reply is not False:
-            count += 1
-            if type(reply) is list and reply[0] == message:
-                payload = reply[2]
-                if skip is None or not payload.startswith(skip):
-                    append(payload)
-            reply = gets()
-        return out, count
+        try:
+            lines, replies = self._messages.feed(data, skip)
+        except MalformedReplyError as exc:
+            raise SubscriptionLost(str(exc)) from None
+        if self._early:
+            early, self._early = self._early, b""
+            if skip is not None:
+                early = b"".join(line + b"\n" for line in early.split(b"\n")[:-1]
+                                 if not line.startswith(skip))
+            lines = early + lines
+        return lines, replies
 
 
 class Publisher(_Connection):
