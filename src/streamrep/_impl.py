@@ -14,7 +14,7 @@ from types import ModuleType
 #: The core modules; each exists as ``streamrep._core.<name>`` and ``streamrep._pure.<name>``.
 CORE_MODULES = ("wire", "tracker", "extremities", "state", "changecache", "authchain", "compress",
                 "rowcheck", "stateset", "plaincheck", "eventrecord", "batchrows", "treewalk",
-                "eventhash", "pubsub")
+                "eventhash", "pubsub", "authrules")
 
 NO_EXTENSIONS: bool = os.environ.get("STREAMREP_NO_EXTENSIONS", "") not in ("", "0")
 

@@ -10,7 +10,10 @@ Two entry points:
   state during state resolution).
 
 Both raise :class:`~streamrep.matrix.errors.AuthRejection` with a
-:class:`~streamrep.matrix.errors.RejectionReason`. :func:`authorize` runs both.
+:class:`~streamrep.matrix.errors.RejectionReason`. The rules against a state run in
+the core module ``authrules`` (compiled, or its pure twin), one
+:func:`rules_for` object per room version; the create event's own rules and the
+third-party invite's signature are checked here. :func:`authorize` runs both.
 Signatures and hashes of the events themselves are the transport's business and
 are not checked here; the one signature the rules look inside content (a
 third-party invite's ``signed`` block) is checked.
@@ -21,20 +24,14 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Container, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from streamrep.matrix import powerlevels as pl
+from streamrep import _impl
 from streamrep.matrix.errors import AuthRejection
 from streamrep.matrix.errors import RejectionReason as R
 from streamrep.matrix.events import (
-    ALIASES,
     CREATE,
     CREATE_KEY,
-    JOIN_RULES_KEY,
-    MEMBER,
-    POWER_LEVELS,
-    POWER_LEVELS_KEY,
-    REDACTION,
     THIRD_PARTY_INVITE,
     MatrixEvent,
     StateKey,
@@ -42,62 +39,38 @@ from streamrep.matrix.events import (
 )
 from streamrep.matrix.room_versions import ROOM_VERSIONS, RoomVersion
 
+if TYPE_CHECKING:
+    from streamrep._pure import authrules as _authrules
+else:
+    _authrules = _impl.load("authrules")
+
 __all__ = [
     "auth_types_for_event",
     "check_auth_events",
     "check_against_state",
     "authorize",
+    "create_allowed",
     "domain_of",
+    "rules_for",
 ]
 
-_LEVEL_KEYS = ("users_default", "events_default", "state_default", "ban", "redact", "kick",
-               "invite")
-_MAX_ID_LENGTH = 255
-_NO_LEVELS: Mapping[str, Any] = {}
-_ABSENT = object()
+#: The server name of a user, room (versions 1-11) or event (versions 1-2) ID.
+domain_of = _authrules.domain_of
+
+_RULES: dict[int, tuple[RoomVersion, _authrules.Rules]] = {}
 
 
-def domain_of(identifier: str) -> str:
-    """The server name of a user, room (versions 1-11) or event (versions 1-2) ID."""
-    _, sep, domain = identifier.partition(":")
-    return domain if sep else ""
-
-
-def _is_user_id(value: object) -> bool:
-    if not isinstance(value, str) or not value.startswith("@") or value.find(":", 2) < 0:
-        return False
-    # An ASCII string is as long in UTF-8 (and has nothing to fail encoding).
-    return len(value if value.isascii() else value.encode()) <= _MAX_ID_LENGTH
-
-
-def _third_party_token(event: MatrixEvent) -> str | None:
-    tpi = event.content.get("third_party_invite")
-    if tpi is not None and isinstance(tpi, Mapping):
-        signed = tpi.get("signed")
-        if isinstance(signed, Mapping) and isinstance(signed.get("token"), str):
-            return str(signed["token"])
-    return None
+def rules_for(version: RoomVersion) -> _authrules.Rules:
+    """The rules of *version* on the core in use (one object per version object)."""
+    found = _RULES.get(id(version))
+    if found is None or found[0] is not version:
+        found = _RULES[id(version)] = (version, _authrules.Rules(version, _third_party_invite_ok))
+    return found[1]
 
 
 def auth_types_for_event(event: MatrixEvent, version: RoomVersion) -> set[StateKey]:
     """The state keys whose events may authorize *event* (the spec's auth event selection)."""
-    if event.type == CREATE and event.state_key == "":
-        return set()
-    keys = {POWER_LEVELS_KEY, (MEMBER, event.sender), CREATE_KEY}
-    if event.type == MEMBER and event.state_key is not None:
-        membership = event.membership
-        if membership in ("join", "invite", "knock"):
-            keys.add(JOIN_RULES_KEY)
-        keys.add((MEMBER, event.state_key))
-        if membership == "invite":
-            token = _third_party_token(event)
-            if token is not None:
-                keys.add((THIRD_PARTY_INVITE, token))
-        if version.restricted_join_rule and membership == "join":
-            via = event.content.get("join_authorised_via_users_server")
-            if isinstance(via, str):
-                keys.add((MEMBER, via))
-    return keys
+    return rules_for(version).auth_types(event)
 
 
 def check_auth_events(
@@ -170,42 +143,18 @@ def check_against_state(
     if event.type == CREATE and event.state_key == "":
         _check_create(event, version)
         return
-    create = state.get(CREATE_KEY)
-    if create is None:
-        raise AuthRejection(R.NO_CREATE_EVENT, "no create event in the room state")
-    if create.content.get("m.federate", True) is not True and (
-            domain_of(event.sender) != domain_of(create.sender)):
-        raise AuthRejection(R.NOT_FEDERATED, "the room does not federate")
-    if event.type == ALIASES and version.special_case_aliases_auth:
-        if not event.state_key:
-            raise AuthRejection(R.BAD_ALIASES, "an aliases event needs a state_key")
-        if event.state_key != domain_of(event.sender):
-            raise AuthRejection(R.BAD_ALIASES, "aliases state_key is not the sender's server")
-        return
-    if event.type == MEMBER:
-        _check_membership(event, version, state, create)
-        return
-    _require_joined(event.sender, state)
-    sender_level = pl.user_level(event.sender, state, version)
-    if event.type == THIRD_PARTY_INVITE:
-        if sender_level < pl.named_level(state, "invite", 0, version):
-            raise AuthRejection(R.INSUFFICIENT_POWER, "sender may not invite")
-        return
-    needed = pl.send_level(event.type, event.is_state, state, version)
-    if sender_level < needed:
-        raise AuthRejection(R.INSUFFICIENT_POWER,
-                            f"sending {event.type} needs level {needed}, sender has {sender_level}")
-    if event.state_key is not None and event.state_key.startswith("@") and (
-            event.state_key != event.sender):
-        raise AuthRejection(R.OTHERS_STATE, "state keyed by another user's ID")
-    if event.type == POWER_LEVELS and event.state_key == "":
-        _check_power_levels(event, version, state, create, sender_level)
-    if event.type == REDACTION and version.redaction_needs_same_domain:
-        if sender_level < pl.named_level(state, "redact", 50, version):
-            target = event.redacts
-            # Without a target there is nothing to protect (the reference lets it pass).
-            if target is not None and domain_of(target) != domain_of(event.event_id):
-                raise AuthRejection(R.INSUFFICIENT_POWER, "sender may not redact that event")
+    found = rules_for(version).check(event, state)
+    if found is not None:
+        raise AuthRejection(R(found[0]), found[1])
+
+
+def create_allowed(event: MatrixEvent, version: RoomVersion) -> bool:
+    """True when the create event *event* passes the rules."""
+    try:
+        _check_create(event, version)
+    except AuthRejection:
+        return False
+    return True
 
 
 def _check_create(event: MatrixEvent, version: RoomVersion) -> None:
@@ -221,210 +170,9 @@ def _check_create(event: MatrixEvent, version: RoomVersion) -> None:
         raise AuthRejection(R.BAD_CREATE_EVENT, "the create event has no creator")
     if version.creator_power and "additional_creators" in event.content:
         extra = event.content["additional_creators"]
-        if not isinstance(extra, list) or not all(_is_user_id(x) for x in extra):
+        if not isinstance(extra, list) or not all(_authrules.is_user_id(x) for x in extra):
             raise AuthRejection(R.BAD_CREATE_EVENT,
                                 "additional_creators must be a list of user IDs")
-
-
-def _membership(state: Mapping[StateKey, MatrixEvent], user_id: str) -> str | None:
-    member = state.get((MEMBER, user_id))
-    return member.membership if member is not None else None
-
-
-def _require_joined(user_id: str, state: Mapping[StateKey, MatrixEvent]) -> None:
-    if _membership(state, user_id) != "join":
-        raise AuthRejection(R.NOT_IN_ROOM, f"{user_id} is not joined to the room")
-
-
-def _check_join(event: MatrixEvent, version: RoomVersion, state: Mapping[StateKey, MatrixEvent],
-                create: MatrixEvent, sender_ms: str | None, join_rule: Any) -> None:
-    """The membership rules of a join (*sender_ms*: the sender's membership now)."""
-    target = event.state_key
-    # The creator's own join right after the create event.
-    if len(event.prev_events) == 1 and event.prev_events[0] == create.event_id:
-        first = create.sender if version.implicit_room_creator else create.content.get(
-            "creator")
-        if first == target:
-            return
-    if event.sender != target:
-        raise AuthRejection(R.MEMBERSHIP_FORBIDDEN, "cannot join on behalf of another user")
-    if sender_ms == "ban":
-        raise AuthRejection(R.MEMBERSHIP_FORBIDDEN, "sender is banned")
-    restricted = ((version.restricted_join_rule and join_rule == "restricted")
-                  or (version.knock_restricted_join_rule and join_rule == "knock_restricted"))
-    if join_rule == "public":
-        return
-    if restricted:
-        if sender_ms in ("join", "invite"):
-            return
-        via = event.content.get("join_authorised_via_users_server")
-        if not isinstance(via, str):
-            raise AuthRejection(R.MEMBERSHIP_FORBIDDEN,
-                                "restricted join without join_authorised_via_users_server")
-        if _membership(state, via) != "join":
-            raise AuthRejection(R.MEMBERSHIP_FORBIDDEN, f"authorising user {via} is not joined")
-        if pl.user_level(via, state, version) < pl.named_level(state, "invite", 0, version):
-            raise AuthRejection(R.MEMBERSHIP_FORBIDDEN,
-                                f"authorising user {via} may not invite")
-        return
-    if join_rule == "invite" or (version.knock and join_rule == "knock"):
-        if sender_ms in ("join", "invite"):
-            return
-        raise AuthRejection(R.MEMBERSHIP_FORBIDDEN, "the room is invite-only")
-    raise AuthRejection(R.MEMBERSHIP_FORBIDDEN, f"join rule {join_rule!r} forbids joining")
-
-
-def _check_membership(event: MatrixEvent, version: RoomVersion,
-                      state: Mapping[StateKey, MatrixEvent], create: MatrixEvent) -> None:
-    target = event.state_key
-    membership = event.membership
-    if target is None or membership is None:
-        raise AuthRejection(R.MALFORMED, "membership event without state_key or membership")
-    # As the reference reads the rules, an unfederated room also refuses memberships
-    # of users on other servers, whoever sends them.
-    if create.content.get("m.federate", True) is not True and (
-            domain_of(target) != domain_of(create.sender)):
-        raise AuthRejection(R.NOT_FEDERATED, "the room does not federate")
-    sender_ms = _membership(state, event.sender)
-    target_ms = _membership(state, target)
-    join_rules = state.get(JOIN_RULES_KEY)
-    join_rule = join_rules.content.get("join_rule", "invite") if join_rules else "invite"
-
-    def level(user: str) -> int:
-        return pl.user_level(user, state, version)
-
-    if membership == "join":
-        _check_join(event, version, state, create, sender_ms, join_rule)
-        return
-
-    if membership == "invite":
-        if "third_party_invite" in event.content:
-            if target_ms == "ban":
-                raise AuthRejection(R.MEMBERSHIP_FORBIDDEN, f"{target} is banned")
-            if not _third_party_invite_ok(event, state):
-                raise AuthRejection(R.MEMBERSHIP_FORBIDDEN, "third-party invite does not verify")
-            return
-        if sender_ms != "join":
-            raise AuthRejection(R.NOT_IN_ROOM, f"{event.sender} is not joined to the room")
-        if target_ms in ("join", "ban"):
-            raise AuthRejection(R.MEMBERSHIP_FORBIDDEN, f"{target}'s membership is {target_ms}")
-        if level(event.sender) < pl.named_level(state, "invite", 0, version):
-            raise AuthRejection(R.INSUFFICIENT_POWER, "sender may not invite")
-        return
-
-    if membership == "leave":
-        if event.sender == target:
-            allowed = ("join", "invite", "knock") if version.knock else ("join", "invite")
-            if sender_ms in allowed:
-                return
-            raise AuthRejection(R.MEMBERSHIP_FORBIDDEN, f"{target} cannot leave from {sender_ms}")
-        if sender_ms != "join":
-            raise AuthRejection(R.NOT_IN_ROOM, f"{event.sender} is not joined to the room")
-        sender_level = level(event.sender)
-        if target_ms == "ban" and sender_level < pl.named_level(state, "ban", 50, version):
-            raise AuthRejection(R.INSUFFICIENT_POWER, "sender may not unban")
-        if sender_level >= pl.named_level(state, "kick", 50, version) and (
-                level(target) < sender_level):
-            return
-        raise AuthRejection(R.INSUFFICIENT_POWER, f"sender may not kick {target}")
-
-    if membership == "ban":
-        if sender_ms != "join":
-            raise AuthRejection(R.NOT_IN_ROOM, f"{event.sender} is not joined to the room")
-        sender_level = level(event.sender)
-        if sender_level >= pl.named_level(state, "ban", 50, version) and (
-                level(target) < sender_level):
-            return
-        raise AuthRejection(R.INSUFFICIENT_POWER, f"sender may not ban {target}")
-
-    if membership == "knock" and version.knock:
-        if join_rule != "knock" and not (version.knock_restricted_join_rule
-                                         and join_rule == "knock_restricted"):
-            raise AuthRejection(R.MEMBERSHIP_FORBIDDEN, f"join rule {join_rule!r} forbids knocking")
-        if event.sender != target:
-            raise AuthRejection(R.MEMBERSHIP_FORBIDDEN, "cannot knock on behalf of another user")
-        if sender_ms in ("ban", "invite", "join"):
-            raise AuthRejection(R.MEMBERSHIP_FORBIDDEN, f"cannot knock while {sender_ms}")
-        return
-
-    raise AuthRejection(R.MEMBERSHIP_FORBIDDEN, f"unknown membership {membership!r}")
-
-
-def _check_power_levels(event: MatrixEvent, version: RoomVersion,
-                        state: Mapping[StateKey, MatrixEvent], create: MatrixEvent,
-                        sender_level: int) -> None:
-    new = event.content
-    ints_only = version.integer_power_levels
-    for name in _LEVEL_KEYS:
-        if name in new and pl.parse_level(new[name], ints_only) is None:
-            raise AuthRejection(R.BAD_POWER_LEVELS, f"{name} must be an integer")
-    for group in ("events", "notifications", "users"):
-        if group in new:
-            values = new[group]
-            if not isinstance(values, Mapping) or not all(
-                    type(v) is int or pl.parse_level(v, ints_only) is not None
-                    for v in values.values()):
-                raise AuthRejection(R.BAD_POWER_LEVELS,
-                                    f"{group} must map to integer levels")
-    users = new.get("users", {})
-    for user in users:
-        if not _is_user_id(user):
-            raise AuthRejection(R.BAD_POWER_LEVELS, f"{user!r} is not a user ID")
-    if version.creator_power:
-        named = pl.creators(create, version).intersection(users)
-        if named:
-            raise AuthRejection(R.BAD_POWER_LEVELS,
-                                f"creators may not be listed in users: {sorted(named)}")
-    previous = state.get(POWER_LEVELS_KEY)
-    if previous is None:
-        return
-    old = previous.content
-
-    def read(content: Mapping[str, Any], group: str | None, name: str) -> int | None:
-        where = content.get(group, {}) if group else content
-        if not isinstance(where, Mapping) or name not in where:
-            return None
-        return pl.parse_level(where[name], False)
-
-    checks: list[tuple[str | None, str]] = [(None, name) for name in _LEVEL_KEYS]
-    groups = ["users", "events"] + (["notifications"] if version.limit_notifications_power_levels
-                                    else [])
-    for group_name in groups:
-        old_values = old.get(group_name, _NO_LEVELS)
-        new_values = new.get(group_name, _NO_LEVELS)
-        names: set[str] = set()
-        if type(old_values) is dict and type(new_values) is dict:
-            # Only the names whose values differ can change a level.
-            for n, v in old_values.items():
-                w = new_values.get(n, _ABSENT)
-                if not (v is w or (type(v) is type(w) and v == w)):
-                    names.add(n)
-            names.update(n for n in new_values if n not in old_values)
-        else:
-            for values in (old_values, new_values):
-                if isinstance(values, Mapping):
-                    names.update(values)
-        checks.extend((group_name, name) for name in sorted(names))
-    for where, name in checks:
-        if where is None and _same_value(old.get(name, _ABSENT), new.get(name, _ABSENT)):
-            continue
-        old_level = read(old, where, name)
-        new_level = read(new, where, name)
-        if old_level == new_level:
-            continue
-        if where == "users" and name != event.sender and old_level == sender_level:
-            raise AuthRejection(R.INSUFFICIENT_POWER,
-                                f"sender may not change {name}'s level, equal to its own")
-        if (old_level is not None and old_level > sender_level) or (
-                new_level is not None and new_level > sender_level):
-            label = f"{where}.{name}" if where else name
-            raise AuthRejection(R.INSUFFICIENT_POWER,
-                                f"sender may not change {label} beyond its own level")
-
-
-def _same_value(a: object, b: object) -> bool:
-    """Identical JSON values of one type (``True == 1``, but they read differently)."""
-    return a is b or (type(a) is type(b) and a == b)
 
 
 def _b64decode(text: str) -> bytes:
@@ -440,7 +188,8 @@ def _canonical_json(value: Any) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
-def _third_party_invite_ok(event: MatrixEvent, state: Mapping[StateKey, MatrixEvent]) -> bool:
+def _third_party_invite_ok(event: _authrules.Event,
+                           state: Mapping[StateKey, _authrules.Event]) -> bool:
     from nacl.exceptions import BadSignatureError
     from nacl.signing import VerifyKey
 

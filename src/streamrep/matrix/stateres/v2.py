@@ -26,11 +26,9 @@ The algorithm, as the specification defines it:
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Container, Iterable, Sequence
 
 from streamrep.matrix import auth
-from streamrep.matrix.errors import AuthRejection
-from streamrep.matrix import powerlevels as pl
 from streamrep.matrix.events import (
     CREATE,
     CREATE_KEY,
@@ -171,6 +169,7 @@ class _Context:
         self._accepted_auth_state = facts.accepted_auth_state
         self._levels = facts.sender_level
         self._pl_parent = facts.power_levels_parent
+        self.rules = auth.rules_for(version)
         #: The power levels parents derived so far, by event ID (see
         #: :meth:`power_levels_parent`).
         self.power_levels_parents = self._pl_parent
@@ -206,17 +205,7 @@ class _Context:
 
     def auth_types_of(self, event_ids: Iterable[str]) -> dict[str, set[StateKey]]:
         """:meth:`auth_types` of each of *event_ids* (held events), in one pass."""
-        memo = self._types
-        events = self.events
-        version = self.version
-        types_for = auth.auth_types_for_event
-        out: dict[str, set[StateKey]] = {}
-        for eid in event_ids:
-            found = memo.get(eid)
-            if found is None:
-                found = memo[eid] = types_for(events[eid], version)
-            out[eid] = found
-        return out
+        return self.rules.auth_types_of(list(event_ids), self.events, self._types)
 
     def auth_state(self, event: MatrixEvent, skip_rejected: bool
                    ) -> dict[StateKey, MatrixEvent]:
@@ -283,7 +272,7 @@ class _Context:
             if event.type != CREATE and CREATE_KEY not in state:
                 found = 0
             else:
-                found = pl.user_level(event.sender, state, self.version)
+                found = self.rules.user_level(event.sender, state)
             if event.event_id not in self._incomplete:
                 self._levels[event.event_id] = found
         return found
@@ -388,43 +377,30 @@ def mainline_order(event_ids: Sequence[str], power_levels_id: str | None,
 
 
 def _iterative_auth_checks(order: Sequence[str], partial: _Partial, ctx: _Context) -> None:
-    version = ctx.version
     events = ctx.events
-    rejected: Callable[[str], bool] = ctx.is_rejected
+    rejected: Container[str] = _Rejected(ctx)
     if ctx.rejected_ids is not None:
-        rejected = ctx.rejected_ids.__contains__
-    resolved = partial.resolved
+        rejected = ctx.rejected_ids
     split = partial.split
-    base = split.base if split is not None else None
-    hidden = split.differing if split is not None else frozenset()
-    check = auth.check_against_state
-    checked = [eid for eid in order if events[eid].state_key is not None and not rejected(eid)]
-    auth_states = ctx.auth_states_of(checked, True)
-    types = ctx.auth_types_of(checked)
-    for eid in checked:
-        event = events[eid]
-        state = auth_states[eid].copy()
-        for key in types[eid]:
-            held = resolved.get(key)
-            if held is None:
-                if base is None or key in hidden:
-                    continue
-                held = base.get(key)
-                if held is None:
-                    continue
-            if rejected(held):
-                continue
-            held_event = events.get(held)
-            if held_event is None:
-                held_event = ctx.get(held)
-                if held_event is None:
-                    continue
-            state[key] = held_event
-        try:
-            check(event, version, state)
-        except AuthRejection:
-            continue
-        resolved[event.key] = eid
+    checked = [eid for eid in order if events[eid].state_key is not None
+               and eid not in rejected]
+    version = ctx.version
+    ctx.rules.check_in_order(
+        checked, events, ctx.auth_states_of(checked, True), ctx.auth_types_of(checked),
+        partial.resolved, split.base if split is not None else None,
+        split.differing if split is not None else frozenset(), rejected,
+        lambda event: auth.create_allowed(event, version),  # type: ignore[arg-type]
+        None if ctx.shared else ctx.get)
+
+
+class _Rejected:
+    """A source's rejections as a container of event IDs."""
+
+    def __init__(self, ctx: _Context) -> None:
+        self.ctx = ctx
+
+    def __contains__(self, event_id: object) -> bool:
+        return isinstance(event_id, str) and self.ctx.is_rejected(event_id)
 
 
 def resolve_v2(room_id: str, version: RoomVersion, state_sets: Sequence[StateMap],

@@ -1,0 +1,471 @@
+# cython: language_level=3
+"""The Matrix authorization rules against a state (compiled core).
+
+Same API and results as ``streamrep._pure.authrules``, whose docstrings say what
+each rule answers. A :class:`Rules` reads its room version's switches once into C
+flags; states that are dicts are read with the dict's C API, and the iterative auth
+checks of state resolution build and check each event's state without leaving C
+between events.
+"""
+
+from collections.abc import Mapping
+
+from cpython.dict cimport PyDict_GetItem, PyDict_SetItem, PyDict_Copy
+from cpython.object cimport PyObject
+from cpython.unicode cimport PyUnicode_GET_LENGTH, PyUnicode_READ_CHAR
+
+from streamrep._pure import authrules as _ref
+
+__all__ = list(_ref.__all__)
+
+CREATOR_POWER_LEVEL = _ref.CREATOR_POWER_LEVEL
+
+cdef str _CREATE = "m.room.create"
+cdef str _MEMBER = "m.room.member"
+cdef str _POWER_LEVELS = "m.room.power_levels"
+cdef str _THIRD_PARTY_INVITE = "m.room.third_party_invite"
+cdef str _ALIASES = "m.room.aliases"
+cdef str _REDACTION = "m.room.redaction"
+cdef tuple _CREATE_KEY = (_CREATE, "")
+cdef tuple _POWER_LEVELS_KEY = (_POWER_LEVELS, "")
+cdef tuple _JOIN_RULES_KEY = ("m.room.join_rules", "")
+cdef tuple _LEVEL_KEYS = _ref._LEVEL_KEYS
+cdef object _ABSENT = _ref._ABSENT
+cdef object _INT_STRING_MATCH = _ref._INT_STRING.match
+cdef Py_ssize_t _MAX_DIGITS = _ref._MAX_DIGITS
+cdef dict _NO_LEVELS = {}
+cdef object _CREATOR_LEVEL = _ref.CREATOR_POWER_LEVEL
+cdef object _IS_USER_ID = _ref.is_user_id
+
+
+cdef inline object _get(object state, object key):
+    """``state.get(key)``: the dict's C API for a dict."""
+    cdef PyObject* found
+    if type(state) is dict:
+        found = PyDict_GetItem(<dict>state, key)
+        return <object>found if found != NULL else None
+    return state.get(key)
+
+
+cdef object _level(object value, bint integers_only):
+    """``parse_level`` (see the pure twin)."""
+    if type(value) is int:
+        return value
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if integers_only:
+        return None
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return None
+        return int(value)
+    if isinstance(value, str) and len(<str>value) <= _MAX_DIGITS and _INT_STRING_MATCH(value):
+        return int(value)
+    return None
+
+
+cdef object _domain(str identifier):
+    cdef Py_ssize_t at = identifier.find(":")
+    if at < 0:
+        return ""
+    return identifier[at + 1:]
+
+
+cdef object _membership(object state, str user_id):
+    member = _get(state, (_MEMBER, user_id))
+    return member.membership if member is not None else None
+
+
+cdef bint _same_value(object a, object b) except -1:
+    return a is b or (type(a) is type(b) and a == b)
+
+
+cdef object _read(object content, object group, str name):
+    where = content.get(group, {}) if group else content
+    if not isinstance(where, Mapping) or name not in where:
+        return None
+    return _level(where[name], False)
+
+
+cdef list _changed_names(object old, object new, str group_name):
+    old_values = old.get(group_name, _NO_LEVELS)
+    new_values = new.get(group_name, _NO_LEVELS)
+    cdef set names = set()
+    if type(old_values) is dict and type(new_values) is dict:
+        for n, v in (<dict>old_values).items():
+            w = (<dict>new_values).get(n, _ABSENT)
+            if not (v is w or (type(v) is type(w) and v == w)):
+                names.add(n)
+        for n in <dict>new_values:
+            if n not in <dict>old_values:
+                names.add(n)
+    else:
+        for values in (old_values, new_values):
+            if isinstance(values, Mapping):
+                names.update(values)
+    return sorted(names)
+
+
+def domain_of(identifier):
+    """The server name of a user, room or event ID (see the pure twin)."""
+    return _domain(identifier)
+
+
+def is_user_id(value):
+    """True for a string shaped as a user ID of at most 255 bytes."""
+    return _ref.is_user_id(value)
+
+
+def parse_level(value, integers_only=False):
+    """*value* as a power level, or None when it is not one."""
+    return _level(value, integers_only)
+
+
+cdef class Rules:
+    """The authorization rules of one room version (see the pure twin)."""
+
+    cdef object version
+    cdef object third_party_ok
+    cdef bint restricted, knock_restricted, knock, aliases, integers
+    cdef bint implicit_creator, creator_power, notifications, redaction_domain
+
+    def __init__(self, version, third_party_ok):
+        self.version = version
+        self.third_party_ok = third_party_ok
+        self.restricted = bool(version.restricted_join_rule)
+        self.knock_restricted = bool(version.knock_restricted_join_rule)
+        self.knock = bool(version.knock)
+        self.aliases = bool(version.special_case_aliases_auth)
+        self.integers = bool(version.integer_power_levels)
+        self.implicit_creator = bool(version.implicit_room_creator)
+        self.creator_power = bool(version.creator_power)
+        self.notifications = bool(version.limit_notifications_power_levels)
+        self.redaction_domain = bool(version.redaction_needs_same_domain)
+
+    # --- auth event selection ---------------------------------------------------
+
+    cpdef set auth_types(self, event):
+        cdef str etype = event.type
+        state_key = event.state_key
+        if etype == _CREATE and state_key == "":
+            return set()
+        cdef set keys = {_POWER_LEVELS_KEY, (_MEMBER, event.sender), _CREATE_KEY}
+        if etype == _MEMBER and state_key is not None:
+            membership = event.membership
+            if membership == "join" or membership == "invite" or membership == "knock":
+                keys.add(_JOIN_RULES_KEY)
+            keys.add((_MEMBER, state_key))
+            if membership == "invite":
+                token = _ref._third_party_token(event)
+                if token is not None:
+                    keys.add((_THIRD_PARTY_INVITE, token))
+            if self.restricted and membership == "join":
+                via = event.content.get("join_authorised_via_users_server")
+                if isinstance(via, str):
+                    keys.add((_MEMBER, via))
+        return keys
+
+    def auth_types_of(self, event_ids, events, dict memo):
+        cdef dict out = {}
+        cdef PyObject* found
+        for eid in event_ids:
+            found = PyDict_GetItem(memo, eid)
+            if found == NULL:
+                value = self.auth_types(events[eid])
+                memo[eid] = value
+                out[eid] = value
+            else:
+                out[eid] = <object>found
+        return out
+
+    # --- power levels -------------------------------------------------------------
+
+    def creators(self, create):
+        cdef set found
+        if self.implicit_creator:
+            found = {create.sender}
+        else:
+            creator = create.content.get("creator")
+            found = {creator} if isinstance(creator, str) else set()
+        if self.creator_power:
+            extra = create.content.get("additional_creators")
+            if isinstance(extra, list):
+                found.update(x for x in extra if isinstance(x, str))
+        return frozenset(found)
+
+    cpdef bint is_creator(self, str user_id, create) except -1:
+        if self.implicit_creator:
+            if user_id == create.sender:
+                return True
+        elif user_id == create.content.get("creator"):
+            return True
+        if self.creator_power:
+            extra = create.content.get("additional_creators")
+            return isinstance(extra, list) and user_id in <list>extra
+        return False
+
+    cpdef object user_level(self, str user_id, state):
+        create = _get(state, _CREATE_KEY)
+        if self.creator_power and create is not None and self.is_creator(user_id, create):
+            return _CREATOR_LEVEL
+        levels = _get(state, _POWER_LEVELS_KEY)
+        if levels is not None:
+            content = levels.content
+            users = content.get("users")
+            if (type(users) is dict or isinstance(users, Mapping)) and user_id in users:
+                level = _level(users[user_id], False)
+                if level is not None:
+                    return level
+            level = _level(content.get("users_default"), False)
+            return level if level is not None else 0
+        if create is not None and create.type == _CREATE and self.is_creator(user_id, create):
+            return 100
+        return 0
+
+    cpdef object named_level(self, state, str name, object default):
+        levels = _get(state, _POWER_LEVELS_KEY)
+        if levels is None:
+            return default
+        level = _level(levels.content.get(name), False)
+        return level if level is not None else default
+
+    cpdef object send_level(self, str event_type, bint is_state, state):
+        levels = _get(state, _POWER_LEVELS_KEY)
+        content = levels.content if levels is not None else _NO_LEVELS
+        events = content.get("events")
+        if (type(events) is dict or isinstance(events, Mapping)) and event_type in events:
+            level = _level(events[event_type], False)
+            if level is not None:
+                return level
+        if is_state:
+            level = _level(content.get("state_default"), False)
+            return level if level is not None else 50
+        level = _level(content.get("events_default"), False)
+        return level if level is not None else 0
+
+    # --- the rules against a state ----------------------------------------------
+
+    cpdef object check(self, event, state):
+        create = _get(state, _CREATE_KEY)
+        if create is None:
+            return ("no_create_event", "no create event in the room state")
+        cdef str sender = event.sender
+        if create.content.get("m.federate", True) is not True and (
+                _domain(sender) != _domain(create.sender)):
+            return ("not_federated", "the room does not federate")
+        cdef str etype = event.type
+        state_key = event.state_key
+        if etype == _ALIASES and self.aliases:
+            if not state_key:
+                return ("bad_aliases", "an aliases event needs a state_key")
+            if state_key != _domain(sender):
+                return ("bad_aliases", "aliases state_key is not the sender's server")
+            return None
+        if etype == _MEMBER:
+            return self._check_membership(event, state, create)
+        if _membership(state, sender) != "join":
+            return ("not_in_room", f"{sender} is not joined to the room")
+        sender_level = self.user_level(sender, state)
+        if etype == _THIRD_PARTY_INVITE:
+            if sender_level < self.named_level(state, "invite", 0):
+                return ("insufficient_power", "sender may not invite")
+            return None
+        needed = self.send_level(etype, state_key is not None, state)
+        if sender_level < needed:
+            return ("insufficient_power",
+                    f"sending {etype} needs level {needed}, sender has {sender_level}")
+        if state_key is not None and (<str>state_key).startswith("@") and state_key != sender:
+            return ("others_state", "state keyed by another user's ID")
+        if etype == _POWER_LEVELS and state_key == "":
+            return self._check_power_levels(event, state, create, sender_level)
+        if etype == _REDACTION and self.redaction_domain:
+            if sender_level < self.named_level(state, "redact", 50):
+                target = event.redacts
+                if target is not None and _domain(target) != _domain(event.event_id):
+                    return ("insufficient_power", "sender may not redact that event")
+        return None
+
+    cdef object _check_join(self, event, state, create, sender_ms, join_rule):
+        target = event.state_key
+        prev = event.prev_events
+        if len(prev) == 1 and prev[0] == create.event_id:
+            first = create.sender if self.implicit_creator else create.content.get("creator")
+            if first == target:
+                return None
+        if event.sender != target:
+            return ("membership_forbidden", "cannot join on behalf of another user")
+        if sender_ms == "ban":
+            return ("membership_forbidden", "sender is banned")
+        if join_rule == "public":
+            return None
+        if ((self.restricted and join_rule == "restricted")
+                or (self.knock_restricted and join_rule == "knock_restricted")):
+            if sender_ms == "join" or sender_ms == "invite":
+                return None
+            via = event.content.get("join_authorised_via_users_server")
+            if not isinstance(via, str):
+                return ("membership_forbidden",
+                        "restricted join without join_authorised_via_users_server")
+            if _membership(state, via) != "join":
+                return ("membership_forbidden", f"authorising user {via} is not joined")
+            if self.user_level(via, state) < self.named_level(state, "invite", 0):
+                return ("membership_forbidden", f"authorising user {via} may not invite")
+            return None
+        if join_rule == "invite" or (self.knock and join_rule == "knock"):
+            if sender_ms == "join" or sender_ms == "invite":
+                return None
+            return ("membership_forbidden", "the room is invite-only")
+        return ("membership_forbidden", f"join rule {join_rule!r} forbids joining")
+
+    cdef object _check_membership(self, event, state, create):
+        target = event.state_key
+        membership = event.membership
+        if target is None or membership is None:
+            return ("malformed", "membership event without state_key or membership")
+        if create.content.get("m.federate", True) is not True and (
+                _domain(target) != _domain(create.sender)):
+            return ("not_federated", "the room does not federate")
+        cdef str sender = event.sender
+        sender_ms = _membership(state, sender)
+        join_rules = _get(state, _JOIN_RULES_KEY)
+        join_rule = join_rules.content.get("join_rule", "invite") if join_rules else "invite"
+        if membership == "join":
+            return self._check_join(event, state, create, sender_ms, join_rule)
+        target_ms = _membership(state, target)
+        if membership == "invite":
+            if "third_party_invite" in event.content:
+                if target_ms == "ban":
+                    return ("membership_forbidden", f"{target} is banned")
+                if not self.third_party_ok(event, state):
+                    return ("membership_forbidden", "third-party invite does not verify")
+                return None
+            if sender_ms != "join":
+                return ("not_in_room", f"{sender} is not joined to the room")
+            if target_ms == "join" or target_ms == "ban":
+                return ("membership_forbidden", f"{target}'s membership is {target_ms}")
+            if self.user_level(sender, state) < self.named_level(state, "invite", 0):
+                return ("insufficient_power", "sender may not invite")
+            return None
+        if membership == "leave" and sender == target:
+            if sender_ms == "join" or sender_ms == "invite" or (
+                    self.knock and sender_ms == "knock"):
+                return None
+            return ("membership_forbidden", f"{target} cannot leave from {sender_ms}")
+        if membership == "leave" or membership == "ban":
+            if sender_ms != "join":
+                return ("not_in_room", f"{sender} is not joined to the room")
+            sender_level = self.user_level(sender, state)
+            ban_level = self.named_level(state, "ban", 50)
+            if membership == "ban":
+                if sender_level >= ban_level and self.user_level(target, state) < sender_level:
+                    return None
+                return ("insufficient_power", f"sender may not ban {target}")
+            if target_ms == "ban" and sender_level < ban_level:
+                return ("insufficient_power", "sender may not unban")
+            if sender_level >= self.named_level(state, "kick", 50) and (
+                    self.user_level(target, state) < sender_level):
+                return None
+            return ("insufficient_power", f"sender may not kick {target}")
+        if membership == "knock" and self.knock:
+            if join_rule != "knock" and not (self.knock_restricted
+                                             and join_rule == "knock_restricted"):
+                return ("membership_forbidden", f"join rule {join_rule!r} forbids knocking")
+            if sender != target:
+                return ("membership_forbidden", "cannot knock on behalf of another user")
+            if sender_ms == "ban" or sender_ms == "invite" or sender_ms == "join":
+                return ("membership_forbidden", f"cannot knock while {sender_ms}")
+            return None
+        return ("membership_forbidden", f"unknown membership {membership!r}")
+
+    cdef object _new_levels_shape(self, new, create):
+        cdef bint ints_only = self.integers
+        for name in _LEVEL_KEYS:
+            if name in new and _level(new[name], ints_only) is None:
+                return ("bad_power_levels", f"{name} must be an integer")
+        for group in ("events", "notifications", "users"):
+            if group in new:
+                values = new[group]
+                if not isinstance(values, Mapping):
+                    return ("bad_power_levels", f"{group} must map to integer levels")
+                for v in values.values():
+                    if type(v) is not int and _level(v, ints_only) is None:
+                        return ("bad_power_levels", f"{group} must map to integer levels")
+        users = new.get("users", {})
+        for user in users:
+            if not _IS_USER_ID(user):
+                return ("bad_power_levels", f"{user!r} is not a user ID")
+        if self.creator_power:
+            named = self.creators(create).intersection(users)
+            if named:
+                return ("bad_power_levels",
+                        f"creators may not be listed in users: {sorted(named)}")
+        return None
+
+    cdef object _check_power_levels(self, event, state, create, sender_level):
+        new = event.content
+        found = self._new_levels_shape(new, create)
+        if found is not None:
+            return found
+        previous = _get(state, _POWER_LEVELS_KEY)
+        if previous is None:
+            return None
+        old = previous.content
+        cdef list checks = [(None, name) for name in _LEVEL_KEYS]
+        groups = ("users", "events", "notifications") if self.notifications else (
+            "users", "events")
+        for group_name in groups:
+            checks.extend([(group_name, name) for name in _changed_names(old, new, group_name)])
+        sender = event.sender
+        for where, name in checks:
+            if where is None and _same_value(old.get(name, _ABSENT), new.get(name, _ABSENT)):
+                continue
+            old_level = _read(old, where, name)
+            new_level = _read(new, where, name)
+            if old_level == new_level:
+                continue
+            if where == "users" and name != sender and old_level == sender_level:
+                return ("insufficient_power",
+                        f"sender may not change {name}'s level, equal to its own")
+            if (old_level is not None and old_level > sender_level) or (
+                    new_level is not None and new_level > sender_level):
+                label = f"{where}.{name}" if where else name
+                return ("insufficient_power",
+                        f"sender may not change {label} beyond its own level")
+        return None
+
+    # --- state resolution's iterative auth checks ----------------------------------
+
+    def check_in_order(self, order, events, auth_states, types, dict resolved, base,
+                       hidden, rejected, check_create, fetch=None):
+        cdef dict state
+        cdef PyObject* found
+        for eid in order:
+            event = events[eid]
+            if event.type == _CREATE and event.state_key == "":
+                if check_create(event):
+                    resolved[event.key] = eid
+                continue
+            source = auth_states[eid]
+            state = PyDict_Copy(source) if type(source) is dict else dict(source)
+            for key in types[eid]:
+                found = PyDict_GetItem(resolved, key)
+                if found != NULL:
+                    held = <object>found
+                else:
+                    if base is None or key in hidden:
+                        continue
+                    held = _get(base, key)
+                    if held is None:
+                        continue
+                if held in rejected:
+                    continue
+                held_event = _get(events, held)
+                if held_event is None:
+                    held_event = fetch(held) if fetch is not None else None
+                    if held_event is None:
+                        continue
+                PyDict_SetItem(state, key, held_event)
+            if self.check(event, state) is None:
+                resolved[event.key] = eid
