@@ -167,18 +167,27 @@ cdef class Rules:
                     keys.add((_MEMBER, via))
         return keys
 
-    def auth_types_of(self, event_ids, events, dict memo):
-        cdef dict out = {}
-        cdef PyObject* found
-        for eid in event_ids:
-            found = PyDict_GetItem(memo, eid)
-            if found == NULL:
-                value = self.auth_types(events[eid])
-                memo[eid] = value
-                out[eid] = value
-            else:
-                out[eid] = <object>found
-        return out
+    cdef list _auth_keys(self, event):
+        """The keys of :meth:`auth_types` as a list (a key may come twice)."""
+        cdef str etype = event.type
+        state_key = event.state_key
+        if etype == _CREATE and state_key == "":
+            return []
+        cdef list keys = [_POWER_LEVELS_KEY, (_MEMBER, event.sender), _CREATE_KEY]
+        if etype == _MEMBER and state_key is not None:
+            membership = event.membership
+            if membership == "join" or membership == "invite" or membership == "knock":
+                keys.append(_JOIN_RULES_KEY)
+            keys.append((_MEMBER, state_key))
+            if membership == "invite":
+                token = _ref._third_party_token(event)
+                if token is not None:
+                    keys.append((_THIRD_PARTY_INVITE, token))
+            if self.restricted and membership == "join":
+                via = event.content.get("join_authorised_via_users_server")
+                if isinstance(via, str):
+                    keys.append((_MEMBER, via))
+        return keys
 
     # --- power levels -------------------------------------------------------------
 
@@ -435,10 +444,63 @@ cdef class Rules:
                         f"sender may not change {label} beyond its own level")
         return None
 
-    # --- state resolution's iterative auth checks ----------------------------------
+    # --- state resolution -----------------------------------------------------------
 
-    def check_in_order(self, order, events, auth_states, types, dict resolved, base,
-                       hidden, rejected, check_create, fetch=None):
+    cdef object _auth_sender_level(self, event, events, fetch, bint* complete):
+        create = levels = None
+        complete[0] = True
+        for aid in event.auth_ids:
+            auth_event = _get(events, aid)
+            if auth_event is None and fetch is not None:
+                auth_event = fetch(aid)
+            if auth_event is None:
+                complete[0] = False
+                continue
+            if auth_event.state_key is None:
+                continue
+            key = auth_event.key
+            if key == _CREATE_KEY:
+                create = auth_event
+            elif key == _POWER_LEVELS_KEY:
+                levels = auth_event
+        if create is None and event.type != _CREATE:
+            return 0
+        cdef dict state = {}
+        if create is not None:
+            state[_CREATE_KEY] = create
+        if levels is not None:
+            state[_POWER_LEVELS_KEY] = levels
+        return self.user_level(event.sender, state)
+
+    def sender_levels(self, event_ids, events, dict memo, fetch=None):
+        cdef dict out = {}
+        cdef PyObject* found
+        cdef bint complete
+        for eid in event_ids:
+            found = PyDict_GetItem(memo, eid)
+            if found != NULL:
+                out[eid] = <object>found
+                continue
+            level = self._auth_sender_level(events[eid], events, fetch, &complete)
+            if complete or fetch is not None:
+                memo[eid] = level
+            out[eid] = level
+        return out
+
+    cdef dict _auth_state(self, event, events, rejected, fetch):
+        """The state the event's auth events not *rejected* define."""
+        cdef dict state = {}
+        for aid in event.auth_ids:
+            auth_event = _get(events, aid)
+            if auth_event is None and fetch is not None:
+                auth_event = fetch(aid)
+            if auth_event is not None and auth_event.state_key is not None and (
+                    aid not in rejected):
+                PyDict_SetItem(state, auth_event.key, auth_event)
+        return state
+
+    def check_in_order(self, order, events, dict resolved, base, hidden, rejected,
+                       check_create, fetch=None):
         cdef dict state
         cdef PyObject* found
         for eid in order:
@@ -447,9 +509,8 @@ cdef class Rules:
                 if check_create(event):
                     resolved[event.key] = eid
                 continue
-            source = auth_states[eid]
-            state = PyDict_Copy(source) if type(source) is dict else dict(source)
-            for key in types[eid]:
+            state = self._auth_state(event, events, rejected, fetch)
+            for key in self._auth_keys(event):
                 found = PyDict_GetItem(resolved, key)
                 if found != NULL:
                     held = <object>found

@@ -22,7 +22,7 @@ What lives here:
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Container, Mapping
+from collections.abc import Container, Mapping
 from typing import Any, Callable, Protocol, Sequence
 
 __all__ = ["CREATOR_POWER_LEVEL", "Rules", "domain_of", "is_user_id", "parse_level"]
@@ -70,6 +70,8 @@ class Event(Protocol):
     def prev_events(self) -> tuple[str, ...]: ...
     @property
     def redacts(self) -> str | None: ...
+    @property
+    def auth_ids(self) -> tuple[str, ...]: ...
     @property
     def key(self) -> StateKey: ...
     @property
@@ -219,18 +221,6 @@ class Rules:
                 if isinstance(via, str):
                     keys.add((_MEMBER, via))
         return keys
-
-    def auth_types_of(self, event_ids: Sequence[str], events: Mapping[str, Event],
-                      memo: dict[str, set[StateKey]]) -> dict[str, set[StateKey]]:
-        """:meth:`auth_types` of each of *event_ids* (keys of *events*), kept in
-        *memo* by event ID and read from it when there."""
-        out: dict[str, set[StateKey]] = {}
-        for eid in event_ids:
-            found = memo.get(eid)
-            if found is None:
-                found = memo[eid] = self.auth_types(events[eid])
-            out[eid] = found
-        return out
 
     # --- power levels -------------------------------------------------------------
 
@@ -498,23 +488,73 @@ class Rules:
                         f"sender may not change {label} beyond its own level")
         return None
 
-    # --- state resolution's iterative auth checks ----------------------------------
+    # --- state resolution -----------------------------------------------------------
+
+    def _auth_sender_level(self, event: Event, events: Mapping[str, Event],
+                           fetch: Callable[[str], Event | None] | None) -> tuple[int, bool]:
+        """The sender's level by the event's own auth events, rejected ones included
+        (0 when they hold no create event, unless the event is one), and whether
+        every auth event was found."""
+        create = levels = None
+        complete = True
+        for aid in event.auth_ids:
+            auth_event = events.get(aid)
+            if auth_event is None and fetch is not None:
+                auth_event = fetch(aid)
+            if auth_event is None:
+                complete = False
+                continue
+            if auth_event.state_key is None:
+                continue
+            key = auth_event.key
+            if key == _CREATE_KEY:
+                create = auth_event
+            elif key == _POWER_LEVELS_KEY:
+                levels = auth_event
+        if create is None and event.type != _CREATE:
+            return 0, complete
+        state: dict[StateKey, Event] = {}
+        if create is not None:
+            state[_CREATE_KEY] = create
+        if levels is not None:
+            state[_POWER_LEVELS_KEY] = levels
+        return self.user_level(event.sender, state), complete
+
+    def sender_levels(self, event_ids: Sequence[str], events: Mapping[str, Event],
+                      memo: dict[str, int],
+                      fetch: Callable[[str], Event | None] | None = None) -> dict[str, int]:
+        """Each event's sender's power level by its own auth events, rejected ones
+        included (0 when they hold no create event, unless the event is one).
+
+        *memo* keeps the levels by event ID and is read first; an auth event not in
+        *events* is asked of *fetch* (when given). Without *fetch*, the level of an
+        event with an auth event not found is not kept.
+        """
+        out: dict[str, int] = {}
+        for eid in event_ids:
+            found = memo.get(eid)
+            if found is None:
+                found, complete = self._auth_sender_level(events[eid], events, fetch)
+                if complete or fetch is not None:
+                    memo[eid] = found
+            out[eid] = found
+        return out
 
     def check_in_order(self, order: Sequence[str], events: Mapping[str, Event],
-                       auth_states: Mapping[str, Mapping[StateKey, Event]],
-                       types: Mapping[str, Collection[StateKey]],
                        resolved: dict[StateKey, str], base: Mapping[StateKey, str] | None,
                        hidden: Container[StateKey], rejected: Container[str],
                        check_create: Callable[[Event], bool],
                        fetch: Callable[[str], Event | None] | None = None) -> None:
-        """Apply the state events of *order* to the partial state *resolved*.
+        """Apply the state events of *order* to the partial state *resolved* (the
+        iterative auth checks of state resolution v2).
 
-        Each event is checked against its auth state (*auth_states*, without its
-        rejected auth events) overlaid, for its *types*, with the partial state:
-        *resolved*, else *base* for keys not in *hidden*; an event there that is
-        *rejected* is left out, and one not in *events* is asked of *fetch* (when
-        given) and left out when not found. An event that passes goes into
-        *resolved* under its key. *check_create* checks a create event.
+        Each event is checked against the state its auth events define (those not
+        *rejected*; a later one of a key replaces an earlier one) overlaid, for its
+        :meth:`auth_types`, with the partial state: *resolved*, else *base* for keys
+        not in *hidden*; an event there that is *rejected* is left out. An event not
+        in *events* is asked of *fetch* (when given) and left out when not found. An
+        event that passes goes into *resolved* under its key. *check_create* checks
+        a create event.
         """
         for eid in order:
             event = events[eid]
@@ -522,8 +562,15 @@ class Rules:
                 if check_create(event):
                     resolved[event.key] = eid
                 continue
-            state = dict(auth_states[eid])
-            for key in types[eid]:
+            state: dict[StateKey, Event] = {}
+            for aid in event.auth_ids:
+                auth_event = events.get(aid)
+                if auth_event is None and fetch is not None:
+                    auth_event = fetch(aid)
+                if auth_event is not None and auth_event.state_key is not None and (
+                        aid not in rejected):
+                    state[auth_event.key] = auth_event
+            for key in self.auth_types(event):
                 held = resolved.get(key)
                 if held is None:
                     if base is None or key in hidden:

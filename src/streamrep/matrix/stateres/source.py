@@ -42,15 +42,9 @@ class DerivedFacts:
     when a held event is replaced or its rejection changes.
     """
 
-    __slots__ = ("auth_types", "auth_state", "accepted_auth_state", "sender_level",
-                 "power_levels_parent")
+    __slots__ = ("sender_level", "power_levels_parent")
 
     def __init__(self) -> None:
-        #: The keys whose events may authorize the event.
-        self.auth_types: dict[str, set[StateKey]] = {}
-        #: The state its auth events define, and the same without rejected ones.
-        self.auth_state: dict[str, dict[StateKey, MatrixEvent]] = {}
-        self.accepted_auth_state: dict[str, dict[StateKey, MatrixEvent]] = {}
         #: The sender's power level by the event's auth events.
         self.sender_level: dict[str, int] = {}
         #: The power levels event among its auth events, if any.

@@ -164,17 +164,14 @@ class _Context:
             self.events = source.events
             self.rejected_ids = source.rejected
             facts = source.derived_facts(version.identifier)
-        self._types = facts.auth_types
-        self._auth_state = facts.auth_state
-        self._accepted_auth_state = facts.accepted_auth_state
-        self._levels = facts.sender_level
+        #: The senders' levels derived so far, by event ID (see
+        #: :meth:`~streamrep._pure.authrules.Rules.sender_levels`).
+        self.sender_levels = facts.sender_level
         self._pl_parent = facts.power_levels_parent
         self.rules = auth.rules_for(version)
         #: The power levels parents derived so far, by event ID (see
         #: :meth:`power_levels_parent`).
         self.power_levels_parents = self._pl_parent
-        #: Events with an auth event not held, whose facts are not kept.
-        self._incomplete: set[str] = set()
 
     def get(self, event_id: str) -> MatrixEvent | None:
         event = self.events.get(event_id)
@@ -195,87 +192,6 @@ class _Context:
         if self.rejected_ids is not None:
             return event_id in self.rejected_ids
         return self.rejected(event_id)
-
-    def auth_types(self, event: MatrixEvent) -> set[StateKey]:
-        """The keys whose events may authorize *event*."""
-        found = self._types.get(event.event_id)
-        if found is None:
-            found = self._types[event.event_id] = auth.auth_types_for_event(event, self.version)
-        return found
-
-    def auth_types_of(self, event_ids: Iterable[str]) -> dict[str, set[StateKey]]:
-        """:meth:`auth_types` of each of *event_ids* (held events), in one pass."""
-        return self.rules.auth_types_of(list(event_ids), self.events, self._types)
-
-    def auth_state(self, event: MatrixEvent, skip_rejected: bool
-                   ) -> dict[StateKey, MatrixEvent]:
-        """The state the event's own (held) auth events define."""
-        memo = self._accepted_auth_state if skip_rejected else self._auth_state
-        found = memo.get(event.event_id)
-        if found is None:
-            found = self._derive_auth_state(event, skip_rejected)
-        return found
-
-    def auth_states_of(self, event_ids: Iterable[str], skip_rejected: bool
-                       ) -> dict[str, dict[StateKey, MatrixEvent]]:
-        """:meth:`auth_state` of each of *event_ids* (held events), in one pass."""
-        memo = self._accepted_auth_state if skip_rejected else self._auth_state
-        events = self.events
-        out: dict[str, dict[StateKey, MatrixEvent]] = {}
-        for eid in event_ids:
-            found = memo.get(eid)
-            if found is None:
-                found = self._derive_auth_state(events[eid], skip_rejected)
-            out[eid] = found
-        return out
-
-    def _derive_auth_state(self, event: MatrixEvent, skip_rejected: bool
-                           ) -> dict[StateKey, MatrixEvent]:
-        """The event's auth state with and without its rejected auth events, both
-        derived in one pass and both kept (one dict when none is rejected, the usual
-        case: a power event's sender level reads one, its auth check the other);
-        the one *skip_rejected* names is returned."""
-        everything: dict[StateKey, MatrixEvent] = {}
-        accepted: dict[StateKey, MatrixEvent] | None = None
-        events = self.events
-        rejected_ids = self.rejected_ids
-        complete = True
-        for aid in event.auth_ids:
-            auth_event = events.get(aid)
-            if auth_event is None:
-                auth_event = self.get(aid)
-                if auth_event is None:
-                    complete = False
-                    continue
-            if auth_event.state_key is None:
-                continue
-            if aid in rejected_ids if rejected_ids is not None else self.rejected(aid):
-                if accepted is None:
-                    accepted = everything.copy()
-            elif accepted is not None:
-                accepted[auth_event.key] = auth_event
-            everything[auth_event.key] = auth_event
-        if accepted is None:
-            accepted = everything
-        if complete or not self.shared:
-            self._auth_state[event.event_id] = everything
-            self._accepted_auth_state[event.event_id] = accepted
-        else:
-            self._incomplete.add(event.event_id)
-        return accepted if skip_rejected else everything
-
-    def sender_level(self, event: MatrixEvent) -> int:
-        """The sender's power level by the event's own auth events."""
-        found = self._levels.get(event.event_id)
-        if found is None:
-            state = self.auth_state(event, skip_rejected=False)
-            if event.type != CREATE and CREATE_KEY not in state:
-                found = 0
-            else:
-                found = self.rules.user_level(event.sender, state)
-            if event.event_id not in self._incomplete:
-                self._levels[event.event_id] = found
-        return found
 
     def power_levels_parent(self, event_id: str) -> str | None:
         """The power levels event among the event's auth events, if any."""
@@ -317,7 +233,8 @@ def reverse_topological_power_order(event_ids: Sequence[str] | set[str],
     children: dict[str, list[str]] = {eid: [] for eid in auth_edges}
     waiting: dict[str, int] = {}
     ready: list[tuple[int, int, str]] = []
-    levels = ctx.sender_level
+    levels = ctx.rules.sender_levels(list(auth_edges), events, ctx.sender_levels,
+                                     None if ctx.shared else ctx.get)
     for eid, edges in auth_edges.items():
         if edges:
             # An event may list an auth event twice; count each edge once.
@@ -327,7 +244,7 @@ def reverse_topological_power_order(event_ids: Sequence[str] | set[str],
                 children[a].append(eid)
         else:
             event = events[eid]
-            ready.append((-levels(event), event.origin_server_ts, eid))
+            ready.append((-levels[eid], event.origin_server_ts, eid))
     heapq.heapify(ready)
     out: list[str] = []
     pop, push = heapq.heappop, heapq.heappush
@@ -339,7 +256,7 @@ def reverse_topological_power_order(event_ids: Sequence[str] | set[str],
             waiting[child] = left
             if not left:
                 event = events[child]
-                push(ready, (-levels(event), event.origin_server_ts, child))
+                push(ready, (-levels[child], event.origin_server_ts, child))
     return out
 
 
@@ -386,8 +303,7 @@ def _iterative_auth_checks(order: Sequence[str], partial: _Partial, ctx: _Contex
                and eid not in rejected]
     version = ctx.version
     ctx.rules.check_in_order(
-        checked, events, ctx.auth_states_of(checked, True), ctx.auth_types_of(checked),
-        partial.resolved, split.base if split is not None else None,
+        checked, events, partial.resolved, split.base if split is not None else None,
         split.differing if split is not None else frozenset(), rejected,
         lambda event: auth.create_allowed(event, version),  # type: ignore[arg-type]
         None if ctx.shared else ctx.get)
