@@ -26,6 +26,9 @@ class Rules:
     def sender_levels(self, event_ids: Sequence[str], events: Mapping[str, Any],
                       memo: dict[str, int],
                       fetch: Callable[[str], Any | None] | None = None) -> dict[str, int]: ...
+    def power_order(self, event_ids: Sequence[str] | set[str], full: Container[str],
+                    events: Mapping[str, Any], memo: dict[str, int],
+                    fetch: Callable[[str], Any | None] | None = None) -> list[str]: ...
     def check_in_order(self, order: Sequence[str], events: Mapping[str, Any],
                        resolved: dict[StateKey, str], base: Mapping[StateKey, str] | None,
                        hidden: Container[StateKey], rejected: Container[str],

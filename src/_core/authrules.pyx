@@ -9,9 +9,13 @@ between events.
 """
 
 from collections.abc import Mapping
+from heapq import heapify, heappop, heappush
 
 from cpython.dict cimport PyDict_GetItem, PyDict_SetItem, PyDict_Copy
+from cpython.list cimport PyList_GET_ITEM
 from cpython.object cimport PyObject
+from libc.stdint cimport int32_t
+from libc.stdlib cimport calloc, free, malloc
 from cpython.unicode cimport PyUnicode_GET_LENGTH, PyUnicode_READ_CHAR
 
 from streamrep._pure import authrules as _ref
@@ -35,7 +39,7 @@ cdef object _INT_STRING_MATCH = _ref._INT_STRING.match
 cdef Py_ssize_t _MAX_DIGITS = _ref._MAX_DIGITS
 cdef dict _NO_LEVELS = {}
 cdef object _CREATOR_LEVEL = _ref.CREATOR_POWER_LEVEL
-cdef object _IS_USER_ID = _ref.is_user_id
+cdef Py_ssize_t _MAX_ID_LENGTH = _ref._MAX_ID_LENGTH
 
 
 cdef inline object _get(object state, object key):
@@ -113,9 +117,20 @@ def domain_of(identifier):
     return _domain(identifier)
 
 
+cdef bint _is_user_id(object value) except -1:
+    if type(value) is not str and not isinstance(value, str):
+        return False
+    cdef str text = value
+    if not text.startswith("@") or text.find(":", 2) < 0:
+        return False
+    if text.isascii():
+        return len(text) <= _MAX_ID_LENGTH
+    return len(text.encode()) <= _MAX_ID_LENGTH
+
+
 def is_user_id(value):
     """True for a string shaped as a user ID of at most 255 bytes."""
-    return _ref.is_user_id(value)
+    return _is_user_id(value)
 
 
 def parse_level(value, integers_only=False):
@@ -403,7 +418,7 @@ cdef class Rules:
                         return ("bad_power_levels", f"{group} must map to integer levels")
         users = new.get("users", {})
         for user in users:
-            if not _IS_USER_ID(user):
+            if not _is_user_id(user):
                 return ("bad_power_levels", f"{user!r} is not a user ID")
         if self.creator_power:
             named = self.creators(create).intersection(users)
@@ -498,6 +513,95 @@ cdef class Rules:
                     aid not in rejected):
                 PyDict_SetItem(state, auth_event.key, auth_event)
         return state
+
+    def power_order(self, event_ids, full, events, dict memo, fetch=None):
+        cdef dict index = {}
+        cdef list nodes = [], ids = [], stack = list(event_ids), out = []
+        cdef Py_ssize_t n, i, j, k, total = 0
+        cdef int32_t* waiting = NULL
+        cdef int32_t* start = NULL
+        cdef int32_t* fill = NULL
+        cdef int32_t* children = NULL
+        cdef int32_t* seen = NULL
+        cdef PyObject* found
+        while stack:
+            eid = stack.pop()
+            if eid in index:
+                continue
+            event = events[eid]
+            index[eid] = len(ids)
+            ids.append(eid)
+            nodes.append(event)
+            for a in event.auth_ids:
+                if a in full:
+                    stack.append(a)
+        n = len(ids)
+        levels = self.sender_levels(ids, events, memo, fetch)
+        try:
+            waiting = <int32_t*>calloc(n + 1, sizeof(int32_t))
+            start = <int32_t*>calloc(n + 2, sizeof(int32_t))
+            fill = <int32_t*>calloc(n + 1, sizeof(int32_t))
+            seen = <int32_t*>malloc((n + 1) * sizeof(int32_t))
+            if waiting == NULL or start == NULL or fill == NULL or seen == NULL:
+                raise MemoryError()
+            for i in range(n):
+                seen[i] = -1
+            # Count each node's distinct parents (an event may list one twice), and
+            # each parent's children.
+            for i in range(n):
+                for a in (<object>PyList_GET_ITEM(nodes, i)).auth_ids:
+                    found = PyDict_GetItem(index, a)
+                    if found == NULL or a not in full:
+                        continue
+                    j = <object>found
+                    if seen[j] != i:
+                        seen[j] = <int32_t>i
+                        waiting[i] += 1
+                        start[j + 1] += 1
+                        total += 1
+            for i in range(n):
+                start[i + 1] += start[i]
+            children = <int32_t*>malloc((total + 1) * sizeof(int32_t))
+            if children == NULL:
+                raise MemoryError()
+            for i in range(n):
+                seen[i] = -1
+            for i in range(n):
+                for a in (<object>PyList_GET_ITEM(nodes, i)).auth_ids:
+                    found = PyDict_GetItem(index, a)
+                    if found == NULL or a not in full:
+                        continue
+                    j = <object>found
+                    if seen[j] != i:
+                        seen[j] = <int32_t>i
+                        children[start[j] + fill[j]] = <int32_t>i
+                        fill[j] += 1
+            ready = []
+            for i in range(n):
+                if waiting[i] == 0:
+                    eid = <object>PyList_GET_ITEM(ids, i)
+                    ready.append((-levels[eid],
+                                  (<object>PyList_GET_ITEM(nodes, i)).origin_server_ts, eid, i))
+            heapify(ready)
+            while ready:
+                entry = heappop(ready)
+                out.append(entry[2])
+                i = entry[3]
+                for k in range(start[i], start[i + 1]):
+                    j = children[k]
+                    waiting[j] -= 1
+                    if waiting[j] == 0:
+                        eid = <object>PyList_GET_ITEM(ids, j)
+                        heappush(ready, (-levels[eid],
+                                         (<object>PyList_GET_ITEM(nodes, j)).origin_server_ts,
+                                         eid, j))
+            return out
+        finally:
+            free(waiting)
+            free(start)
+            free(fill)
+            free(seen)
+            free(children)
 
     def check_in_order(self, order, events, dict resolved, base, hidden, rejected,
                        check_create, fetch=None):

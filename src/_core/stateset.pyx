@@ -12,11 +12,10 @@ first set instead.
 
 from cpython.array cimport array, clone, resize
 from cpython.dict cimport PyDict_Next
-from cpython.list cimport PyList_GET_ITEM
 from cpython.object cimport Py_EQ, PyObject_RichCompareBool
-from cpython.ref cimport PyObject
+from cpython.ref cimport PyObject, Py_XDECREF, Py_XINCREF
 from libc.stdint cimport int64_t
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memset
 
 __all__ = ["NumberMemo", "split_state_sets"]
@@ -31,14 +30,52 @@ cdef inline bint _same(object a, object b) except -1:
 cdef class NumberMemo:
     """The first set's event IDs and their numbers from the previous split, by
     position. The IDs are held, so the same object at a position has that number
-    (an event's number never changes)."""
+    (an event's number never changes). They are held in a C array: strings make no
+    reference cycles, and the garbage collector need not visit one per event."""
 
-    cdef list values
-    cdef array numbers
+    cdef PyObject** values
+    cdef int64_t* numbers
+    cdef Py_ssize_t size
 
     def __cinit__(self):
-        self.values = []
-        self.numbers = clone(_Q_TEMPLATE, 0, False)
+        self.values = NULL
+        self.numbers = NULL
+        self.size = 0
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        if self.values != NULL:
+            for i in range(self.size):
+                Py_XDECREF(self.values[i])
+            free(self.values)
+        free(self.numbers)
+
+    cdef int reserve(self, Py_ssize_t size) except -1:
+        """Room for *size* positions (new ones hold nothing)."""
+        cdef Py_ssize_t i
+        cdef PyObject** values
+        cdef int64_t* numbers
+        if size <= self.size:
+            return 0
+        values = <PyObject**>realloc(self.values, size * sizeof(PyObject*))
+        if values == NULL:
+            raise MemoryError()
+        self.values = values
+        numbers = <int64_t*>realloc(self.numbers, size * sizeof(int64_t))
+        if numbers == NULL:
+            raise MemoryError()
+        self.numbers = numbers
+        for i in range(self.size, size):
+            self.values[i] = NULL
+            self.numbers[i] = -1
+        self.size = size
+        return 0
+
+    cdef inline void remember(self, Py_ssize_t i, PyObject* value, int64_t number):
+        Py_XINCREF(value)
+        Py_XDECREF(self.values[i])
+        self.values[i] = value
+        self.numbers[i] = number
 
 
 def split_state_sets(states, numbers, NumberMemo memo=None):
@@ -56,8 +93,6 @@ def split_state_sets(states, numbers, NumberMemo memo=None):
     cdef unsigned char* flags
     cdef array common
     cdef list unknown = []
-    cdef Py_ssize_t n_memo
-    cdef long long* remembered
     if not sets:
         return differing, clone(_Q_TEMPLATE, 0, False), unknown
     base = sets[0]
@@ -107,20 +142,14 @@ def split_state_sets(states, numbers, NumberMemo memo=None):
         common = clone(_Q_TEMPLATE, n_base, False)
         if memo is None:
             memo = NumberMemo()
-        n_memo = len(memo.values)
-        if n_memo < n_base:
-            memo.values.extend([None] * (n_base - n_memo))
-            resize(memo.numbers, n_base)
-            for i in range(n_memo, n_base):
-                memo.numbers.data.as_longlongs[i] = -1
-        remembered = memo.numbers.data.as_longlongs
+        memo.reserve(n_base)
         pb = 0
         i = 0
         while PyDict_Next(base, &pb, &bk_p, &bv_p):
             if flags[i] or (extra and <object>bk_p in extra):
                 differing.add(<object>bk_p)
-            elif PyList_GET_ITEM(memo.values, i) == bv_p and remembered[i] >= 0:
-                common.data.as_longlongs[n_common] = remembered[i]
+            elif memo.values[i] == bv_p and memo.numbers[i] >= 0:
+                common.data.as_longlongs[n_common] = memo.numbers[i]
                 n_common += 1
             else:
                 number = index.get(<object>bv_p)
@@ -129,8 +158,7 @@ def split_state_sets(states, numbers, NumberMemo memo=None):
                 else:
                     common.data.as_longlongs[n_common] = <int64_t>number
                     n_common += 1
-                    memo.values[i] = <object>bv_p
-                    remembered[i] = <int64_t>number
+                    memo.remember(i, bv_p, <int64_t>number)
             i += 1
         resize(common, n_common)
         differing |= extra

@@ -21,6 +21,7 @@ What lives here:
 
 from __future__ import annotations
 
+import heapq
 import re
 from collections.abc import Container, Mapping
 from typing import Any, Callable, Protocol, Sequence
@@ -538,6 +539,48 @@ class Rules:
                 if complete or fetch is not None:
                     memo[eid] = found
             out[eid] = found
+        return out
+
+    def power_order(self, event_ids: Sequence[str] | set[str], full: Container[str],
+                    events: Mapping[str, Event], memo: dict[str, int],
+                    fetch: Callable[[str], Event | None] | None = None) -> list[str]:
+        """*event_ids* and their auth ancestors within *full* (keys of *events*), auth
+        events first (Kahn's algorithm), ties by (-sender level, origin_server_ts,
+        event ID): state resolution v2's reverse topological power ordering. The
+        levels are :meth:`sender_levels` (*memo*, *fetch*)."""
+        auth_edges: dict[str, list[str]] = {}
+        stack = list(event_ids)
+        while stack:
+            eid = stack.pop()
+            if eid in auth_edges:
+                continue
+            edges = [a for a in events[eid].auth_ids if a in full]
+            auth_edges[eid] = edges
+            stack.extend(edges)
+        levels = self.sender_levels(list(auth_edges), events, memo, fetch)
+        children: dict[str, list[str]] = {eid: [] for eid in auth_edges}
+        waiting: dict[str, int] = {}
+        ready: list[tuple[int, int, str]] = []
+        for eid, edges in auth_edges.items():
+            if edges:
+                # An event may list an auth event twice; count each edge once.
+                unique = set(edges)
+                waiting[eid] = len(unique)
+                for a in unique:
+                    children[a].append(eid)
+            else:
+                ready.append((-levels[eid], events[eid].origin_server_ts, eid))
+        heapq.heapify(ready)
+        out: list[str] = []
+        while ready:
+            eid = heapq.heappop(ready)[2]
+            out.append(eid)
+            for child in children[eid]:
+                left = waiting[child] - 1
+                waiting[child] = left
+                if not left:
+                    heapq.heappush(ready, (-levels[child], events[child].origin_server_ts,
+                                           child))
         return out
 
     def check_in_order(self, order: Sequence[str], events: Mapping[str, Event],

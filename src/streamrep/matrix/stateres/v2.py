@@ -25,7 +25,6 @@ The algorithm, as the specification defines it:
 
 from __future__ import annotations
 
-import heapq
 from typing import Callable, Container, Iterable, Sequence
 
 from streamrep.matrix import auth
@@ -66,12 +65,17 @@ class _Split:
             differing = self._differing(state_sets, key_of)
         self.differing = differing
         conflicted: dict[StateKey, set[str]] = {key: set() for key in differing}
+        #: Per state, its events under the differing keys.
+        self.per_set: list[set[str]] = []
         for state in state_sets:
             get = state.get
+            mine: set[str] = set()
             for key, events in conflicted.items():
                 event_id = get(key)
                 if event_id is not None:
                     events.add(event_id)
+                    mine.add(event_id)
+            self.per_set.append(mine)
         self.conflicted = conflicted
 
     def _differing(self, state_sets: Sequence[StateMap],
@@ -220,44 +224,8 @@ def reverse_topological_power_order(event_ids: Sequence[str] | set[str],
                                     full_conflicted: set[str], ctx: _Context) -> list[str]:
     """*event_ids* and their auth ancestors within *full_conflicted*, auth events
     first (Kahn's algorithm), ties by (-sender power level, origin_server_ts, event ID)."""
-    events = ctx.events
-    auth_edges: dict[str, list[str]] = {}
-    stack = list(event_ids)
-    while stack:
-        eid = stack.pop()
-        if eid in auth_edges:
-            continue
-        edges = [a for a in events[eid].auth_ids if a in full_conflicted]
-        auth_edges[eid] = edges
-        stack.extend(edges)
-    children: dict[str, list[str]] = {eid: [] for eid in auth_edges}
-    waiting: dict[str, int] = {}
-    ready: list[tuple[int, int, str]] = []
-    levels = ctx.rules.sender_levels(list(auth_edges), events, ctx.sender_levels,
-                                     None if ctx.shared else ctx.get)
-    for eid, edges in auth_edges.items():
-        if edges:
-            # An event may list an auth event twice; count each edge once.
-            unique = set(edges)
-            waiting[eid] = len(unique)
-            for a in unique:
-                children[a].append(eid)
-        else:
-            event = events[eid]
-            ready.append((-levels[eid], event.origin_server_ts, eid))
-    heapq.heapify(ready)
-    out: list[str] = []
-    pop, push = heapq.heappop, heapq.heappush
-    while ready:
-        eid = pop(ready)[2]
-        out.append(eid)
-        for child in children[eid]:
-            left = waiting[child] - 1
-            waiting[child] = left
-            if not left:
-                event = events[child]
-                push(ready, (-levels[child], event.origin_server_ts, child))
-    return out
+    return ctx.rules.power_order(event_ids, full_conflicted, ctx.events, ctx.sender_levels,
+                                 None if ctx.shared else ctx.get)
 
 
 def mainline_order(event_ids: Sequence[str], power_levels_id: str | None,
@@ -341,7 +309,7 @@ def resolve_v2(room_id: str, version: RoomVersion, state_sets: Sequence[StateMap
     conflicted_ids: set[str] = set().union(*conflicted.values())
     full = set(conflicted_ids)
     # The unconflicted events are in every set: pass them once.
-    per_set = [{s[k] for k in conflicted if k in s} for s in state_sets]
+    per_set = split.per_set
     if isinstance(source, InMemoryEventSource):
         full |= source.index.auth_chain_difference(per_set, common_numbers=common_numbers)
     else:
