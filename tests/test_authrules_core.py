@@ -1,0 +1,135 @@
+"""The authorization rules core, compiled and pure: fixed cases, and the two
+implementations agreeing on generated rooms (every answer, every rejection's reason
+and detail, the power ordering and the iterative auth checks of state resolution)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from streamrep.matrix import auth
+from streamrep.matrix.events import MatrixEvent
+from streamrep.matrix.room_versions import ROOM_VERSIONS, room_version
+
+from support import stateres_build as build
+from support.auth_random import auth_case
+from support.impls import IMPLEMENTATIONS, core_module
+from support.stateres_random import forked_room
+
+VERSIONS = sorted(ROOM_VERSIONS, key=int)
+Key = tuple[str, str]
+
+
+def rules(kind: str, version_id: str) -> Any:
+    return core_module("authrules", kind).Rules(room_version(version_id),
+                                                auth._third_party_invite_ok)
+
+
+def room_events(case: dict[str, Any]) -> tuple[dict[str, MatrixEvent], dict[str, str], set[str]]:
+    _, source, id_of = build.explicit_source(case)
+    return dict(source.events), id_of, set(source.rejected)
+
+
+def test_the_compiled_core_loaded() -> None:
+    if "compiled" in IMPLEMENTATIONS:
+        assert core_module("authrules", "compiled").__name__ == "streamrep._core.authrules"
+
+
+@pytest.mark.parametrize("value, integers_only, expected", [
+    (50, False, 50), (True, False, None), ("50", False, 50), (" -7 ", False, -7),
+    ("50", True, None), (50.9, False, 50), (float("nan"), False, None), ("1_0", False, None),
+    ("+ 5", False, None), ("9" * 41, False, None), (None, False, None), (2**80, True, 2**80),
+])
+def test_levels_are_read_as_the_rules_say(impl_kind: str, value: Any, integers_only: bool,
+                                          expected: int | None) -> None:
+    assert core_module("authrules", impl_kind).parse_level(value, integers_only) == expected
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("@a:x", True), ("@:x", False), ("a:x", False), (5, False), ("@a" + "b" * 250 + ":x", True),
+    ("@a" + "b" * 260 + ":x", False), ("@é" + "b" * 251 + ":x", False), ("@é" + "b" * 250 + ":x", True), ("@a:", True),
+])
+def test_user_ids_are_recognised(impl_kind: str, value: Any, expected: bool) -> None:
+    assert core_module("authrules", impl_kind).is_user_id(value) is expected
+
+
+def _states(events: dict[str, MatrixEvent], rnd: random.Random) -> list[dict[Key, MatrixEvent]]:
+    """The room's last state events by key, and random sub- and mixed states of it."""
+    latest: dict[Key, MatrixEvent] = {}
+    every: list[MatrixEvent] = [e for e in events.values() if e.state_key is not None]
+    for event in every:
+        latest[event.key] = event
+    out = [latest]
+    for _ in range(3):
+        state = {k: v for k, v in latest.items() if rnd.random() < 0.8}
+        for event in rnd.sample(every, min(3, len(every))):
+            state[event.key] = event
+        out.append(state)
+    return out
+
+
+@pytest.mark.compiled_vs_pure
+@pytest.mark.parametrize("version_id", VERSIONS)
+def test_twins_agree_on_random_checks(version_id: str) -> None:
+    compiled, pure = rules("compiled", version_id), rules("pure", version_id)
+    compared = 0
+    for seed in range(60):
+        events, _, _ = room_events(auth_case(version_id, seed))
+        rnd = random.Random(seed)
+        users = sorted({e.sender for e in events.values()} | {"@nobody:x"})
+        for state in _states(events, rnd):
+            for event in events.values():
+                assert compiled.auth_types(event) == pure.auth_types(event)
+                if event.key == ("m.room.create", ""):
+                    continue
+                assert compiled.check(event, state) == pure.check(event, state), event
+                compared += 1
+            for user in users:
+                assert compiled.user_level(user, state) == pure.user_level(user, state)
+            for name in ("ban", "kick", "invite", "redact"):
+                assert compiled.named_level(state, name, 50) == pure.named_level(state, name, 50)
+            for etype, is_state in (("m.room.topic", True), ("m.room.message", False)):
+                assert (compiled.send_level(etype, is_state, state)
+                        == pure.send_level(etype, is_state, state))
+    assert compared > 1000
+
+
+def _power_events(events: dict[str, MatrixEvent]) -> list[str]:
+    return [eid for eid, e in events.items()
+            if e.key in {("m.room.power_levels", ""), ("m.room.join_rules", ""),
+                         ("m.room.create", "")}
+            or (e.type == "m.room.member" and e.membership in ("leave", "ban")
+                and e.sender != e.state_key)]
+
+
+@pytest.mark.compiled_vs_pure
+@pytest.mark.parametrize("version_id", VERSIONS)
+def test_twins_agree_on_ordering_and_iterative_checks(version_id: str) -> None:
+    compiled, pure = rules("compiled", version_id), rules("pure", version_id)
+    for seed in range(25):
+        case = forked_room(version_id, seed, members=8, forks=3, per_fork=8)
+        events, id_of, rejected = room_events(case)
+        rnd = random.Random(seed)
+        full = {e for e in events if rnd.random() < 0.7}
+        power = [e for e in _power_events(events) if e in full]
+        memos: list[dict[str, int]] = [{}, {}]
+        orders = [r.power_order(power, full, events, memo)
+                  for r, memo in zip((compiled, pure), memos)]
+        assert orders[0] == orders[1]
+        assert memos[0] == memos[1]
+        ids = list(events)
+        assert (compiled.sender_levels(ids, events, {}) == pure.sender_levels(ids, events, {}))
+        base: dict[Key, str] = {(t, k): id_of[n] for t, k, n in case["state_sets"][0]}
+        hidden = {k for k in base if rnd.random() < 0.3}
+        checked = [e for e in ids if events[e].state_key is not None and e not in rejected]
+        rnd.shuffle(checked)
+        results: list[dict[Key, str]] = []
+        for r in (compiled, pure):
+            resolved: dict[Key, str] = {}
+            r.check_in_order(checked, events, resolved, base if seed % 2 else None, hidden,
+                             rejected, lambda event: auth.create_allowed(
+                                 event, room_version(version_id)))
+            results.append(resolved)
+        assert results[0] == results[1]
