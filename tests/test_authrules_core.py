@@ -121,6 +121,13 @@ def test_twins_agree_on_ordering_and_iterative_checks(version_id: str) -> None:
         assert memos[0] == memos[1]
         ids = list(events)
         assert (compiled.sender_levels(ids, events, {}) == pure.sender_levels(ids, events, {}))
+        levels = [e for e in ids if events[e].key == ("m.room.power_levels", "")]
+        parents: list[dict[str, str | None]] = [{}, {}]
+        for top in levels[-2:] + [None]:
+            sample = rnd.sample(ids, len(ids) // 2)
+            assert (compiled.mainline_order(sample, top, events, parents[0])
+                    == pure.mainline_order(sample, top, events, parents[1]))
+        assert parents[0] == parents[1]
         base: dict[Key, str] = {(t, k): id_of[n] for t, k, n in case["state_sets"][0]}
         hidden = {k for k in base if rnd.random() < 0.3}
         checked = [e for e in ids if events[e].state_key is not None and e not in rejected]

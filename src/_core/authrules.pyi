@@ -29,6 +29,9 @@ class Rules:
     def power_order(self, event_ids: Sequence[str] | set[str], full: Container[str],
                     events: Mapping[str, Any], memo: dict[str, int],
                     fetch: Callable[[str], Any | None] | None = None) -> list[str]: ...
+    def mainline_order(self, event_ids: Sequence[str], power_levels_id: str | None,
+                       events: Mapping[str, Any], memo: dict[str, str | None],
+                       fetch: Callable[[str], Any | None] | None = None) -> list[str]: ...
     def check_in_order(self, order: Sequence[str], events: Mapping[str, Any],
                        resolved: dict[StateKey, str], base: Mapping[StateKey, str] | None,
                        hidden: Container[StateKey], rejected: Container[str],

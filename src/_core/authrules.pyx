@@ -603,6 +603,64 @@ cdef class Rules:
             free(seen)
             free(children)
 
+    cdef object _power_levels_parent(self, event_id, events, dict memo, fetch):
+        cdef PyObject* kept = PyDict_GetItem(memo, event_id)
+        if kept != NULL:
+            return <object>kept
+        found = None
+        cdef bint complete = True
+        event = _get(events, event_id)
+        if event is None and fetch is not None:
+            event = fetch(event_id)
+        if event is None:
+            return None
+        for aid in event.auth_ids:
+            auth_event = _get(events, aid)
+            if auth_event is None and fetch is not None:
+                auth_event = fetch(aid)
+            if auth_event is None:
+                complete = False
+            elif auth_event.key == _POWER_LEVELS_KEY:
+                found = aid
+                break
+        if complete or fetch is not None:
+            memo[event_id] = found
+        return found
+
+    def mainline_order(self, event_ids, power_levels_id, events, dict memo, fetch=None):
+        cdef list mainline = [], keyed = [], walked
+        cdef dict position = {}
+        cdef Py_ssize_t i, n
+        cdef PyObject* at
+        current = power_levels_id
+        while current is not None and (
+                current in events or (fetch is not None and fetch(current) is not None)):
+            mainline.append(current)
+            current = self._power_levels_parent(current, events, memo, fetch)
+        n = len(mainline)
+        for i in range(n):
+            position[mainline[n - 1 - i]] = i + 1
+        for eid in event_ids:
+            at = PyDict_GetItem(position, eid)
+            if at != NULL:
+                found = <object>at
+            else:
+                walked = []
+                found = 0
+                current = eid
+                while current is not None:
+                    at = PyDict_GetItem(position, current)
+                    if at != NULL:
+                        found = <object>at
+                        break
+                    walked.append(current)
+                    current = self._power_levels_parent(current, events, memo, fetch)
+                for w in walked:
+                    position[w] = found
+            keyed.append((found, events[eid].origin_server_ts, eid))
+        keyed.sort()
+        return [entry[2] for entry in keyed]
+
     def check_in_order(self, order, events, dict resolved, base, hidden, rejected,
                        check_create, fetch=None):
         cdef dict state

@@ -583,6 +583,71 @@ class Rules:
                                            child))
         return out
 
+    def _power_levels_parent(self, event_id: str, events: Mapping[str, Event],
+                             memo: dict[str, str | None],
+                             fetch: Callable[[str], Event | None] | None) -> str | None:
+        if event_id in memo:
+            return memo[event_id]
+        found = None
+        complete = True
+        event = events.get(event_id)
+        if event is None and fetch is not None:
+            event = fetch(event_id)
+        if event is None:
+            return None
+        for aid in event.auth_ids:
+            auth_event = events.get(aid)
+            if auth_event is None and fetch is not None:
+                auth_event = fetch(aid)
+            if auth_event is None:
+                complete = False
+            elif auth_event.key == _POWER_LEVELS_KEY:
+                found = aid
+                break
+        if complete or fetch is not None:
+            memo[event_id] = found
+        return found
+
+    def mainline_order(self, event_ids: Sequence[str], power_levels_id: str | None,
+                       events: Mapping[str, Event], memo: dict[str, str | None],
+                       fetch: Callable[[str], Event | None] | None = None) -> list[str]:
+        """*event_ids* (keys of *events*) by (mainline position, origin_server_ts,
+        event ID): state resolution v2's mainline ordering.
+
+        The mainline is *power_levels_id* and its chain of power levels parents (the
+        power levels event among an event's auth events), numbered from its oldest,
+        1 up; an event's position is that of the first mainline event on its own
+        chain of power levels parents, 0 when there is none. The parents are kept in
+        *memo* by event ID; an event not in *events* is asked of *fetch* (when given),
+        and without *fetch* a parent found while some auth event was not is not kept.
+        """
+        mainline: list[str] = []
+        current = power_levels_id
+        while current is not None and (
+                current in events or (fetch is not None and fetch(current) is not None)):
+            mainline.append(current)
+            current = self._power_levels_parent(current, events, memo, fetch)
+        position = {eid: i + 1 for i, eid in enumerate(reversed(mainline))}
+        keyed: list[tuple[int, int, str]] = []
+        for eid in event_ids:
+            found = position.get(eid)
+            if found is None:
+                walked: list[str] = []
+                found = 0
+                current = eid
+                while current is not None:
+                    at = position.get(current)
+                    if at is not None:
+                        found = at
+                        break
+                    walked.append(current)
+                    current = self._power_levels_parent(current, events, memo, fetch)
+                for w in walked:
+                    position[w] = found
+            keyed.append((found, events[eid].origin_server_ts, eid))
+        keyed.sort()
+        return [eid for _, _, eid in keyed]
+
     def check_in_order(self, order: Sequence[str], events: Mapping[str, Event],
                        resolved: dict[StateKey, str], base: Mapping[StateKey, str] | None,
                        hidden: Container[StateKey], rejected: Container[str],

@@ -171,11 +171,10 @@ class _Context:
         #: The senders' levels derived so far, by event ID (see
         #: :meth:`~streamrep._pure.authrules.Rules.sender_levels`).
         self.sender_levels = facts.sender_level
-        self._pl_parent = facts.power_levels_parent
         self.rules = auth.rules_for(version)
         #: The power levels parents derived so far, by event ID (see
-        #: :meth:`power_levels_parent`).
-        self.power_levels_parents = self._pl_parent
+        #: :meth:`~streamrep._pure.authrules.Rules.mainline_order`).
+        self.power_levels_parents = facts.power_levels_parent
 
     def get(self, event_id: str) -> MatrixEvent | None:
         event = self.events.get(event_id)
@@ -197,28 +196,6 @@ class _Context:
             return event_id in self.rejected_ids
         return self.rejected(event_id)
 
-    def power_levels_parent(self, event_id: str) -> str | None:
-        """The power levels event among the event's auth events, if any."""
-        if event_id in self._pl_parent:
-            return self._pl_parent[event_id]
-        found = None
-        complete = True
-        event = self.get(event_id)
-        if event is not None:
-            events = self.events
-            for aid in event.auth_ids:
-                auth_event = events.get(aid)
-                if auth_event is None:
-                    auth_event = self.get(aid)
-                if auth_event is None:
-                    complete = False
-                elif auth_event.key == POWER_LEVELS_KEY:
-                    found = aid
-                    break
-        if event is not None and (complete or not self.shared):
-            self._pl_parent[event_id] = found
-        return found
-
 
 def reverse_topological_power_order(event_ids: Sequence[str] | set[str],
                                     full_conflicted: set[str], ctx: _Context) -> list[str]:
@@ -231,34 +208,8 @@ def reverse_topological_power_order(event_ids: Sequence[str] | set[str],
 def mainline_order(event_ids: Sequence[str], power_levels_id: str | None,
                    ctx: _Context) -> list[str]:
     """*event_ids* by (mainline position, origin_server_ts, event ID)."""
-    mainline: list[str] = []
-    current = power_levels_id
-    while current is not None and ctx.get(current) is not None:
-        mainline.append(current)
-        current = ctx.power_levels_parent(current)
-    position = {eid: i + 1 for i, eid in enumerate(reversed(mainline))}
-    kept = ctx.power_levels_parents
-    parent_of = ctx.power_levels_parent
-    events = ctx.events
-    keyed: list[tuple[int, int, str]] = []
-    for eid in event_ids:
-        found = position.get(eid)
-        if found is None:
-            walked: list[str] = []
-            found = 0
-            current = eid
-            while current is not None:
-                at = position.get(current)
-                if at is not None:
-                    found = at
-                    break
-                walked.append(current)
-                current = kept[current] if current in kept else parent_of(current)
-            for w in walked:
-                position[w] = found
-        keyed.append((found, events[eid].origin_server_ts, eid))
-    keyed.sort()
-    return [eid for _, _, eid in keyed]
+    return ctx.rules.mainline_order(event_ids, power_levels_id, ctx.events,
+                                    ctx.power_levels_parents, None if ctx.shared else ctx.get)
 
 
 def _iterative_auth_checks(order: Sequence[str], partial: _Partial, ctx: _Context) -> None:
