@@ -140,3 +140,25 @@ def test_twins_agree_on_ordering_and_iterative_checks(version_id: str) -> None:
                                  event, room_version(version_id)))
             results.append(resolved)
         assert results[0] == results[1]
+
+
+class _PlainEvent:
+    """An event of another class than ``MatrixEvent``: fields in an instance dict."""
+
+    def __init__(self, event: MatrixEvent) -> None:
+        for name in MatrixEvent.__slots__:
+            setattr(self, name, getattr(event, name))
+
+
+def test_events_of_any_class_are_read_alike(impl_kind: str) -> None:
+    checker = rules(impl_kind, "10")
+    for seed in range(30):
+        events, _, _ = room_events(auth_case("10", seed))
+        plain = {eid: _PlainEvent(e) for eid, e in events.items()}
+        for state in _states(events, random.Random(seed)):
+            plain_state = {k: plain[e.event_id] for k, e in state.items()}
+            for eid, event in events.items():
+                if event.key == ("m.room.create", ""):
+                    continue
+                assert checker.auth_types(plain[eid]) == checker.auth_types(event)
+                assert checker.check(plain[eid], plain_state) == checker.check(event, state)

@@ -42,6 +42,79 @@ cdef object _CREATOR_LEVEL = _ref.CREATOR_POWER_LEVEL
 cdef Py_ssize_t _MAX_ID_LENGTH = _ref._MAX_ID_LENGTH
 
 
+# --- reading an event's fields ------------------------------------------------------
+#
+# Events are read by attribute. For a class whose fields are all slots (a slotted
+# dataclass such as ``MatrixEvent``) the slot offsets are learnt once and read
+# directly; any other class, or an unset slot, is read with ``getattr``.
+
+cdef extern from "Python.h":
+    ctypedef struct PyMemberDef:
+        int type
+        Py_ssize_t offset
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef* d_member
+
+cdef enum:
+    F_EVENT_ID
+    F_TYPE
+    F_SENDER
+    F_STATE_KEY
+    F_CONTENT
+    F_PREV_EVENTS
+    F_AUTH_IDS
+    F_REDACTS
+    F_KEY
+    F_MEMBERSHIP
+    F_ORIGIN_SERVER_TS
+    N_FIELDS
+
+cdef tuple _FIELD_NAMES = ('event_id', 'type', 'sender', 'state_key', 'content', 'prev_events', 'auth_ids', 'redacts', 'key', 'membership', 'origin_server_ts')
+#: Py_T_OBJECT_EX: an object slot that raises AttributeError when unset.
+cdef int _T_OBJECT_EX = 16
+cdef object _slotted = None
+cdef Py_ssize_t _offsets[N_FIELDS]
+cdef set _not_slotted = set()
+
+
+cdef bint _learn(object cls) except -1:
+    """Learn *cls*'s slot offsets, when every field is an object slot."""
+    cdef Py_ssize_t found[N_FIELDS]
+    cdef PyMemberDef* member
+    cdef int f
+    global _slotted
+    for f in range(N_FIELDS):
+        name = _FIELD_NAMES[f]
+        descriptor = None
+        for klass in cls.__mro__:
+            if name in klass.__dict__:
+                descriptor = klass.__dict__[name]
+                break
+        if type(descriptor).__name__ != "member_descriptor":
+            _not_slotted.add(cls)
+            return False
+        member = (<PyMemberDescrObject*>descriptor).d_member
+        if member.type != _T_OBJECT_EX:
+            _not_slotted.add(cls)
+            return False
+        found[f] = member.offset
+    for f in range(N_FIELDS):
+        _offsets[f] = found[f]
+    _slotted = cls
+    return True
+
+
+cdef inline object _field(object event, int f):
+    """``getattr(event, _FIELD_NAMES[f])``."""
+    cdef PyObject* value
+    cls = type(event)
+    if cls is _slotted or (cls not in _not_slotted and _learn(cls)):
+        value = (<PyObject**>((<char*><PyObject*>event) + _offsets[f]))[0]
+        if value != NULL:
+            return <object>value
+    return getattr(event, _FIELD_NAMES[f])
+
+
 cdef inline object _get(object state, object key):
     """``state.get(key)``: the dict's C API for a dict."""
     cdef PyObject* found
@@ -79,7 +152,7 @@ cdef object _domain(str identifier):
 
 cdef object _membership(object state, str user_id):
     member = _get(state, (_MEMBER, user_id))
-    return member.membership if member is not None else None
+    return _field(member, F_MEMBERSHIP) if member is not None else None
 
 
 cdef bint _same_value(object a, object b) except -1:
@@ -162,13 +235,13 @@ cdef class Rules:
     # --- auth event selection ---------------------------------------------------
 
     cpdef set auth_types(self, event):
-        cdef str etype = event.type
-        state_key = event.state_key
+        cdef str etype = _field(event, F_TYPE)
+        state_key = _field(event, F_STATE_KEY)
         if etype == _CREATE and state_key == "":
             return set()
-        cdef set keys = {_POWER_LEVELS_KEY, (_MEMBER, event.sender), _CREATE_KEY}
+        cdef set keys = {_POWER_LEVELS_KEY, (_MEMBER, _field(event, F_SENDER)), _CREATE_KEY}
         if etype == _MEMBER and state_key is not None:
-            membership = event.membership
+            membership = _field(event, F_MEMBERSHIP)
             if membership == "join" or membership == "invite" or membership == "knock":
                 keys.add(_JOIN_RULES_KEY)
             keys.add((_MEMBER, state_key))
@@ -177,20 +250,20 @@ cdef class Rules:
                 if token is not None:
                     keys.add((_THIRD_PARTY_INVITE, token))
             if self.restricted and membership == "join":
-                via = event.content.get("join_authorised_via_users_server")
+                via = _field(event, F_CONTENT).get("join_authorised_via_users_server")
                 if isinstance(via, str):
                     keys.add((_MEMBER, via))
         return keys
 
     cdef list _auth_keys(self, event):
         """The keys of :meth:`auth_types` as a list (a key may come twice)."""
-        cdef str etype = event.type
-        state_key = event.state_key
+        cdef str etype = _field(event, F_TYPE)
+        state_key = _field(event, F_STATE_KEY)
         if etype == _CREATE and state_key == "":
             return []
-        cdef list keys = [_POWER_LEVELS_KEY, (_MEMBER, event.sender), _CREATE_KEY]
+        cdef list keys = [_POWER_LEVELS_KEY, (_MEMBER, _field(event, F_SENDER)), _CREATE_KEY]
         if etype == _MEMBER and state_key is not None:
-            membership = event.membership
+            membership = _field(event, F_MEMBERSHIP)
             if membership == "join" or membership == "invite" or membership == "knock":
                 keys.append(_JOIN_RULES_KEY)
             keys.append((_MEMBER, state_key))
@@ -199,7 +272,7 @@ cdef class Rules:
                 if token is not None:
                     keys.append((_THIRD_PARTY_INVITE, token))
             if self.restricted and membership == "join":
-                via = event.content.get("join_authorised_via_users_server")
+                via = _field(event, F_CONTENT).get("join_authorised_via_users_server")
                 if isinstance(via, str):
                     keys.append((_MEMBER, via))
         return keys
@@ -209,24 +282,24 @@ cdef class Rules:
     def creators(self, create):
         cdef set found
         if self.implicit_creator:
-            found = {create.sender}
+            found = {_field(create, F_SENDER)}
         else:
-            creator = create.content.get("creator")
+            creator = _field(create, F_CONTENT).get("creator")
             found = {creator} if isinstance(creator, str) else set()
         if self.creator_power:
-            extra = create.content.get("additional_creators")
+            extra = _field(create, F_CONTENT).get("additional_creators")
             if isinstance(extra, list):
                 found.update(x for x in extra if isinstance(x, str))
         return frozenset(found)
 
     cpdef bint is_creator(self, str user_id, create) except -1:
         if self.implicit_creator:
-            if user_id == create.sender:
+            if user_id == _field(create, F_SENDER):
                 return True
-        elif user_id == create.content.get("creator"):
+        elif user_id == _field(create, F_CONTENT).get("creator"):
             return True
         if self.creator_power:
-            extra = create.content.get("additional_creators")
+            extra = _field(create, F_CONTENT).get("additional_creators")
             return isinstance(extra, list) and user_id in <list>extra
         return False
 
@@ -236,7 +309,7 @@ cdef class Rules:
             return _CREATOR_LEVEL
         levels = _get(state, _POWER_LEVELS_KEY)
         if levels is not None:
-            content = levels.content
+            content = _field(levels, F_CONTENT)
             users = content.get("users")
             if (type(users) is dict or isinstance(users, Mapping)) and user_id in users:
                 level = _level(users[user_id], False)
@@ -244,7 +317,7 @@ cdef class Rules:
                     return level
             level = _level(content.get("users_default"), False)
             return level if level is not None else 0
-        if create is not None and create.type == _CREATE and self.is_creator(user_id, create):
+        if create is not None and _field(create, F_TYPE) == _CREATE and self.is_creator(user_id, create):
             return 100
         return 0
 
@@ -252,12 +325,12 @@ cdef class Rules:
         levels = _get(state, _POWER_LEVELS_KEY)
         if levels is None:
             return default
-        level = _level(levels.content.get(name), False)
+        level = _level(_field(levels, F_CONTENT).get(name), False)
         return level if level is not None else default
 
     cpdef object send_level(self, str event_type, bint is_state, state):
         levels = _get(state, _POWER_LEVELS_KEY)
-        content = levels.content if levels is not None else _NO_LEVELS
+        content = _field(levels, F_CONTENT) if levels is not None else _NO_LEVELS
         events = content.get("events")
         if (type(events) is dict or isinstance(events, Mapping)) and event_type in events:
             level = _level(events[event_type], False)
@@ -275,12 +348,12 @@ cdef class Rules:
         create = _get(state, _CREATE_KEY)
         if create is None:
             return ("no_create_event", "no create event in the room state")
-        cdef str sender = event.sender
-        if create.content.get("m.federate", True) is not True and (
-                _domain(sender) != _domain(create.sender)):
+        cdef str sender = _field(event, F_SENDER)
+        if _field(create, F_CONTENT).get("m.federate", True) is not True and (
+                _domain(sender) != _domain(_field(create, F_SENDER))):
             return ("not_federated", "the room does not federate")
-        cdef str etype = event.type
-        state_key = event.state_key
+        cdef str etype = _field(event, F_TYPE)
+        state_key = _field(event, F_STATE_KEY)
         if etype == _ALIASES and self.aliases:
             if not state_key:
                 return ("bad_aliases", "an aliases event needs a state_key")
@@ -306,19 +379,19 @@ cdef class Rules:
             return self._check_power_levels(event, state, create, sender_level)
         if etype == _REDACTION and self.redaction_domain:
             if sender_level < self.named_level(state, "redact", 50):
-                target = event.redacts
-                if target is not None and _domain(target) != _domain(event.event_id):
+                target = _field(event, F_REDACTS)
+                if target is not None and _domain(target) != _domain(_field(event, F_EVENT_ID)):
                     return ("insufficient_power", "sender may not redact that event")
         return None
 
     cdef object _check_join(self, event, state, create, sender_ms, join_rule):
-        target = event.state_key
-        prev = event.prev_events
-        if len(prev) == 1 and prev[0] == create.event_id:
-            first = create.sender if self.implicit_creator else create.content.get("creator")
+        target = _field(event, F_STATE_KEY)
+        prev = _field(event, F_PREV_EVENTS)
+        if len(prev) == 1 and prev[0] == _field(create, F_EVENT_ID):
+            first = _field(create, F_SENDER) if self.implicit_creator else _field(create, F_CONTENT).get("creator")
             if first == target:
                 return None
-        if event.sender != target:
+        if _field(event, F_SENDER) != target:
             return ("membership_forbidden", "cannot join on behalf of another user")
         if sender_ms == "ban":
             return ("membership_forbidden", "sender is banned")
@@ -328,7 +401,7 @@ cdef class Rules:
                 or (self.knock_restricted and join_rule == "knock_restricted")):
             if sender_ms == "join" or sender_ms == "invite":
                 return None
-            via = event.content.get("join_authorised_via_users_server")
+            via = _field(event, F_CONTENT).get("join_authorised_via_users_server")
             if not isinstance(via, str):
                 return ("membership_forbidden",
                         "restricted join without join_authorised_via_users_server")
@@ -344,22 +417,22 @@ cdef class Rules:
         return ("membership_forbidden", f"join rule {join_rule!r} forbids joining")
 
     cdef object _check_membership(self, event, state, create):
-        target = event.state_key
-        membership = event.membership
+        target = _field(event, F_STATE_KEY)
+        membership = _field(event, F_MEMBERSHIP)
         if target is None or membership is None:
             return ("malformed", "membership event without state_key or membership")
-        if create.content.get("m.federate", True) is not True and (
-                _domain(target) != _domain(create.sender)):
+        if _field(create, F_CONTENT).get("m.federate", True) is not True and (
+                _domain(target) != _domain(_field(create, F_SENDER))):
             return ("not_federated", "the room does not federate")
-        cdef str sender = event.sender
+        cdef str sender = _field(event, F_SENDER)
         sender_ms = _membership(state, sender)
         join_rules = _get(state, _JOIN_RULES_KEY)
-        join_rule = join_rules.content.get("join_rule", "invite") if join_rules else "invite"
+        join_rule = _field(join_rules, F_CONTENT).get("join_rule", "invite") if join_rules else "invite"
         if membership == "join":
             return self._check_join(event, state, create, sender_ms, join_rule)
         target_ms = _membership(state, target)
         if membership == "invite":
-            if "third_party_invite" in event.content:
+            if "third_party_invite" in _field(event, F_CONTENT):
                 if target_ms == "ban":
                     return ("membership_forbidden", f"{target} is banned")
                 if not self.third_party_ok(event, state):
@@ -428,20 +501,20 @@ cdef class Rules:
         return None
 
     cdef object _check_power_levels(self, event, state, create, sender_level):
-        new = event.content
+        new = _field(event, F_CONTENT)
         found = self._new_levels_shape(new, create)
         if found is not None:
             return found
         previous = _get(state, _POWER_LEVELS_KEY)
         if previous is None:
             return None
-        old = previous.content
+        old = _field(previous, F_CONTENT)
         cdef list checks = [(None, name) for name in _LEVEL_KEYS]
         groups = ("users", "events", "notifications") if self.notifications else (
             "users", "events")
         for group_name in groups:
             checks.extend([(group_name, name) for name in _changed_names(old, new, group_name)])
-        sender = event.sender
+        sender = _field(event, F_SENDER)
         for where, name in checks:
             if where is None and _same_value(old.get(name, _ABSENT), new.get(name, _ABSENT)):
                 continue
@@ -464,28 +537,28 @@ cdef class Rules:
     cdef object _auth_sender_level(self, event, events, fetch, bint* complete):
         create = levels = None
         complete[0] = True
-        for aid in event.auth_ids:
+        for aid in _field(event, F_AUTH_IDS):
             auth_event = _get(events, aid)
             if auth_event is None and fetch is not None:
                 auth_event = fetch(aid)
             if auth_event is None:
                 complete[0] = False
                 continue
-            if auth_event.state_key is None:
+            if _field(auth_event, F_STATE_KEY) is None:
                 continue
-            key = auth_event.key
+            key = _field(auth_event, F_KEY)
             if key == _CREATE_KEY:
                 create = auth_event
             elif key == _POWER_LEVELS_KEY:
                 levels = auth_event
-        if create is None and event.type != _CREATE:
+        if create is None and _field(event, F_TYPE) != _CREATE:
             return 0
         cdef dict state = {}
         if create is not None:
             state[_CREATE_KEY] = create
         if levels is not None:
             state[_POWER_LEVELS_KEY] = levels
-        return self.user_level(event.sender, state)
+        return self.user_level(_field(event, F_SENDER), state)
 
     def sender_levels(self, event_ids, events, dict memo, fetch=None):
         cdef dict out = {}
@@ -505,13 +578,13 @@ cdef class Rules:
     cdef dict _auth_state(self, event, events, rejected, fetch):
         """The state the event's auth events not *rejected* define."""
         cdef dict state = {}
-        for aid in event.auth_ids:
+        for aid in _field(event, F_AUTH_IDS):
             auth_event = _get(events, aid)
             if auth_event is None and fetch is not None:
                 auth_event = fetch(aid)
-            if auth_event is not None and auth_event.state_key is not None and (
+            if auth_event is not None and _field(auth_event, F_STATE_KEY) is not None and (
                     aid not in rejected):
-                PyDict_SetItem(state, auth_event.key, auth_event)
+                PyDict_SetItem(state, _field(auth_event, F_KEY), auth_event)
         return state
 
     def power_order(self, event_ids, full, events, dict memo, fetch=None):
@@ -532,7 +605,7 @@ cdef class Rules:
             index[eid] = len(ids)
             ids.append(eid)
             nodes.append(event)
-            for a in event.auth_ids:
+            for a in _field(event, F_AUTH_IDS):
                 if a in full:
                     stack.append(a)
         n = len(ids)
@@ -549,7 +622,7 @@ cdef class Rules:
             # Count each node's distinct parents (an event may list one twice), and
             # each parent's children.
             for i in range(n):
-                for a in (<object>PyList_GET_ITEM(nodes, i)).auth_ids:
+                for a in _field(<object>PyList_GET_ITEM(nodes, i), F_AUTH_IDS):
                     found = PyDict_GetItem(index, a)
                     if found == NULL or a not in full:
                         continue
@@ -567,7 +640,7 @@ cdef class Rules:
             for i in range(n):
                 seen[i] = -1
             for i in range(n):
-                for a in (<object>PyList_GET_ITEM(nodes, i)).auth_ids:
+                for a in _field(<object>PyList_GET_ITEM(nodes, i), F_AUTH_IDS):
                     found = PyDict_GetItem(index, a)
                     if found == NULL or a not in full:
                         continue
@@ -581,7 +654,7 @@ cdef class Rules:
                 if waiting[i] == 0:
                     eid = <object>PyList_GET_ITEM(ids, i)
                     ready.append((-levels[eid],
-                                  (<object>PyList_GET_ITEM(nodes, i)).origin_server_ts, eid, i))
+                                  _field(<object>PyList_GET_ITEM(nodes, i), F_ORIGIN_SERVER_TS), eid, i))
             heapify(ready)
             while ready:
                 entry = heappop(ready)
@@ -593,7 +666,7 @@ cdef class Rules:
                     if waiting[j] == 0:
                         eid = <object>PyList_GET_ITEM(ids, j)
                         heappush(ready, (-levels[eid],
-                                         (<object>PyList_GET_ITEM(nodes, j)).origin_server_ts,
+                                         _field(<object>PyList_GET_ITEM(nodes, j), F_ORIGIN_SERVER_TS),
                                          eid, j))
             return out
         finally:
@@ -614,13 +687,13 @@ cdef class Rules:
             event = fetch(event_id)
         if event is None:
             return None
-        for aid in event.auth_ids:
+        for aid in _field(event, F_AUTH_IDS):
             auth_event = _get(events, aid)
             if auth_event is None and fetch is not None:
                 auth_event = fetch(aid)
             if auth_event is None:
                 complete = False
-            elif auth_event.key == _POWER_LEVELS_KEY:
+            elif _field(auth_event, F_KEY) == _POWER_LEVELS_KEY:
                 found = aid
                 break
         if complete or fetch is not None:
@@ -657,7 +730,7 @@ cdef class Rules:
                     current = self._power_levels_parent(current, events, memo, fetch)
                 for w in walked:
                     position[w] = found
-            keyed.append((found, events[eid].origin_server_ts, eid))
+            keyed.append((found, _field(events[eid], F_ORIGIN_SERVER_TS), eid))
         keyed.sort()
         return [entry[2] for entry in keyed]
 
@@ -667,9 +740,9 @@ cdef class Rules:
         cdef PyObject* found
         for eid in order:
             event = events[eid]
-            if event.type == _CREATE and event.state_key == "":
+            if _field(event, F_TYPE) == _CREATE and _field(event, F_STATE_KEY) == "":
                 if check_create(event):
-                    resolved[event.key] = eid
+                    resolved[_field(event, F_KEY)] = eid
                 continue
             state = self._auth_state(event, events, rejected, fetch)
             for key in self._auth_keys(event):
@@ -691,4 +764,4 @@ cdef class Rules:
                         continue
                 PyDict_SetItem(state, key, held_event)
             if self.check(event, state) is None:
-                resolved[event.key] = eid
+                resolved[_field(event, F_KEY)] = eid
