@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Callable, Container, Iterable, Sequence
 
 from streamrep.matrix import auth
+from streamrep.matrix.errors import StateResolutionError
 from streamrep.matrix.events import (
     CREATE,
     CREATE_KEY,
@@ -238,6 +239,38 @@ class _Rejected:
         return isinstance(event_id, str) and self.ctx.is_rejected(event_id)
 
 
+def _load(room_id: str, event_ids: set[str], source: EventSource
+          ) -> tuple[dict[str, MatrixEvent], set[str], list[str]]:
+    """The held events among *event_ids* (an event of another room is an error), their
+    IDs, and those of the power events among them."""
+    if not isinstance(source, InMemoryEventSource):
+        events = load_events(room_id, event_ids, source)
+        return events, set(events), [eid for eid in events if is_power_event(events[eid])]
+    # One pass over the source's own events.
+    held = source.events
+    get = held.get
+    full: set[str] = set()
+    power: list[str] = []
+    for event_id in event_ids:
+        event = get(event_id)
+        if event is None:
+            continue
+        if event.room_id != room_id:
+            raise StateResolutionError(
+                f"event {event_id} belongs to room {event.room_id}, not {room_id}")
+        full.add(event_id)
+        # is_power_event, inline.
+        etype = event.type
+        if (event.state_key == "" and etype in _POWER_TYPES) or (
+                etype == MEMBER and event.membership in ("leave", "ban")
+                and event.sender != event.state_key):
+            power.append(event_id)
+    return held, full, power
+
+
+_POWER_TYPES = frozenset({POWER_LEVELS, JOIN_RULES, CREATE})
+
+
 def resolve_v2(room_id: str, version: RoomVersion, state_sets: Sequence[StateMap],
                source: EventSource) -> dict[StateKey, str]:
     """Resolve *state_sets* of *room_id* with v2, or v2.1 when *version* says so."""
@@ -268,10 +301,8 @@ def resolve_v2(room_id: str, version: RoomVersion, state_sets: Sequence[StateMap
     v21 = version.state_res is StateResAlgorithm.V2_1
     if v21:
         full |= source.conflicted_subgraph(conflicted_ids)
-    events = load_events(room_id, full, source)
-    full = set(events)
+    events, full, power = _load(room_id, full, source)
     ctx = _Context(version, events, source)
-    power = [eid for eid in full if is_power_event(events[eid])]
     power_order = reverse_topological_power_order(power, full, ctx)
     # v2 starts from the unconflicted state, v2.1 from nothing.
     partial = _Partial(None if v21 else split)
