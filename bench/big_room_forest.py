@@ -202,6 +202,9 @@ def compare(shape: Shape, args: argparse.Namespace) -> None:
         print(f"database: {counts} (ready in {time.perf_counter() - clock:.0f} s); "
               f"longest chain {_sql(server.url(template), LONGEST_CHAIN_SQL)} groups", flush=True)
         spark_conf = ["--conf", f"spark.jars={args.jdbc_jar}"] if args.jdbc_jar else []
+        spark_conf += ["--executor-memory", args.executor_memory]
+        for item in args.spark_conf:
+            spark_conf += ["--conf", item]
         wall, peak, _, _ = run_measured(cli + ["spark", "reconstruct", "--single-process", "--db",
                                                server.url(template), "--digest", "--output",
                                                str(work / "truth")], env)
@@ -313,6 +316,10 @@ def main() -> None:
     parser.add_argument("--skip-spark", action="store_true")
     parser.add_argument("--skip-single-process", action="store_true")
     parser.add_argument("--jdbc-jar", default=None)
+    parser.add_argument("--executor-memory", default="2g",
+                        help="--executor-memory of the Spark commands (the bound per executor process)")
+    parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a --conf for the Spark commands (repeatable)")
     args = parser.parse_args()
     shape = Shape(args.members, args.groups, args.big_rooms, args.small_rooms, args.fork_rate,
                   args.snapshot_interval, args.seed)

@@ -26,8 +26,8 @@ def spark_missing() -> str | None:
 
 
 def local_session(**settings: Any) -> Any:
-    """A ``local[2]`` session with two shuffle partitions and 1g for the driver
-    (*settings* go to ``build_session`` too). Skips the calling test where Spark
+    """A ``local[2]`` session with two shuffle partitions and a 1 GiB heap
+    (executors of 1664 MiB; *settings* go to ``build_session`` too). Skips the calling test where Spark
     cannot run, or fails it when :func:`spark_required`."""
     reason = spark_missing()
     if reason:
@@ -35,5 +35,7 @@ def local_session(**settings: Any) -> Any:
             pytest.fail(f"STREAMREP_REQUIRE_SPARK is set but {reason}", pytrace=False)
         pytest.skip(reason)
     from streamrep.spark.job import build_session
+    from streamrep.spark.memory import ExecutorMemory
 
-    return build_session("local[2]", shuffle_partitions=2, driver_memory="1g", **settings)
+    settings.setdefault("executor_memory", ExecutorMemory.parse("1664m"))
+    return build_session("local[2]", shuffle_partitions=2, **settings)

@@ -63,6 +63,10 @@ _run_options = _apply([
                  help="spark.sql.shuffle.partitions (default twice the local cores, at least 4)."),
     click.option("--jdbc-partitions", default=None, type=click.IntRange(min=1),
                  help="Range partitions per table for JDBC reads (default from the row count)."),
+    click.option("--executor-memory", default=None, metavar="SIZE",
+                 help="Most memory each Spark executor process may hold (in local mode the JVM "
+                      "and each Python worker): sets the JVM heap and its off-heap caps "
+                      "(default 2g; under spark-submit, spark-submit's settings)."),
     click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE", help="Extra Spark settings."),
     click.option("--single-process", is_flag=True, help="Run without Spark, in this process."),
     click.option("--overwrite", is_flag=True, help="Replace a non-empty output directory."),
@@ -116,10 +120,11 @@ def reconstruct(input_dir: str | None, jdbc_url: str | None, db_url: str | None,
                 master: str | None, digest: bool, group_values: tuple[str, ...],
                 groups_file: str | None, rooms: tuple[str, ...], referenced_by_events: bool,
                 verify: int, seed: int, split_threshold: int, shuffle_partitions: int | None,
-                jdbc_partitions: int | None, confs: tuple[str, ...], single_process: bool,
-                overwrite: bool, as_json: bool) -> None:
+                jdbc_partitions: int | None, executor_memory: str | None, confs: tuple[str, ...],
+                single_process: bool, overwrite: bool, as_json: bool) -> None:
     """Write the full state of every wanted state group as Parquet
     (``state_group, type, state_key, event_id``), or its digest."""
+    from streamrep.spark.job import executor_memory_bound
     from streamrep.spark.options import ReconstructOptions, Source
 
     database, conf = _source_and_conf(input_dir, jdbc_url, db_url, single_process, confs,
@@ -144,7 +149,7 @@ def reconstruct(input_dir: str | None, jdbc_url: str | None, db_url: str | None,
             from streamrep.spark.job import reconstruct_spark
 
             result = _run_spark(reconstruct_spark, source, options, master, shuffle_partitions,
-                                jdbc_partitions, conf)
+                                jdbc_partitions, conf, executor_memory=executor_memory_bound(executor_memory))
     except Exception as exc:
         raise job_failure(exc, database) from exc
     echo_summary(result, as_json, "reconstruct")
@@ -228,23 +233,27 @@ def _run_spark(job: Callable[..., Any], source: Any, options: Any, master: str |
 def compress(input_dir: str | None, jdbc_url: str | None, db_url: str | None, output: str,
              master: str | None, max_depth: int, candidates: int, find_unreferenced: bool,
              split_threshold: int, shuffle_partitions: int | None, jdbc_partitions: int | None,
-             confs: tuple[str, ...], single_process: bool, overwrite: bool, as_json: bool) -> None:
+             executor_memory: str | None, confs: tuple[str, ...], single_process: bool, overwrite: bool,
+             as_json: bool) -> None:
     """Choose shorter deltas for every state group, verify every changed group's
     full state, and write the new tables and the change set as Parquet.
 
     Nothing is written to the database: ``streamrep state apply-compression``
     does that from the change set."""
     from streamrep.spark.compress import CompressOptions
+    from streamrep.spark.job import executor_memory_bound
     from streamrep.spark.options import Source
 
     database, conf = _source_and_conf(input_dir, jdbc_url, db_url, single_process, confs,
                                       "give exactly one of --input and --jdbc-url (or --db)")
     try:
         source = Source(input_dir=input_dir, db_url=database)
+        memory = executor_memory_bound(executor_memory)
         options = CompressOptions(
             output=output, max_depth=max_depth, candidates=candidates,
             split_threshold=split_threshold, find_unreferenced=find_unreferenced,
             overwrite=overwrite,
+            worker_memory=memory.total if memory is not None and not single_process else 0,
         )
         if single_process:
             from streamrep.cli._progress import GroupProgress
@@ -259,7 +268,8 @@ def compress(input_dir: str | None, jdbc_url: str | None, db_url: str | None, ou
             from streamrep.spark.compress_job import compress_spark
 
             result = _run_spark(compress_spark, source, options, master, shuffle_partitions,
-                                jdbc_partitions, conf, app_name="streamrep-compress-state")
+                                jdbc_partitions, conf, app_name="streamrep-compress-state",
+                                executor_memory=memory)
         # Last: apply-compression checks every file against it before writing.
         from streamrep.spark.manifest import write_manifest
 

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamrep import _impl
-from streamrep.errors import StateCorruptionError, StateVerificationError
+from streamrep.errors import ConfigError, StateCorruptionError, StateVerificationError
 from streamrep.spark.batches import (
     TOPOLOGY_SCHEMA,
     _bool_numpy,
@@ -47,6 +47,7 @@ from streamrep.spark.batches import (
     walk_digests,
 )
 from streamrep.spark.interned import SortedRowInterner, parents_within
+from streamrep.spark.memory import GIB, ExecutorMemory
 
 if TYPE_CHECKING:
     from streamrep._pure import treewalk as _core_walk
@@ -82,6 +83,9 @@ class CompressOptions:
     split_threshold: int = 200_000
     find_unreferenced: bool = False
     overwrite: bool = False
+    #: The bound on each Spark executor process (bytes; 0: none). A unit whose
+    #: delta rows a Python worker cannot hold within it fails the job.
+    worker_memory: int = 0
 
 
 @dataclass
@@ -562,6 +566,32 @@ class OutputWriter:
         self.writers.clear()
 
 
+def bounded_units(batches: Iterable[pa.RecordBatch], worker_memory: int) -> Iterator[pa.RecordBatch]:
+    """*batches* (rows sorted by unit) as they come; raises ConfigError, naming
+    the room, as soon as one unit has more rows than a Python worker holds
+    within *worker_memory* bytes, before the unit is read whole."""
+    bound = ExecutorMemory(worker_memory)
+    limit = bound.worker_rows
+    current, held = -1, 0
+    for batch in batches:
+        if batch.num_rows:
+            units = _int64_numpy(batch.column("unit"))
+            starts = np.flatnonzero(np.r_[True, units[1:] != units[:-1]])
+            counts = np.diff(np.r_[starts, len(units)])
+            if int(units[0]) == current:
+                counts[0] += held
+            current, held = int(units[-1]), int(counts[-1])
+            worst = int(counts.argmax())
+            if counts[worst] > limit:
+                room = batch.column("room_id")[int(starts[worst])].as_py()
+                need = bound.worker_holds(int(counts[worst])) / GIB
+                raise ConfigError(
+                    f"room {room} has more than {limit} delta rows in one unit: the Python worker "
+                    f"compressing it would hold over {need:.2f} GiB, more than --executor-memory "
+                    f"{worker_memory / GIB:.2f} GiB; give a larger --executor-memory")
+        yield batch
+
+
 def write_units(batches: Iterable[pa.RecordBatch], output: str, part: str,
                 options: CompressOptions) -> pa.RecordBatch:
     """The ``mapInArrow`` body: compress sorted rows of whole units, write the
@@ -572,6 +602,8 @@ def write_units(batches: Iterable[pa.RecordBatch], output: str, part: str,
         # Rows are interned as they arrive: a worker holds integer columns
         # (about 20 bytes a row) of the units it compresses, never their strings.
         stream = SortedRowInterner(("unit", "state_group"), UNITS_SCHEMA.names)
+        if options.worker_memory:
+            batches = bounded_units(batches, options.worker_memory)
         for heads, slots in stream.runs(iter(batches), TASK_BATCH_ROWS):
             batch = GroupBatch.from_table(heads)
             parent = parents_within(batch.unit, batch.groups, batch.prevs)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from streamrep.errors import ConfigError, StateCorruptionError
+from streamrep.spark.memory import DEFAULT_EXECUTOR_MEMORY, ExecutorMemory
 from streamrep.spark.options import ReconstructOptions, ReconstructResult, Source, prepare_output
 from streamrep.spark.tables import REQUIRED_TABLES, SCHEMAS, locate_table
 
@@ -77,13 +78,21 @@ def _local_master(master: str) -> bool:
     return master.startswith("local")
 
 
+def executor_memory_bound(text: str | None) -> ExecutorMemory | None:
+    """The bound *text* gives (``--executor-memory``); without one, 2 GiB, or
+    None under ``spark-submit``, which sets the executors' memory itself."""
+    if text is None and "PYSPARK_GATEWAY_PORT" in os.environ:
+        return None
+    return ExecutorMemory.parse(text or DEFAULT_EXECUTOR_MEMORY)
+
+
 def build_session(
     master: str | None = None,
     *,
     app_name: str = "streamrep-reconstruct-state",
     shuffle_partitions: int | None = None,
     jdbc_jar: str | None = None,
-    driver_memory: str = "2g",
+    executor_memory: ExecutorMemory | None = None,
     ui: bool = False,
     conf: dict[str, str] | None = None,
 ) -> "SparkSession":
@@ -92,6 +101,10 @@ def build_session(
     With no master (and not under ``spark-submit``) the job runs in ``local[*]``
     bound to 127.0.0.1 with the UI off. Executors run ``PYSPARK_PYTHON``, which
     defaults to this interpreter so they import the same installed streamrep.
+    *executor_memory* bounds each executor process: the JVM's heap and what it
+    holds beside it (in local mode, the driver's JVM). It defaults to 2 GiB,
+    except under ``spark-submit``, whose own settings then hold (and the
+    driver's always come from ``spark-submit``).
     """
     from pyspark.sql import SparkSession
 
@@ -109,8 +122,12 @@ def build_session(
         builder = builder.config("spark.driver.host", "127.0.0.1").config(
             "spark.driver.bindAddress", "127.0.0.1"
         )
-    if not under_submit:
-        builder = builder.config("spark.driver.memory", driver_memory)
+    if executor_memory is None and not under_submit:
+        executor_memory = ExecutorMemory.parse(DEFAULT_EXECUTOR_MEMORY)
+    if executor_memory is not None:
+        for key, value in executor_memory.spark_conf(_local_master(effective)).items():
+            if not (under_submit and key.startswith("spark.driver.")):
+                builder = builder.config(key, value)
     if shuffle_partitions is None:
         cores = os.cpu_count() or 2
         match = re.fullmatch(r"local\[(\d+)\]", effective)
