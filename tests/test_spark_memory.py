@@ -38,14 +38,15 @@ def test_local_mode_bounds_the_one_jvm() -> None:
     assert "-XX:MaxMetaspaceSize=256m" in options
     assert "-XX:ReservedCodeCacheSize=128m" in options
     assert not any(key.startswith("spark.executor.memory") for key in conf)
-    # The heap and the caps beside it add up to the bound.
-    assert 1408 + 640 == 2048
+    # The heap and the allowance beside it add up to the bound.
+    assert ExecutorMemory.parse("2g").heap + 640 * memory.MIB == 2 << 30
 
 
 def test_cluster_executors_get_heap_and_overhead() -> None:
     conf = ExecutorMemory.parse("4g").spark_conf(local=False)
-    assert conf["spark.executor.memory"] == "3456m"
-    assert conf["spark.executor.memoryOverhead"] == "640m"
+    # The collector's allowance grows with the heap: 512 MiB and a sixteenth.
+    assert conf["spark.executor.memory"] == "3328m"
+    assert conf["spark.executor.memoryOverhead"] == "768m"
     assert "spark.driver.memory" not in conf
 
 

@@ -4,11 +4,11 @@
 and its executor are one JVM) and each Python worker. The JVM's resident size is
 its heap plus what lives beside it (class metadata, compiled code, direct
 buffers, thread stacks, the collector's own tables), so the heap gets the
-budget less a fixed allowance and each of those areas gets a cap that keeps it
-inside the allowance; Spark's sorts and shuffles then spill to disk instead of
-growing the heap. A Python worker compressing a unit holds its delta rows as
+bound less an allowance for those, the areas that can grow get caps inside
+it, and Spark's sorts and shuffles spill to disk instead of growing the
+process. A Python worker compressing a unit holds its delta rows as
 integer columns (:data:`WORKER_BYTES_PER_ROW` at the peak), so a unit of more
-rows than the budget allows is refused with :class:`ConfigError` before it is
+rows than the bound allows is refused with :class:`ConfigError` before it is
 read whole.
 """
 
@@ -27,10 +27,12 @@ GIB = 1 << 30
 #: The default bound per executor process.
 DEFAULT_EXECUTOR_MEMORY = "2g"
 
-#: What the JVM holds beside its heap, capped by :meth:`ExecutorMemory.java_options`:
-#: metaspace 256 MiB, compiled code 128 MiB, direct buffers 128 MiB, and about
-#: 128 MiB of thread stacks, collector tables and the rest.
-JVM_BESIDE_HEAP = 640 * MIB
+#: What the JVM holds beside its heap: the caps of
+#: :meth:`ExecutorMemory.java_options` (metaspace 256 MiB, compiled code 128
+#: MiB, direct buffers 128 MiB) and thread stacks and the rest, plus a sixteenth
+#: of the bound for the collector's tables, which grow with the heap (about 7%
+#: of it with G1).
+JVM_BESIDE_HEAP = 512 * MIB
 _METASPACE = 256 * MIB
 _CODE_CACHE = 128 * MIB
 _DIRECT = 128 * MIB
@@ -42,8 +44,8 @@ WORKER_BASE = 256 * MIB
 #: peak (interned integer columns, the walker's arrays and the plan).
 WORKER_BYTES_PER_ROW = 80
 
-#: The smallest budget: a heap of 384 MiB beside the JVM's allowance.
-MINIMUM = JVM_BESIDE_HEAP + 384 * MIB
+#: The smallest bound (a heap of 448 MiB).
+MINIMUM = GIB
 
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": MIB, "g": GIB, "t": 1 << 40}
@@ -71,16 +73,21 @@ class ExecutorMemory:
         if self.total < MINIMUM:
             raise ConfigError(f"--executor-memory {self.total / GIB:.2f} GiB is too small: an "
                               f"executor needs at least {MINIMUM // MIB} MiB (its JVM holds "
-                              f"{JVM_BESIDE_HEAP // MIB} MiB beside its heap)")
+                              f"{JVM_BESIDE_HEAP // MIB} MiB and more beside its heap)")
 
     @classmethod
     def parse(cls, text: str) -> "ExecutorMemory":
         return cls(parse_size(text))
 
     @property
+    def beside_heap(self) -> int:
+        """What the JVM may hold beside its heap (640 MiB for 2 GiB)."""
+        return (JVM_BESIDE_HEAP + self.total // 16) // MIB * MIB
+
+    @property
     def heap(self) -> int:
-        """The JVM heap: the budget less what the JVM holds beside it."""
-        return (self.total - JVM_BESIDE_HEAP) // MIB * MIB
+        """The JVM heap: the bound less what the JVM holds beside it."""
+        return (self.total - self.beside_heap) // MIB * MIB
 
     @property
     def worker_rows(self) -> int:
@@ -112,7 +119,7 @@ class ExecutorMemory:
             conf["spark.driver.extraJavaOptions"] = self.java_options()
         else:
             conf["spark.executor.memory"] = _megabytes(self.heap)
-            conf["spark.executor.memoryOverhead"] = _megabytes(JVM_BESIDE_HEAP)
+            conf["spark.executor.memoryOverhead"] = _megabytes(self.beside_heap)
             conf["spark.executor.extraJavaOptions"] = self.java_options()
         return conf
 
