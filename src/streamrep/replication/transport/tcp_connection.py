@@ -51,7 +51,7 @@ from streamrep.replication.protocol import Action, Close, ConnectionSettings, Di
 if TYPE_CHECKING:
     from streamrep.replication.metrics import ReplicationMetrics
 
-__all__ = ["TcpConnection", "Perform", "WriteLane"]
+__all__ = ["TcpConnection", "Perform", "WriteLane", "poll_yield"]
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +134,13 @@ def _send_scattered(sendmsg: Callable[[list[Any]], int], chunks: list[Any]) -> t
 
 #: A sleep that lets the event loop poll its sockets once (sleep(0) does not).
 _YIELD_SECONDS = 1e-6
+
+
+def poll_yield() -> None:
+    """Let every other greenlet run and the event loop poll its sockets once, so a
+    long loop (a catch-up, a burst) never keeps writable sockets waiting for its end."""
+    gevent.sleep(_YIELD_SECONDS)
+
 #: How long one turn of a WriteLane may write before the loop does anything else.
 _LANE_TURN_SECONDS = 0.001
 #: Bytes a peer's socket must have taken to show the peer reads, when it never
@@ -519,6 +526,15 @@ class TcpConnection:
         A peer whose queue would overflow gets ``ERROR`` and is disconnected, so
         it can never hold the sender up or grow its memory past the bound.
         """
+        if not self.queue_lines(data, count):
+            return False
+        if self.metrics is not None:
+            self.metrics.sent(name, count)
+        return True
+
+    def queue_lines(self, data: bytes, count: int) -> bool:
+        """:meth:`send_lines` without counting them in the metrics: for lines shared
+        by many connections (a broadcast), which the owner counts once for all."""
         if self.closed:
             return False
         queue = self.queue
@@ -531,8 +547,6 @@ class TcpConnection:
             return False
         if not self._write_scheduled and self._unsent is None and self._sendmsg is not None:
             self._schedule_write()
-        if self.metrics is not None:
-            self.metrics.sent(name, count)
         return True
 
     def _schedule_write(self) -> None:

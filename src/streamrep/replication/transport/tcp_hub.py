@@ -67,7 +67,7 @@ from streamrep.replication.protocol import (
 from streamrep.replication.auth import HubGate
 from streamrep.replication.security import HubSecurity
 from streamrep.replication.sources import StreamSource, pages
-from streamrep.replication.transport.tcp_connection import FIRST_SEND_BUFFER, TcpConnection, WriteLane
+from streamrep.replication.transport.tcp_connection import FIRST_SEND_BUFFER, TcpConnection, WriteLane, poll_yield
 
 __all__ = ["ReplicationHub", "HubConnection", "DEFAULT_PORT", "CATCH_UP_BATCH"]
 
@@ -538,16 +538,23 @@ class ReplicationHub:
                     conn.log_peer_error(action.command)
 
     def broadcast(self, stream: str, data: bytes, count: int, name: str, exclude: Any = None) -> None:
-        """Queue encoded stream commands to every connection following *stream*."""
+        """Queue encoded stream commands to every connection following *stream*
+        (one shared chunk, counted in the metrics once for all)."""
+        taken = 0
         for conn in tuple(self._by_session.values()):
             if conn is not exclude and conn.session.wants(stream):
-                conn.send_lines(data, count, name)
+                taken += conn.queue_lines(data, count)
+        if taken:
+            self.metrics.sent(name, count * taken)
 
     def relay_lines(self, data: bytes, name: str, exclude: Any = None) -> None:
         """Queue one encoded non-stream command to every connection but *exclude*."""
+        taken = 0
         for conn in tuple(self._by_session.values()):
             if conn is not exclude:
-                conn.send_lines(data, 1, name)
+                taken += conn.queue_lines(data, 1)
+        if taken:
+            self.metrics.sent(name, taken)
 
     def publish_rows(self, stream: str, instance: str, rows: list[tuple[int, bytes]],
                      new_token: int | None = None) -> None:
@@ -661,7 +668,9 @@ class ReplicationHub:
                     if not self._send_catch_up_rows(conn, stream, instance, rows):
                         return
                     last_row[instance] = rows[-1][0]
-                    gevent.sleep(0)  # one peer's long catch-up never holds the others
+                    # One peer's long catch-up never holds the others, nor the
+                    # sockets: sleep(0) would run other greenlets without polling.
+                    poll_yield()
                 sent[instance] = upto
 
     def _send_catch_up_rows(self, conn: HubConnection, stream: str, instance: str,
