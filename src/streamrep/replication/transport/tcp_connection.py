@@ -93,7 +93,7 @@ _TLS_PIECE = 65536
 _WRITE = 2  # libev/libuv: watch for writability
 #: The hub's first send buffer per peer (``SO_SNDBUF``; Linux doubles it): what a
 #: peer that never reads costs the kernel, copied once per such peer.
-FIRST_SEND_BUFFER = 16 * 1024
+FIRST_SEND_BUFFER = 4 * 1024
 #: The largest it grows to (the kernel holds it under ``net.core.wmem_max``).
 LARGEST_SEND_BUFFER = 4 * 1024 * 1024
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0x40)
