@@ -220,7 +220,8 @@ class TcpConnection:
     __slots__ = ("sock", "peer", "settings", "metrics", "session", "queue", "decoder", "heard", "closed",
                  "close_reason", "refusal", "_perform", "_on_lost", "gate", "_reader", "_closer", "_eof",
                  "_drained", "_keepalive", "_sendmsg", "_write_scheduled", "_unsent", "_writable", "_flushed",
-                 "_writer", "_in_flight", "_sock_closed", "_send_buffer", "_lane", "_taken")
+                 "_writer", "_in_flight", "_sock_closed", "_send_buffer", "_lane", "_taken",
+                 "_taken_since_full")
 
     def __init__(
         self,
@@ -275,6 +276,7 @@ class TcpConnection:
         self._send_buffer = send_buffer
         self._lane = lane  # None once the peer has shown it reads
         self._taken = 0  # bytes its socket took while it was in the lane
+        self._taken_since_full = 0  # bytes its socket took once full, since its buffer last grew
         if resources.ENABLED:
             resources.acquired("replication connection")
         try:
@@ -589,11 +591,15 @@ class TcpConnection:
             chunks = None
         if wrote:
             self.session.data_sent(time.monotonic())
-            # The full socket took a whole buffer again: the peer reads (a peer
-            # that does not only lets its own receive buffer take a little).
             if drained and self._send_buffer is not None:
-                self._grow_send_buffer(self._send_buffer * 4)
-                self._lane = None
+                # Once full, the socket has since taken twice the kernel's buffer
+                # (which is twice what was asked): the peer reads. A peer that does
+                # not only lets its own receive window take a little more.
+                self._taken_since_full += wrote
+                if self._taken_since_full >= 4 * self._send_buffer:
+                    self._taken_since_full = 0
+                    self._grow_send_buffer(self._send_buffer * 4)
+                    self._lane = None
             elif self._lane is not None:
                 self._taken += wrote
                 if self._taken >= _SHOWN_TO_READ:
