@@ -12,7 +12,7 @@ blocks the loop, and is cut off when it falls past its queue's bound or takes
 nothing for ``ping_timeout`` seconds.
 
 The hub's sockets start with a small kernel send buffer that grows fourfold each
-time the peer drains it: a peer that never reads holds a copy of at most that
+time the peer drains it (takes twice the kernel's buffer once it was full): a peer that never reads holds a copy of at most that
 first buffer in the kernel, while a reader soon gets one as large as the kernel
 allows. Until a peer has drained its buffer once (or taken a mebibyte), its
 writes wait their turn in the owner's :class:`WriteLane`, a few at a time between
