@@ -12,8 +12,9 @@ blocks the loop, and is cut off when it falls past its queue's bound or takes
 nothing for ``ping_timeout`` seconds.
 
 The hub's sockets start with a small kernel send buffer that grows fourfold each
-time the peer drains it (takes twice the kernel's buffer once it was full): a peer that never reads holds a copy of at most that
-first buffer in the kernel, while a reader soon gets one as large as the kernel
+time the peer drains it (its full socket then takes twice the kernel's buffer): a
+peer that never reads holds a copy of at most that first buffer in the kernel (and
+its own receive window), while a reader soon gets one as large as the kernel
 allows. Until a peer has drained its buffer once (or taken a mebibyte), its
 writes wait their turn in the owner's :class:`WriteLane`, a few at a time between
 everything else the loop does: copying a burst into the buffers of many peers that
@@ -140,6 +141,7 @@ def poll_yield() -> None:
     """Let every other greenlet run and the event loop poll its sockets once, so a
     long loop (a catch-up, a burst) never keeps writable sockets waiting for its end."""
     gevent.sleep(_YIELD_SECONDS)
+
 
 #: How long one turn of a WriteLane may write before the loop does anything else.
 _LANE_TURN_SECONDS = 0.001
