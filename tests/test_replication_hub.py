@@ -267,6 +267,32 @@ def test_metrics_are_exposed(hub: ReplicationHub, source: MemorySource) -> None:
     assert "streamrep_replication_queued_commands{connection=" in text
 
 
+def test_sent_metrics_count_each_connection_a_broadcast_or_relay_reaches(
+        hub: ReplicationHub, source: MemorySource) -> None:
+    """A burst is queued once to every reader following its stream and counted once
+    for all of them: as many commands as lines times readers, none for the peer
+    that does not follow, and a relayed command counts once per other peer."""
+    readers = [_connect(hub) for _ in range(3)]
+    idle = _connect(hub)
+    for n, peer in enumerate(readers):
+        peer.send(f"NAME r{n}\nREPLICATE\n")
+        peer.lines_until(lambda line: line.startswith("POSITION events"))
+    idle.send("NAME idle\n")
+    wait_until(lambda: len(hub.connections) == 4 and sum(c.live_all for c in hub.connections) == 3)
+    before = dict(hub.metrics.commands_out)
+    for token in (2, 3, 4):
+        source.append("caches", "main", token, [["get_user_by_id", [f"@u{token}:x"], token]])
+    hub.writer_advanced("caches", "main", 4)
+    for peer in readers:
+        assert [peer.skip_pings() for _ in range(3)] == [
+            f'RDATA caches main {t} ["get_user_by_id",["@u{t}:x"],{t}]' for t in (2, 3, 4)]
+    assert hub.metrics.commands_out["RDATA"] - before.get("RDATA", 0) == 3 * 3
+    readers[0].send("REMOTE_SERVER_UP other.example\n")
+    for peer in (*readers[1:], idle):
+        assert peer.skip_pings() == "REMOTE_SERVER_UP other.example"
+    assert hub.metrics.commands_out["REMOTE_SERVER_UP"] - before.get("REMOTE_SERVER_UP", 0) == 3
+
+
 def test_metrics_served_over_http(source: MemorySource) -> None:
     h = ReplicationHub("hub.example", source, port=0, settings=FAST, metrics_listen=("127.0.0.1", 0))
     h.start()
