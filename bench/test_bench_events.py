@@ -79,11 +79,12 @@ def use_impl(impl_kind: str, monkeypatch: pytest.MonkeyPatch) -> str:
     import streamrep.events.authorize as authorize
     import streamrep.events.plan as plan
     import streamrep.events.verify as verify
+    import streamrep.events.writes as writes
     import streamrep.matrix.batchcheck as batchcheck
     import streamrep.matrix.eventformat as eventformat
 
     monkeypatch.setattr(dag, "_core_ext", core_module("extremities", impl_kind))
-    for module in (dag, persist, room_state, authorize, plan, verify):
+    for module in (dag, persist, room_state, authorize, plan, verify, writes):
         monkeypatch.setattr(module, "_batchrows", core_module("batchrows", impl_kind))
     monkeypatch.setattr(state, "_core_state", core_module("state", impl_kind))
     monkeypatch.setattr(store, "_core_changecache", core_module("changecache", impl_kind))

@@ -202,6 +202,32 @@ def test_event_rows_on_postgresql_take_every_column(batchrows: ModuleType) -> No
     assert edges == [("$e0", "$old", ROOM), ("$r", "$e0", ROOM)]
 
 
+# --- flat_chunks -----------------------------------------------------------------
+
+
+def test_flat_chunks_give_each_statement_its_rows_values(batchrows: ModuleType) -> None:
+    rows = [(k, f"$e{k}", b"{}") for k in range(7)]
+    assert batchrows.flat_chunks(rows, 1, 7, 3) == [
+        [1, "$e1", b"{}", 2, "$e2", b"{}", 3, "$e3", b"{}"],
+        [4, "$e4", b"{}", 5, "$e5", b"{}", 6, "$e6", b"{}"]]
+    assert batchrows.flat_chunks(rows, 0, 2, 1) == [[0, "$e0", b"{}"], [1, "$e1", b"{}"]]
+    assert batchrows.flat_chunks(rows, 3, 3, 8) == []
+    # Rows as lists too, and the very objects of the rows.
+    listed = [[k, [k]] for k in range(4)]
+    chunks = batchrows.flat_chunks(listed, 0, 4, 2)
+    assert chunks == [[0, [0], 1, [1]], [2, [2], 3, [3]]]
+    assert chunks[1][3] is listed[3][1]
+
+
+def test_flat_chunks_refuse_partial_statements_and_ragged_rows(batchrows: ModuleType) -> None:
+    with pytest.raises(ValueError):
+        batchrows.flat_chunks([(1,), (2,), (3,)], 0, 3, 2)
+    with pytest.raises(ValueError):
+        batchrows.flat_chunks([(1, 2), (3,)], 0, 2, 2)
+    with pytest.raises(ValueError):
+        batchrows.flat_chunks([(1,)], 0, 1, 0)
+
+
 # --- compiled against pure ---------------------------------------------------------
 
 _IDS = [f"$e{k}" for k in range(8)]
@@ -252,3 +278,8 @@ def test_compiled_and_pure_agree(records: list[SimpleNamespace], start: int, sql
     assert from_compiled == got
     unique = list({r.event_id: r for r in records}.values())
     assert rows_of(compiled, unique, sqlite) == rows_of(pure, unique, sqlite)
+    events = rows_of(pure, unique, sqlite)[2]
+    for size in (1, 2, 3):
+        end = len(events) // size * size
+        assert compiled.flat_chunks(events, 0, end, size) == pure.flat_chunks(
+            events, 0, end, size)

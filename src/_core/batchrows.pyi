@@ -3,8 +3,8 @@
 from array import array
 from typing import Any, Mapping, Sequence
 
-__all__ = ["by_room", "event_rows", "in_prev_order", "intern_batch", "orderings_of",
-           "share_groups"]
+__all__ = ["by_room", "event_rows", "flat_chunks", "in_prev_order", "intern_batch",
+           "orderings_of", "share_groups"]
 
 def by_room(records: list[Any]) -> dict[str, list[Any]]: ...
 def orderings_of(records: Sequence[Any], streams: Sequence[int],
@@ -22,3 +22,5 @@ def event_rows(records: Sequence[Any], room_id: str, orderings: Mapping[str, int
                received_ts: int, sqlite: bool, events: list[tuple[Any, ...]],
                plain_events: list[tuple[Any, ...]], edges: list[tuple[str, str, str]],
                ) -> tuple[int, list[Any]]: ...
+def flat_chunks(rows: Sequence[Sequence[Any]], start: int, end: int,
+                size: int) -> list[list[Any]]: ...

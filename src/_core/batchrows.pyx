@@ -9,8 +9,9 @@ with C calls, without the interpreter's work between one record and the next.
 cimport cython
 from cpython.array cimport array, clone
 from cpython.dict cimport PyDict_GetItem, PyDict_SetItem
-from cpython.list cimport PyList_Append
+from cpython.list cimport PyList_Append, PyList_New, PyList_SET_ITEM
 from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF
 from cpython.set cimport PySet_Contains
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 
@@ -265,3 +266,36 @@ def event_rows(records, room_id, orderings, redacted_now, visibility, received_t
         if membership is not None and state_key is not None:
             members.append(record)
     return room_max, members
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def flat_chunks(rows, Py_ssize_t start, Py_ssize_t end, Py_ssize_t size):
+    cdef list out = [], values
+    cdef Py_ssize_t first, i, j, k, width
+    cdef object row, value
+    if size < 1 or (end - start) % size:
+        raise ValueError(f"{end - start} rows do not make statements of {size}")
+    if end <= start:
+        return out
+    width = len(rows[start])
+    for first in range(start, end, size):
+        values = PyList_New(size * width)
+        k = 0
+        for i in range(first, first + size):
+            row = rows[i]
+            if type(row) is not tuple:
+                row = tuple(row)
+            if PyTuple_GET_SIZE(row) != width:
+                # Leave the list whole (no NULL items) before raising.
+                for j in range(k, size * width):
+                    Py_INCREF(None)
+                    PyList_SET_ITEM(values, j, None)
+                raise ValueError(f"row {i} has {PyTuple_GET_SIZE(row)} values, not {width}")
+            for j in range(width):
+                value = <object>PyTuple_GET_ITEM(row, j)
+                Py_INCREF(value)
+                PyList_SET_ITEM(values, k, value)
+                k += 1
+        PyList_Append(out, values)
+    return out

@@ -11,7 +11,8 @@ passes over them; the ones made of per-event work with no query in them live her
   no state shares the group of its one prev event;
 * :func:`intern_batch` - one room's share of the batch as the extremity core
   takes it (``extremities``: event IDs as dense integers, and flags);
-* :func:`event_rows` - the rows of ``events`` and ``event_edges``.
+* :func:`event_rows` - the rows of ``events`` and ``event_edges``;
+* :func:`flat_chunks` - rows as the parameters of multi-row SQLite inserts.
 
 They read the records' attributes only, so any object with those works.
 """
@@ -24,8 +25,8 @@ from typing import Any, Mapping, Sequence
 from streamrep._pure.extremities import (BATCH_COUNTED, BATCH_NON_OUTLIER, ID_FORWARD,
                                          ID_STORED_NON_OUTLIER)
 
-__all__ = ["by_room", "event_rows", "in_prev_order", "intern_batch", "orderings_of",
-           "share_groups"]
+__all__ = ["by_room", "event_rows", "flat_chunks", "in_prev_order", "intern_batch",
+           "orderings_of", "share_groups"]
 
 #: What :func:`intern_batch` returns: names, ids, batch_ids, batch_flags, prev_offsets,
 #: prev_ids, id_flags.
@@ -196,3 +197,25 @@ def event_rows(records: Sequence[Any], room_id: str, orderings: Mapping[str, int
         if record.membership is not None and record.state_key is not None:
             members.append(record)
     return room_max, members
+
+
+def flat_chunks(rows: Sequence[Sequence[Any]], start: int, end: int,
+                size: int) -> list[list[Any]]:
+    """The values of ``rows[start:end]`` in lists of *size* rows each, row after row
+    in each list: the parameters of an ``INSERT`` of *size* rows, once per statement
+    (``end - start`` must be a multiple of *size*)."""
+    if size < 1 or (end - start) % size:
+        raise ValueError(f"{end - start} rows do not make statements of {size}")
+    out: list[list[Any]] = []
+    if end <= start:
+        return out
+    width = len(rows[start])
+    for first in range(start, end, size):
+        values: list[Any] = []
+        add = values.extend  # a row at a time: faster than chain.from_iterable
+        for i in range(first, first + size):
+            add(rows[i])
+        if len(values) != size * width:
+            raise ValueError(f"rows {first} to {first + size - 1} are not all of {width} values")
+        out.append(values)
+    return out

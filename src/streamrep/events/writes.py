@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import abc
 from functools import lru_cache
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import orjson
 
+from streamrep import _impl
 from streamrep.db import Transaction
 from streamrep.db.inlists import chunks, in_list
 
 __all__ = ["Writes", "PostgresWrites", "SqliteWrites", "writes_for"]
+
+if TYPE_CHECKING:
+    from streamrep._pure import batchrows as _batchrows
+else:
+    _batchrows = _impl.load("batchrows")
 
 Rows = Sequence[Sequence[Any]]
 
@@ -104,8 +110,8 @@ class SqliteWrites(Writes):
         width = len(rows[0])
         for size, start, end in _statement_spans(len(rows), width):
             sql = _multi_row_insert(table, columns, suffix, width, size)
-            self._queued.append((sql, rows[start:end] if size == 1 else [
-                _flatten(rows, i, i + size) for i in range(start, end, size)]))
+            self._queued.append((sql, rows[start:end] if size == 1
+                                 else _batchrows.flat_chunks(rows, start, end, size)))
 
     def insert_flat(self, table: str, columns: str, values: list[Any], suffix: str = "") -> None:
         width = _row_width(table, columns, values)
@@ -184,17 +190,6 @@ def writes_for(txn: Transaction, utf8_bytea: bool = False) -> Writes:
     if txn.is_postgres:
         return PostgresWrites(txn, utf8_bytea)
     return SqliteWrites(txn)
-
-
-def _flatten(rows: Rows, start: int, end: int) -> list[Any]:
-    """The values of ``rows[start:end]``, row after row (``list.extend`` a row: about
-    three times faster than ``list(chain.from_iterable(...))``, which grows the list
-    a value at a time)."""
-    values: list[Any] = []
-    add = values.extend
-    for i in range(start, end):
-        add(rows[i])
-    return values
 
 
 def _row_width(table: str, columns: str, values: Sequence[Any]) -> int:
