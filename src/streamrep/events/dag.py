@@ -83,9 +83,12 @@ def update_extremities(batch: Batch, room_id: str, records: list[EventRecord],
             "SELECT event_id FROM event_forward_extremities WHERE room_id = ?", (room_id,)))
     interned = _intern(non_outliers, forward, stored)
     # Only batch events that are backward extremities can have a stored child.
-    backward_hits = {r.event_id for r in non_outliers if (room_id, r.event_id) in backward}
+    # (Usually none: then no pass over the batch.)
+    backward_hits = {r.event_id for r in non_outliers
+                     if (room_id, r.event_id) in backward} if backward else set()
     _mark_counted_children(txn, room_id, interned, sorted(
-        r.event_id for r in non_outliers if r.counts and r.event_id in backward_hits))
+        r.event_id for r in non_outliers if r.event_id in backward_hits and r.counts)
+        if backward_hits else [])
     f_add, f_rem, b_add, b_rem = _core_ext.update_extremities(
         interned.batch_ids, interned.batch_flags, interned.offsets, interned.prev_ids,
         bytes(interned.id_flags))

@@ -209,6 +209,9 @@ class RoomStateAssigner:
         self.out.new_groups[group] = (after, hops)
         self.out.event_groups[event_id] = group
         self.rows.event_groups.append((event_id, group))
+        # Known now, so the run of events after this one is the usual case from its
+        # first (no query: *after* sets what its prev state or this event sets).
+        self._visibility_at_group[group] = self._visibility_in(after)
 
     def _smallest_delta(self, after: GroupState, prev_groups: list[int],
                         one_new_key: tuple[StateKey, str] | None,
