@@ -88,7 +88,7 @@ def use_impl(impl_kind: str, monkeypatch: pytest.MonkeyPatch) -> str:
         monkeypatch.setattr(module, "_batchrows", core_module("batchrows", impl_kind))
     monkeypatch.setattr(state, "_core_state", core_module("state", impl_kind))
     monkeypatch.setattr(store, "_core_changecache", core_module("changecache", impl_kind))
-    monkeypatch.setattr(store, "parse_event", core_module("eventrecord", impl_kind).parse_event)
+    monkeypatch.setattr(store, "parse_batch", core_module("eventrecord", impl_kind).parse_batch)
     monkeypatch.setattr(batchcheck, "_plaincheck", core_module("plaincheck", impl_kind))
     monkeypatch.setattr(eventformat, "_eventhash", core_module("eventhash", impl_kind))
     return impl_kind

@@ -138,3 +138,40 @@ def _outcome(parse: Any, item: dict[str, Any]) -> Any:
 def test_compiled_and_pure_agree(item: dict[str, Any]) -> None:
     compiled, pure = core_module("eventrecord", "compiled"), core_module("eventrecord", "pure")
     assert _outcome(compiled.parse_event, item) == _outcome(pure.parse_event, item)
+
+
+def test_a_batch_keeps_each_event_once(eventrecord: ModuleType) -> None:
+    first, other = message(), message(event_id="$n", prev_events=["$m"])
+    records = eventrecord.parse_batch([first, other, dict(first)])
+    assert [r.event_id for r in records] == ["$m", "$n"]
+    # Listed again as a non-outlier, an outlier joins the DAG.
+    records = eventrecord.parse_batch(iter([message(outlier=True), first]))
+    assert [(r.event_id, r.outlier) for r in records] == [("$m", False)]
+    records = eventrecord.parse_batch([first, message(outlier=True)])
+    assert [(r.event_id, r.outlier) for r in records] == [("$m", False)]
+    assert eventrecord.parse_batch([]) == []
+
+
+def test_a_batch_refuses_one_event_twice_with_other_json_and_a_lone_event(
+        eventrecord: ModuleType) -> None:
+    with pytest.raises(InvalidEventError, match="appears twice"):
+        eventrecord.parse_batch([message(), message(depth=8)])
+    for lone in (message(), b"{}", "$m"):
+        with pytest.raises(InvalidEventError, match="takes a list"):
+            eventrecord.parse_batch(lone)
+    with pytest.raises(InvalidEventError):
+        eventrecord.parse_batch([message(), message(event_id="")])
+
+
+@pytest.mark.compiled_vs_pure
+@settings(max_examples=200, deadline=None)
+@given(batch=st.lists(items, max_size=4))
+def test_compiled_and_pure_agree_on_batches(batch: list[dict[str, Any]]) -> None:
+    compiled, pure = core_module("eventrecord", "compiled"), core_module("eventrecord", "pure")
+    outcomes = []
+    for parse_batch in (compiled.parse_batch, pure.parse_batch):
+        try:
+            outcomes.append(parse_batch([dict(item) for item in batch]))
+        except InvalidEventError as exc:
+            outcomes.append(("error", str(exc)))
+    assert outcomes[0] == outcomes[1]

@@ -4,6 +4,7 @@ from typing import Any
 
 from streamrep._pure.eventrecord import EventRecord
 
-__all__ = ["parse_event"]
+__all__ = ["parse_batch", "parse_event"]
 
 def parse_event(item: Any) -> EventRecord: ...
+def parse_batch(items: Any) -> list[EventRecord]: ...

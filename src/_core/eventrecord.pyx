@@ -20,9 +20,12 @@ cdef extern from "Python.h":
     Py_ssize_t PyUnicode_FindChar(object text, Py_UCS4 ch, Py_ssize_t start, Py_ssize_t end,
                                   int direction) except -2
 
+from collections.abc import Mapping
+
 import orjson
 
 from streamrep._pure import eventrecord as _ref
+from streamrep.errors import InvalidEventError
 from streamrep._pure.eventrecord import EventRecord, FLAG_KEYS
 
 __all__ = list(_ref.__all__)
@@ -70,6 +73,33 @@ cdef inline object _text(dict body, str name):
 
 
 def parse_event(item):
+    return _parse(item)
+
+
+def parse_batch(items):
+    cdef dict records = {}
+    cdef PyObject* found
+    cdef object item, record, seen, event_id
+    if isinstance(items, (Mapping, bytes, str)):
+        raise InvalidEventError("persist_events takes a list of events")
+    for item in items:
+        record = _parse(item)
+        event_id = record.event_id
+        found = PyDict_GetItem(records, event_id)
+        if found is NULL:
+            records[event_id] = record
+            continue
+        seen = <object>found
+        if seen.json != record.json:
+            raise InvalidEventError(
+                f"event {event_id} appears twice in the batch with different JSON")
+        if seen.outlier and not record.outlier:
+            records[event_id] = record
+    return list(records.values())
+
+
+cdef object _parse(object item):
+    """:func:`parse_event` (called once per item by :func:`parse_batch` too)."""
     cdef dict body, content
     cdef PyObject* found
     cdef object event_id, room_id, etype, sender, depth, prevs, prev, state_key

@@ -3,7 +3,7 @@
 item may be).
 
 :func:`parse_event` is the one definition of what a valid item is and of the
-error each invalid one gets; the compiled twin takes the usual items on a path of
+error each invalid one gets (:func:`parse_batch` applies it to a whole batch); the compiled twin takes the usual items on a path of
 its own and hands every other to this one. Both build this module's
 :class:`EventRecord`.
 """
@@ -18,7 +18,7 @@ import orjson
 from streamrep.errors import InvalidEventError
 
 # The twins' API; EventRecord and FLAG_KEYS, defined here once, are shared by both.
-__all__ = ["parse_event"]
+__all__ = ["parse_batch", "parse_event"]
 
 #: Keys of a mapping that are persistence flags rather than event fields.
 FLAG_KEYS = ("outlier", "rejected", "soft_failed")
@@ -242,3 +242,24 @@ def parse_event(item: Any) -> EventRecord:
     raise InvalidEventError(
         "an event is a mapping with 'event_id' or an (event_id, json_bytes[, flags]) tuple, "
         f"not {type(item).__name__}")
+
+
+def parse_batch(items: Any) -> list[EventRecord]:
+    """The records of a ``persist_events`` batch (a list or other iterable of
+    items, not one mapping, bytes or str), each event once: listed again with the
+    same JSON, the later copy is dropped unless it takes an outlier into the DAG;
+    with other JSON, :class:`InvalidEventError`."""
+    if isinstance(items, (Mapping, bytes, str)):
+        raise InvalidEventError("persist_events takes a list of events")
+    records: dict[str, EventRecord] = {}
+    for item in items:
+        record = parse_event(item)
+        seen = records.get(record.event_id)
+        if seen is None:
+            records[record.event_id] = record
+        elif seen.json != record.json:
+            raise InvalidEventError(
+                f"event {record.event_id} appears twice in the batch with different JSON")
+        elif seen.outlier and not record.outlier:
+            records[record.event_id] = record
+    return list(records.values())

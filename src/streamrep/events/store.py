@@ -23,7 +23,6 @@ from streamrep.db.inlists import in_list
 from streamrep.errors import (
     DatabaseConfigError,
     EventNotFoundError,
-    InvalidEventError,
     InvalidTokenError,
 )
 from streamrep.events import rules_schema, schema
@@ -48,7 +47,7 @@ from streamrep.events.roomversions import RoomVersions
 from streamrep.events.rules import NO_VERDICT, Rejection, RoomRules
 from streamrep.events.state import GroupState, StateGroupStore, StateOverlay
 from streamrep.events.tokens import StreamToken, TopologicalToken, parse_token
-from streamrep.events.validation import EventRecord, parse_event
+from streamrep.events.validation import EventRecord, parse_batch
 from streamrep.events.verify import (EarlyCheck, VerifyMode, check_early, check_mode,
                                      verify_planned)
 from streamrep.lru import Lru
@@ -272,20 +271,7 @@ class EventStore:
 
     @staticmethod
     def _validate(events: Iterable[Any]) -> list[EventRecord]:
-        if isinstance(events, (Mapping, bytes, str)):
-            raise InvalidEventError("persist_events takes a list of events")
-        records: dict[str, EventRecord] = {}
-        for item in events:
-            record = parse_event(item)
-            seen = records.get(record.event_id)
-            if seen is None:
-                records[record.event_id] = record
-            elif seen.json != record.json:
-                raise InvalidEventError(
-                    f"event {record.event_id} appears twice in the batch with different JSON")
-            elif seen.outlier and not record.outlier:
-                records[record.event_id] = record
-        return list(records.values())
+        return parse_batch(events)
 
     def _persist_txn(self, txn: Transaction, records: list[EventRecord], backfilled: bool,
                      remote: bool, early: EarlyCheck | None) -> PersistOutcome:

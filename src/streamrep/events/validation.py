@@ -19,7 +19,10 @@ if TYPE_CHECKING:
 else:
     _eventrecord = _impl.load("eventrecord")
 
-__all__ = ["EventRecord", "FLAG_KEYS", "parse_event"]
+__all__ = ["EventRecord", "FLAG_KEYS", "parse_batch", "parse_event"]
 
 #: Validate one ``persist_events`` item; raises :class:`InvalidEventError`.
 parse_event = _eventrecord.parse_event
+
+#: Validate a ``persist_events`` batch, each event once (see ``eventrecord``).
+parse_batch = _eventrecord.parse_batch
