@@ -41,6 +41,8 @@ class BatchLookup:
     redaction_targets: set[tuple[str, str]] = field(default_factory=set)
     #: ``(room, event)`` of the batch's events that are backward extremities
     backward: set[tuple[str, str]] = field(default_factory=set)
+    #: how many of the batch's own events are stored (usually none)
+    batch_stored: int = 0
 
     @classmethod
     def query(cls, txn: Transaction, records: list[EventRecord]) -> "BatchLookup":
@@ -55,8 +57,10 @@ class BatchLookup:
             for kind, event_id, outlier, room_id, raw in txn.fetchall(sql, params):
                 if kind == 0:
                     found.stored[event_id] = bool(outlier)
-                    if raw is not None and event_id in record_ids:
-                        found.outlier_json[event_id] = bytes(raw)
+                    if event_id in record_ids:
+                        found.batch_stored += 1
+                        if raw is not None:
+                            found.outlier_json[event_id] = bytes(raw)
                 elif kind == 1:
                     found.redaction_targets.add((event_id, room_id))
                 else:
@@ -113,6 +117,8 @@ def _events_to_write(records: list[EventRecord],
                      lookup: BatchLookup) -> tuple[list[EventRecord], list[str]]:
     """The records not stored yet, and those stored as outliers that now arrive as
     non-outliers (de-outliered: written again, with the bytes first received)."""
+    if not lookup.batch_stored:
+        return list(records), []
     todo: list[EventRecord] = []
     deoutliered: list[str] = []
     stored = lookup.stored
