@@ -235,25 +235,7 @@ cdef class Rules:
     # --- auth event selection ---------------------------------------------------
 
     cpdef set auth_types(self, event):
-        cdef str etype = _field(event, F_TYPE)
-        state_key = _field(event, F_STATE_KEY)
-        if etype == _CREATE and state_key == "":
-            return set()
-        cdef set keys = {_POWER_LEVELS_KEY, (_MEMBER, _field(event, F_SENDER)), _CREATE_KEY}
-        if etype == _MEMBER and state_key is not None:
-            membership = _field(event, F_MEMBERSHIP)
-            if membership == "join" or membership == "invite" or membership == "knock":
-                keys.add(_JOIN_RULES_KEY)
-            keys.add((_MEMBER, state_key))
-            if membership == "invite":
-                token = _ref._third_party_token(event)
-                if token is not None:
-                    keys.add((_THIRD_PARTY_INVITE, token))
-            if self.restricted and membership == "join":
-                via = _field(event, F_CONTENT).get("join_authorised_via_users_server")
-                if isinstance(via, str):
-                    keys.add((_MEMBER, via))
-        return keys
+        return set(self._auth_keys(event))
 
     cdef list _auth_keys(self, event):
         """The keys of :meth:`auth_types` as a list (a key may come twice)."""
