@@ -48,23 +48,25 @@ def cooperative_sockets(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_batch_redis_takes_slowly_is_not_cut_by_the_answer_loops_timeout(
         cooperative_sockets: None) -> None:
     slow = _SlowRedis()
-    publisher = Publisher(slow.url, connect_timeout=1.0)
+    publisher = Publisher(slow.url, connect_timeout=1.5)
     publisher.open()
     # What the link does: one greenlet waits for answers with a short timeout
     # while another sends a batch that takes Redis several seconds to read.
     polling = gevent.spawn(lambda: [publisher.take_answers(0.05) for _ in range(10_000)])
-    batch = encode_publish("bench.example", [b"RDATA to_device w 1 " + b"x" * 200] * 40_000)
-    assert len(batch) > 8 * 1024 * 1024
+    # Far more than the kernel's buffers on both sides hold (a few MiB): about
+    # four seconds of the server's pace.
+    batch = encode_publish("bench.example", [b"RDATA to_device w 1 " + b"x" * 200] * 120_000)
+    assert len(batch) > 24 * 1024 * 1024
     started = time.monotonic()
     try:
-        publisher.send(batch, 40_000)
+        publisher.send(batch, 120_000)
         taken = time.monotonic() - started
     finally:
         polling.kill()
         publisher.close()
         slow.server.stop()
-    assert taken > 1.0  # longer than the socket's timeout, yet no part stalled that long
-    assert publisher.sent == 40_000
+    assert taken > 1.5  # longer than the socket's timeout, yet no part stalled that long
+    assert publisher.sent == 120_000
 
 
 def test_a_redis_that_takes_nothing_fails_the_send(cooperative_sockets: None) -> None:
