@@ -172,6 +172,19 @@ def test_a_single_read_survives_terminated_backends(
     assert db.connections_in_use == 0
 
 
+def test_the_schema_version_is_read_again_after_terminated_backends(
+        db: Database, tagged: tuple[str, str], pg_server: str) -> None:
+    # What `streamrep demo` asks of a database before anything else (is a
+    # deployment recorded?): a terminated backend made it fail with exit 3.
+    from streamrep.db import deployment
+
+    version = db.schema_version(deployment.COMPONENT)
+    assert db.idle_connections >= 1
+    assert terminate_backends(pg_server, tagged[1]) >= 1
+    assert db.schema_version(deployment.COMPONENT) == version
+    assert db.connections_in_use == 0
+
+
 def test_work_outside_a_transaction_waits_out_another_process_s_lock(tmp_path: pathlib.Path) -> None:
     """Database.retry (migrations, stream ID startup) starts its work again while
     another process holds a SQLite database's write lock past busy_timeout_ms, and

@@ -134,7 +134,11 @@ class Migrator:
         self._lock = gevent.lock.RLock()
 
     def schema_version(self, component: str) -> int:
-        """The last migration of *component* applied to this database (0: none)."""
+        """The last migration of *component* applied to this database (0: none);
+        read again after a lost connection, as every other read is."""
+        return int(self._retry(self._read_version, component, name="schema_version"))
+
+    def _read_version(self, component: str) -> int:
         with self._transaction("schema_version") as txn:
             _ensure_versions_table(txn)
             return int(txn.fetchval(
