@@ -88,3 +88,26 @@ def test_a_redis_that_takes_nothing_fails_the_send(cooperative_sockets: None) ->
     finally:
         publisher.close()
         server.stop()
+
+
+def test_messages_in_the_same_read_as_the_confirmation_are_handed_on(
+        cooperative_sockets: None) -> None:
+    from streamrep.replication.transport.redis_connection import Subscription
+
+    def confirm_then_publish(sock: gevent.socket.socket, _address: object) -> None:
+        sock.recv(1024)  # SUBSCRIBE example.com
+        # Redis may pass messages on right behind its confirmation, in one write.
+        sock.sendall(b"*3\r\n$9\r\nsubscribe\r\n$11\r\nexample.com\r\n:1\r\n"
+                     b"*3\r\n$7\r\nmessage\r\n$11\r\nexample.com\r\n$11\r\nPOSITION a1\r\n"
+                     b"*3\r\n$7\r\nmessage\r\n$11\r\nexample.com\r\n$8\r\nRDATA b2\r\n")
+        gevent.sleep(5)
+
+    server = gevent.server.StreamServer(("127.0.0.1", 0), confirm_then_publish)
+    server.start()
+    subscription = Subscription(f"redis://127.0.0.1:{server.server_port}", ["example.com"], 2.0)
+    try:
+        subscription.open()
+        assert subscription.read_messages(0.5) == (b"POSITION a1\nRDATA b2\n", 0)
+    finally:
+        subscription.close()
+        server.stop()

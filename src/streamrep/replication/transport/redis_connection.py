@@ -226,6 +226,8 @@ class Subscription(_Connection):
         sock = self._sock
         if sock is None:
             raise SubscriptionLost("not connected")
+        if self._early:
+            return self._take_early(skip), 0
         sock.settimeout(timeout)
         try:
             data = sock.recv(_RECV_BYTES)
@@ -237,13 +239,16 @@ class Subscription(_Connection):
             lines, replies = self._messages.feed(data, skip)
         except MalformedReplyError as exc:
             raise SubscriptionLost(str(exc)) from None
-        if self._early:
-            early, self._early = self._early, b""
-            if skip is not None:
-                early = b"".join(line + b"\n" for line in early.split(b"\n")[:-1]
-                                 if not line.startswith(skip))
-            lines = early + lines
         return lines, replies
+
+    def _take_early(self, skip: bytes | None) -> bytes:
+        """The messages that came behind the subscription's confirmations (those
+        starting with *skip* left out), once."""
+        early, self._early = self._early, b""
+        if skip is None:
+            return early
+        return b"".join(line + b"\n" for line in early.split(b"\n")[:-1]
+                        if not line.startswith(skip))
 
 
 class Publisher(_Connection):
