@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import socket as stdsocket
 
 import gevent
 from gevent import socket
 
 from streamrep.replication import ConnectionSettings, MemorySource, ReplicationHub
+from streamrep.replication.transport.tcp_hub import HubConnection
 from support.replication import LineClient, wait_until
 
 
@@ -152,13 +154,15 @@ def test_a_reader_that_keeps_up_is_never_cut_off_while_stalled_peers_are() -> No
 
 
 def test_the_allocator_gives_memory_back_once_many_peers_have_gone() -> None:
-    """After a hundred connections end, and none for a keepalive step, the hub asks
-    the C allocator (glibc's malloc_trim) to return what they freed; not while
-    connections keep ending, nor after a few."""
+    """After a hundred connections end, and none for a keepalive step, the hub empties
+    CPython's attribute cache and asks the C allocator (glibc's malloc_trim) to return
+    what they freed; not while connections keep ending, nor after a few."""
     hub = ReplicationHub("hub.example", MemorySource(["caches"]), port=0,
                          settings=ConnectionSettings(ping_interval=0.2, ping_timeout=0.6))
+    assert hub._clear_type_cache is not None  # CPython has it
     trims: list[int] = []
     hub._trim = trims.append
+    hub._clear_type_cache = lambda: trims.append(-1)
     hub.start()
     try:
         step = 0.6 / 4
@@ -169,8 +173,29 @@ def test_the_allocator_gives_memory_back_once_many_peers_have_gone() -> None:
         peers = [socket.create_connection(hub.address) for _ in range(120)]
         for peer in peers:
             peer.close()
-        wait_until(lambda: trims == [0], timeout=10)
+        wait_until(lambda: trims == [-1, 0], timeout=10)
         gevent.sleep(step * 3)
-        assert trims == [0]
+        assert trims == [-1, 0]
+    finally:
+        hub.stop()
+
+
+def test_a_gone_connection_is_not_kept_by_the_keepalive_greenlet() -> None:
+    """Once the last peer has gone, nothing in the hub keeps its connection (the
+    keepalive greenlet that ticked it last included): its objects are freed."""
+    hub = ReplicationHub("hub.example", MemorySource(["caches"]), port=0,
+                         settings=ConnectionSettings(ping_interval=0.2, ping_timeout=0.6))
+    hub.start()
+    try:
+        step = 0.6 / 4
+        peer = LineClient(hub.address)
+        peer.send("NAME gone\n")
+        wait_until(lambda: len(hub.connections) == 1)
+        gevent.sleep(step * 3)  # ticked a few times
+        peer.close()
+        wait_until(lambda: not hub.connections)
+        gevent.sleep(step * 3)
+        gc.collect()
+        assert [o for o in gc.get_objects() if isinstance(o, HubConnection)] == []
     finally:
         hub.stop()

@@ -37,6 +37,7 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+import sys
 import time
 from typing import Any, Callable, Collection, Mapping, Sequence
 
@@ -233,6 +234,7 @@ class ReplicationHub:
         self._refusals_logged: set[tuple[str, str]] = set()
         self._closed_since_trim = 0
         self._trim = _malloc_trim()
+        self._clear_type_cache: Callable[[], None] | None = getattr(sys, "_clear_type_cache", None)
         self.stopped = gevent.event.Event()
         self.load_positions()
 
@@ -391,22 +393,38 @@ class ReplicationHub:
         closed = 0
         while True:
             gevent.sleep(step)
-            now = time.monotonic()
-            for conn in tuple(self._by_session.values()):
-                try:
-                    conn.tick(now)
-                except Exception:
-                    logger.exception("keepalive of %s failed", conn.name)
-                    conn.close(DisconnectReason.LOCAL_CLOSE, "internal error")
+            self._tick_all(time.monotonic())
             if self._closed_since_trim >= _TRIM_AFTER_CLOSES and self._closed_since_trim == closed:
                 self._give_memory_back()
             closed = self._closed_since_trim
 
+    def _tick_all(self, now: float) -> None:
+        # Not inlined in _tick_connections: its loop variable would keep the last
+        # connection (closed by its tick, say) alive while that greenlet sleeps.
+        for conn in tuple(self._by_session.values()):
+            try:
+                conn.tick(now)
+            except Exception:
+                logger.exception("keepalive of %s failed", conn.name)
+                conn.close(DisconnectReason.LOCAL_CLOSE, "internal error")
+
     def _give_memory_back(self) -> None:
         """Many peers went (slow readers cut off, say) and none since: Python has
-        freed their objects, but the C allocator keeps the pages for itself until
-        asked to return them."""
+        freed their objects, but two things keep the memory they took.
+
+        CPython's attribute lookup cache keeps a reference to the name of each
+        lookup in its 4,096 slots, chosen by the name's address (3.11). gevent
+        stops each one-shot watcher that fired (every ``sleep``, every timeout) by
+        looking up ``stop`` with a string it makes anew each time, so hundreds of
+        those small strings, made while the peers' objects filled CPython's
+        small-object arenas, stay scattered over them and keep each of those
+        1 MiB arenas from being returned. Emptying the cache frees them (it
+        refills in microseconds). Then the C allocator keeps the pages it has
+        for itself until asked to return them.
+        """
         self._closed_since_trim = 0
+        if self._clear_type_cache is not None:
+            self._clear_type_cache()
         if self._trim is not None:
             self._trim(0)
 
