@@ -417,10 +417,10 @@ class ReplicationHub:
         stops each one-shot watcher that fired (every ``sleep``, every timeout) by
         looking up ``stop`` with a string it makes anew each time, so hundreds of
         those small strings, made while the peers' objects filled CPython's
-        small-object arenas, stay scattered over them and keep each of those
-        1 MiB arenas from being returned. Emptying the cache frees them (it
-        refills in microseconds). Then the C allocator keeps the pages it has
-        for itself until asked to return them.
+        small-object arenas, stay scattered over them, and a 1 MiB arena is
+        only returned once nothing in it lives. Emptying the cache frees them
+        (it refills in microseconds). And the C allocator keeps the pages it
+        has for itself until asked to return them.
         """
         self._closed_since_trim = 0
         if self._clear_type_cache is not None:
