@@ -66,6 +66,7 @@ __all__ = [
     "REPORT_SCHEMA",
     "OUTPUT_TABLES",
     "assign_units",
+    "chain_period",
     "compress_units",
     "compress_batch",
     "GroupBatch",
@@ -102,14 +103,25 @@ class CompressResult:
     max_depth_after: int = 0
     verified_groups: int = 0
     timings: dict[str, float] = field(default_factory=dict)
+    #: unit -> (its top's depth over its copy or -1, its deepest group over
+    #: its copy or -1), for the units at a position > 0 of a chain.
+    chain_units: dict[int, tuple[int, int]] = field(default_factory=dict)
+    _local_depth_after: int = 0
 
     def add(self, report: pa.Table) -> None:
         """Add up the per-task reports (:data:`REPORT_SCHEMA`)."""
         for name in ("groups", "changed_groups", "unreferenced_groups", "rows_before",
                      "rows_after", "verified_groups"):
             setattr(self, name, getattr(self, name) + int(pc.sum(report.column(name)).as_py() or 0))
-        for name in ("max_depth_before", "max_depth_after"):
-            setattr(self, name, max(getattr(self, name), int(pc.max(report.column(name)).as_py() or 0)))
+        self.max_depth_before = max(self.max_depth_before,
+                                    int(pc.max(report.column("max_depth_before")).as_py() or 0))
+        self._local_depth_after = max(self._local_depth_after,
+                                      int(pc.max(report.column("max_depth_after")).as_py() or 0))
+        if "chain_units" in report.column_names:
+            for units, tops, deepest in zip(*(report.column(c).to_pylist()
+                                              for c in ("chain_units", "chain_tops", "chain_deepest"))):
+                self.chain_units.update(zip(units or (), zip(tops or (), deepest or ())))
+        self.max_depth_after = max(self._local_depth_after, chain_depth(self.chain_units))
 
     def summary(self) -> str:
         phases = ", ".join(f"{k} {v:.2f}s" for k, v in self.timings.items())
@@ -131,7 +143,10 @@ UNIT_TOPOLOGY_SCHEMA = pa.schema(
 )
 
 #: Output of :func:`assign_units`. ``home`` is False on the extra copies of a
-#: split tree's root; ``fixed`` marks those roots (left as they are).
+#: split tree's root and of the top of the previous share of a chain;
+#: ``fixed`` marks those roots (left as they are). ``chain`` is the unit's
+#: position in its room's chain of shares (0: first, or no chain): its copy of
+#: the previous top is at most ``chain - 1`` hops deep in the new tables.
 UNITS_SCHEMA = pa.schema(
     [
         ("unit", pa.int64()),
@@ -143,6 +158,7 @@ UNITS_SCHEMA = pa.schema(
         ("home", pa.bool_()),
         ("fixed", pa.bool_()),
         ("children", pa.int64()),
+        ("chain", pa.int64()),
     ]
 )
 
@@ -203,7 +219,30 @@ OUTPUT_TABLES: dict[str, pa.Schema] = {
     "change_rows": CHANGE_ROWS_SCHEMA,
 }
 
-#: What each batch (and each Spark task) reports.
+def chain_depth(chain_units: dict[int, tuple[int, int]]) -> int:
+    """The longest chain in the new tables through copies of previous tops.
+
+    *chain_units* maps each unit at a position > 0 of a chain to its top's
+    depth over its copy (-1: not under it, so the top stays a root) and the
+    deepest kept group's depth over its copy (-1: none). The copy of unit
+    u - 1's top is that top itself; a unit at position 0 (not listed) has its
+    top at depth 0.
+    """
+    longest = 0
+    top_depth: dict[int, int] = {}
+    for unit in sorted(chain_units):
+        over_copy, deepest = chain_units[unit]
+        copy_depth = top_depth.get(unit - 1, 0)
+        top_depth[unit] = over_copy + copy_depth if over_copy >= 0 else 0
+        if deepest >= 0:
+            longest = max(longest, deepest + copy_depth)
+    return longest
+
+
+#: What each batch (and each Spark task) reports. ``max_depth_after`` counts
+#: the groups hanging under no copy of a previous share's top; the
+#: ``chain_*`` lists give, per unit at a position > 0 of a chain, what
+#: :func:`chain_depth` needs for the others.
 REPORT_SCHEMA = pa.schema(
     [
         ("groups", pa.int64()),
@@ -214,6 +253,9 @@ REPORT_SCHEMA = pa.schema(
         ("max_depth_before", pa.int64()),
         ("max_depth_after", pa.int64()),
         ("verified_groups", pa.int64()),
+        ("chain_units", pa.list_(pa.int64())),
+        ("chain_tops", pa.list_(pa.int64())),
+        ("chain_deepest", pa.list_(pa.int64())),
     ]
 )
 
@@ -221,12 +263,38 @@ REPORT_SCHEMA = pa.schema(
 # --- units ----------------------------------------------------------------------
 
 
-def assign_units(topology: pa.Table, split_threshold: int = 200_000) -> pa.Table:
+def chain_period(max_depth: int) -> int:
+    """Shares per chain of a split room (see :func:`assign_units`).
+
+    A share at position p of a chain hangs under a copy of the previous
+    share's top, which is at most p - 1 hops deep in the new tables, and its
+    own top one hop under that copy, so the share is planned with
+    ``max_depth - p`` hops of its own. Restarting the chain (a snapshot) every
+    ``max_depth // 4`` shares keeps at least three quarters of ``max_depth``
+    for every share, and a snapshot every that many shares is a small cost
+    next to the deltas of so many shares. At least two, where ``max_depth``
+    allows, so a split room always links one share to the next.
+    """
+    return min(max_depth, max(2, max_depth // 4))
+
+
+def assign_units(topology: pa.Table, split_threshold: int = 200_000, max_depth: int = 99) -> pa.Table:
     """Group the trees into units (rooms, or shares of giant rooms).
 
     *topology* has :data:`UNIT_TOPOLOGY_SCHEMA`. Checks it with the core
     (duplicates, missing prev groups, cycles raise StateCorruptionError naming
     the groups) and returns :data:`UNITS_SCHEMA` rows.
+
+    A room of more than *split_threshold* groups is cut into
+    ``ceil(groups / split_threshold)`` shares: contiguous runs of whole trees
+    in the order of their roots, balanced by group count (a single tree above
+    the threshold is cut by branch, its root copied into every piece and
+    left as it is). Shares form chains (:func:`chain_period`): share s at
+    position ``chain`` > 0 also gets a copy of the top root of share s - 1
+    (its first root, whose delta rows are its full state), not home and
+    fixed, so its own first roots can become deltas over it instead of
+    snapshots; the copy's group is marked referenced in its home share, as
+    the next share may need it.
     """
     marked = topology.select(TOPOLOGY_SCHEMA.names).set_column(
         2, "wanted", pa.array(np.ones(topology.num_rows, dtype=np.bool_))
@@ -253,12 +321,28 @@ def assign_units(topology: pa.Table, split_threshold: int = 200_000) -> pa.Table
     room_size = np.bincount(room_num, weights=t_home.astype(np.float64)).astype(np.int64)
     shares = np.maximum(1, -(-room_size // max(1, split_threshold)))
     split_tree = np.isin(t_root, t_root[t_piece > 0]) if (t_piece > 0).any() else np.zeros(len(t_root), np.bool_)
-    share = (_mix(t_root ^ (t_piece << np.int64(40))) % shares[room_num].astype(np.uint64)).astype(np.int64)
-    share = np.where(shares[room_num] > 1, share, 0)
+
+    # Shares: contiguous runs of (tree, piece) items in root order, cut where
+    # the room's running group count crosses a multiple of size / shares.
+    item_order = np.lexsort((t_piece, t_root, room_num))
+    o_room = room_num[item_order]
+    o_home = t_home[item_order].astype(np.int64)
+    before = np.cumsum(o_home) - o_home
+    room_start = np.r_[0, np.cumsum(room_size)[:-1]]
+    before -= room_start[o_room]
+    new_item = np.r_[True, (t_root[item_order][1:] != t_root[item_order][:-1])
+                     | (t_piece[item_order][1:] != t_piece[item_order][:-1])]
+    # Every row of an item takes the count before the item's first row.
+    item_id = np.cumsum(new_item) - 1
+    before = before[np.flatnonzero(new_item)][item_id]
+    share = np.empty(len(t_group), dtype=np.int64)
+    share[item_order] = before * shares[o_room] // np.maximum(room_size[o_room], 1)
+    share = np.minimum(share, shares[room_num] - 1)
     unit_key = room_num * np.int64(1 << 20) + share
     _, unit = np.unique(unit_key, return_inverse=True)
     unit = unit.astype(np.int64)
     fixed = split_tree & (t_group == t_root)
+    chain, copies = _chains(unit, room_num, t_group, t_root, t_home, split_tree, chain_period(max_depth))
 
     # A split root copied into two pieces of the same unit is kept once.
     keep_order = np.lexsort((~t_home, t_group, unit))
@@ -266,27 +350,70 @@ def assign_units(topology: pa.Table, split_threshold: int = 200_000) -> pa.Table
                   | (t_group[keep_order][1:] != t_group[keep_order][:-1])]
     rows = keep_order[first]
     rows.sort()
+    # The copies of the tops into the next shares of their chains.
+    out_unit = np.r_[unit[rows], copies[:, 1]]
+    out_home = np.r_[t_home[rows], np.zeros(len(copies), np.bool_)]
+    out_fixed = np.r_[fixed[rows], np.ones(len(copies), np.bool_)]
+    rows = np.r_[rows, copies[:, 0]]
 
     prev_all = _int64_numpy(topology.column("prev_state_group"), fill=-1)
     has_prev = prev_all[prev_all != -1]
     child_counts = np.zeros(len(ids), dtype=np.int64)
     if len(has_prev):
         np.add.at(child_counts, lookup(has_prev), 1)
-    referenced = _bool_numpy(topology.column("referenced"))
+    referenced = _bool_numpy(topology.column("referenced")).copy()
+    referenced[at[copies[:, 0]]] = True
     return pa.table(
         [
-            pa.array(unit[rows]),
+            pa.array(out_unit),
             pa.array(t_group[rows]),
             pa.array(t_prev[rows], mask=t_prev[rows] == -1),
             room_text.take(pa.array(rows)),
             topology.column("group_event_id").combine_chunks().take(pa.array(at[rows])),
             pa.array(referenced[at[rows]]),
-            pa.array(t_home[rows]),
-            pa.array(fixed[rows]),
+            pa.array(out_home),
+            pa.array(out_fixed),
             pa.array(child_counts[at[rows]]),
+            pa.array(chain[out_unit]),
         ],
         schema=UNITS_SCHEMA,
     )
+
+
+def _chains(unit: np.ndarray, room: np.ndarray, group: np.ndarray, root: np.ndarray, home: np.ndarray,
+            split_tree: np.ndarray, period: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each unit's position in its room's chain of shares, and the copies:
+    ``(row of the top, unit it is copied into)`` pairs.
+
+    Units are numbered in room order, a room's shares consecutive. A share
+    takes part in a chain only when its top (smallest root) is also its
+    smallest group, so the top comes first in batch order (with only the copy
+    before it) and its depth in the new tables stays within the chain's
+    bound; and when it holds no piece of a cut tree.
+    """
+    units = int(unit.max()) + 1
+    smallest = np.full(units, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(smallest, unit, group)
+    top = np.full(units, np.iinfo(np.int64).max, dtype=np.int64)
+    is_root = home & (group == root)
+    np.minimum.at(top, unit[is_root], group[is_root])
+    has_split = np.zeros(units, np.bool_)
+    has_split[unit[split_tree]] = True
+    eligible = (top == smallest) & ~has_split
+    unit_room = np.zeros(units, np.int64)
+    unit_room[unit] = room
+    chain = np.zeros(units, np.int64)
+    for u in range(1, units):
+        if unit_room[u] == unit_room[u - 1] and eligible[u] and eligible[u - 1] and chain[u - 1] + 1 < period:
+            chain[u] = chain[u - 1] + 1
+    receivers = np.flatnonzero(chain > 0)
+    top_row = np.full(units, -1, np.int64)
+    roots = np.flatnonzero(is_root)
+    # The home row of each unit's top.
+    mine = roots[group[roots] == top[unit[roots]]]
+    top_row[unit[mine]] = mine
+    copies = np.stack([top_row[receivers - 1], receivers], axis=1) if len(receivers) else np.zeros((0, 2), np.int64)
+    return chain, copies.astype(np.int64)
 
 
 # --- compressing batches of whole units -------------------------------------------
@@ -297,7 +424,7 @@ class UnitsOutput:
     """What one batch of units reports, and its output tables as pieces of a
     bounded number of rows (produced as they are written)."""
 
-    report: dict[str, int]
+    report: dict[str, Any]
     pieces: Iterator[dict[str, pa.Table]]
 
     @property
@@ -323,6 +450,11 @@ class GroupBatch:
     children: np.ndarray
     room_ids: pa.Array
     group_events: pa.Array
+    chain: np.ndarray | None = None  # the unit's position in its chain of shares
+
+    def __post_init__(self) -> None:
+        if self.chain is None:
+            self.chain = np.zeros(len(self.groups), np.int64)
 
     @classmethod
     def from_table(cls, head: pa.Table) -> "GroupBatch":
@@ -332,7 +464,8 @@ class GroupBatch:
             _int64_numpy(head.column("prev_state_group"), fill=-1), _bool_numpy(head.column("home")),
             _bool_numpy(head.column("fixed")), _bool_numpy(head.column("referenced")),
             _int64_numpy(head.column("children")), head.column("room_id").combine_chunks(),
-            head.column("group_event_id").combine_chunks())
+            head.column("group_event_id").combine_chunks(),
+            _int64_numpy(head.column("chain")) if "chain" in head.column_names else None)
 
 
 #: Rows per output piece (bounds the strings materialised at once).
@@ -375,15 +508,155 @@ def compress_units(segment: pa.Table, options: CompressOptions) -> UnitsOutput:
     return compress_batch(batch, parent, offsets, interned, options)
 
 
+def _plan_part(parent: np.ndarray, unit: np.ndarray, offsets: np.ndarray, keys: np.ndarray,
+               events: np.ndarray, fixed: np.ndarray, max_depth: int, candidates: int) -> tuple[np.ndarray, ...]:
+    """One call of the core's planner, its buffers as int64 arrays."""
+    planned = _core_walk.plan_compression(parent, unit, offsets, keys, events, fixed.view(np.uint8),
+                                          max_depth, candidates)
+    return tuple(np.frombuffer(a, dtype=np.int64) if len(a) else np.zeros(0, np.int64) for a in planned)
+
+
+def _chain_copies(batch: GroupBatch) -> np.ndarray:
+    """Which groups of the batch are copies of a previous share's top."""
+    assert batch.chain is not None
+    copies: np.ndarray = ~batch.home & batch.fixed & (batch.chain > 0)
+    return copies
+
+
+def _plan_budgets(batch: GroupBatch, parent: np.ndarray, offsets: np.ndarray, interned: _Interned,
+                  options: CompressOptions) -> tuple[np.ndarray, ...]:
+    """The plan of every unit with its own depth budget, one core call per
+    budget: ``max_depth`` less ``chain`` for a unit at a position > 0 of a
+    chain (its top goes one hop under the copy of the previous top, which is
+    at most ``chain - 1`` hops deep). The copies are left out of the plan."""
+    assert batch.chain is not None
+    copy = _chain_copies(batch)
+    budget = np.where(batch.chain > 0, options.max_depth - batch.chain, options.max_depth)
+    values = np.unique(budget[~copy])
+    if len(values) == 1 and not copy.any():
+        return _plan_part(parent, batch.unit, offsets, interned.keys, interned.event_ids, batch.fixed,
+                          int(values[0]), options.candidates)
+    n = len(batch.groups)
+    sizes = np.diff(offsets)
+    new_parent = np.full(n, -1, np.int64)
+    depth = np.zeros(n, np.int64)
+    new_sizes = sizes.copy()
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def rows_of(idx: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        sub_offsets = np.r_[0, np.cumsum(lengths)].astype(np.int64)
+        return sub_offsets, np.repeat(offsets[idx] - sub_offsets[:-1], lengths) + np.arange(sub_offsets[-1])
+
+    for value in values:
+        chosen = (budget == value) & ~copy  # whole units, parents among them
+        idx = np.flatnonzero(chosen)
+        position = np.cumsum(chosen) - 1
+        sub_parent = np.where(parent[idx] >= 0, position[np.maximum(parent[idx], 0)], -1)
+        sub_offsets, rows = rows_of(idx, sizes[idx])
+        try:
+            planned = _plan_part(sub_parent, batch.unit[idx], sub_offsets, interned.keys[rows],
+                                 interned.event_ids[rows], batch.fixed[idx], int(value), options.candidates)
+        except StateCorruptionError as exc:
+            named = getattr(exc, "groups", ())
+            exc.groups = tuple(int(idx[i]) for i in named if 0 <= i < len(idx))  # type: ignore[attr-defined]
+            raise
+        p_parent, p_depth, p_offsets, p_keys, p_events = planned
+        new_parent[idx] = np.where(p_parent >= 0, idx[np.maximum(p_parent, 0)], -1)
+        depth[idx] = p_depth
+        new_sizes[idx] = np.diff(p_offsets)
+        parts.append((idx, p_offsets, p_keys, p_events))
+    idx = np.flatnonzero(copy)
+    sub_offsets, rows = rows_of(idx, sizes[idx])
+    parts.append((idx, sub_offsets, interned.keys[rows], interned.event_ids[rows]))
+    new_offsets = np.r_[0, np.cumsum(new_sizes)].astype(np.int64)
+    new_keys = np.empty(int(new_offsets[-1]), np.int64)
+    new_events = np.empty(int(new_offsets[-1]), np.int64)
+    for idx, p_offsets, p_keys, p_events in parts:
+        to = np.repeat(new_offsets[idx] - p_offsets[:-1], np.diff(p_offsets)) + np.arange(p_offsets[-1])
+        new_keys[to] = p_keys
+        new_events[to] = p_events
+    if copy.any():
+        return _link_tops(batch, copy, new_parent, depth, new_offsets, new_keys, new_events)
+    return new_parent, depth, new_offsets, new_keys, new_events
+
+
+def _link_tops(batch: GroupBatch, copy: np.ndarray, new_parent: np.ndarray, depth: np.ndarray,
+               new_offsets: np.ndarray, new_keys: np.ndarray,
+               new_events: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The top of each share at a position > 0 of a chain made a delta over
+    the copy of the previous top when that leaves fewer rows than its
+    snapshot; its tree then hangs one hop deeper.
+
+    The top was planned as a root (it is the smallest group of its unit), so
+    the new rows of both are their full states. The top is linked after
+    planning rather than offered to the planner as a candidate so that its
+    tree's depths count from the top, not from the copy: the levels the
+    planner re-hangs groups to then fall on the share's own groups, never on
+    the copy, a whole share earlier.
+    """
+    copy_at = np.flatnonzero(copy)
+    home_at = np.flatnonzero(batch.home & (batch.chain > 0))  # type: ignore[operator]
+    firsts = home_at[np.unique(batch.unit[home_at], return_index=True)[1]]
+    top_of_unit = dict(zip(batch.unit[firsts].tolist(), firsts.tolist()))
+    replaced: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for c in copy_at.tolist():
+        t = top_of_unit.get(int(batch.unit[c]))
+        if t is None or new_parent[t] != -1:
+            continue
+        ck = new_keys[new_offsets[c]:new_offsets[c + 1]]
+        ce = new_events[new_offsets[c]:new_offsets[c + 1]]
+        tk = new_keys[new_offsets[t]:new_offsets[t + 1]]
+        te = new_events[new_offsets[t]:new_offsets[t + 1]]
+        order = np.argsort(ck, kind="stable")
+        ck, ce = ck[order], ce[order]
+        at = np.minimum(np.searchsorted(ck, tk), max(len(ck) - 1, 0))
+        found = (ck[at] == tk) if len(ck) else np.zeros(len(tk), np.bool_)
+        if int(found.sum()) != len(ck):
+            continue  # the copy has a key the top lacks: no delta over it
+        need = ~(found & (ce[at] == te))
+        if int(need.sum()) >= len(tk):
+            continue
+        keep = np.flatnonzero(need)
+        keep = keep[np.argsort(tk[keep], kind="stable")]
+        replaced[t] = (tk[keep], te[keep])
+        new_parent[t] = c
+    if not replaced:
+        return new_parent, depth, new_offsets, new_keys, new_events
+    sizes = np.diff(new_offsets)
+    for t, (keys, _) in replaced.items():
+        sizes[t] = len(keys)
+    offsets = np.r_[0, np.cumsum(sizes)].astype(np.int64)
+    keys = np.empty(int(offsets[-1]), np.int64)
+    events = np.empty(int(offsets[-1]), np.int64)
+    same = np.ones(len(sizes), np.bool_)
+    same[list(replaced)] = False
+    idx = np.flatnonzero(same)
+    lengths = sizes[idx]
+    to = np.repeat(offsets[idx] - np.r_[0, np.cumsum(lengths)][:-1], lengths) + np.arange(int(lengths.sum()))
+    start = np.repeat(new_offsets[idx] - np.r_[0, np.cumsum(lengths)][:-1], lengths) + np.arange(int(lengths.sum()))
+    keys[to] = new_keys[start]
+    events[to] = new_events[start]
+    for t, (k, e) in replaced.items():
+        keys[offsets[t]:offsets[t + 1]] = k
+        events[offsets[t]:offsets[t + 1]] = e
+    # The linked tops' trees: one hop deeper.
+    top = _pointer_jump(new_parent)[0]
+    depth = depth + (copy[top] & ~copy)
+    return new_parent, depth, offsets, keys, events
+
+
 def _plan(batch: GroupBatch, parent: np.ndarray, offsets: np.ndarray, interned: _Interned,
           options: CompressOptions) -> tuple[np.ndarray, ...]:
     """The core's plan (new parents, depths, offsets, keys, events); a key twice
-    in one delta is reported with its group and key."""
+    in one delta is reported with its group and key. Depths are in the new
+    tables: a group under the copy of the previous share's top counts that
+    copy's depth at its bound (``chain - 1``)."""
+    n = len(batch.groups)
+    if not n:
+        return (np.zeros(0, np.int64),) * 2 + (np.zeros(1, np.int64), np.zeros(0, np.int64),
+                                                np.zeros(0, np.int64))
     try:
-        planned = _core_walk.plan_compression(
-            parent, batch.unit, offsets, interned.keys, interned.event_ids, batch.fixed.view(np.uint8),
-            options.max_depth, options.candidates,
-        )
+        new_parent, depth, *rest = _plan_budgets(batch, parent, offsets, interned, options)
     except StateCorruptionError as exc:
         named = tuple(int(batch.groups[i]) for i in getattr(exc, "groups", ()) if 0 <= i < len(batch.groups))
         key = getattr(exc, "key", None)
@@ -393,10 +666,39 @@ def _plan(batch: GroupBatch, parent: np.ndarray, offsets: np.ndarray, interned: 
                                    "once in state_groups_state")
         err.groups = named  # type: ignore[attr-defined]
         raise err from None
-    n = len(batch.groups)
-    return tuple(np.frombuffer(a, dtype=np.int64) if len(a) else np.zeros(0, np.int64)
-                 for a in planned) if n else (np.zeros(0, np.int64),) * 2 + (
-                     np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    return (new_parent, depth, *rest)
+
+
+def _under_copies(batch: GroupBatch, new_parent: np.ndarray) -> np.ndarray:
+    """Whether each group hangs, in the new tables, under the copy of the
+    previous share's top (its unit's chain position is then > 0)."""
+    copy = _chain_copies(batch)
+    if not copy.any():
+        return np.zeros(len(batch.groups), np.bool_)
+    under: np.ndarray = copy[_pointer_jump(new_parent)[0]]
+    return under
+
+
+def _chain_report(batch: GroupBatch, depth: np.ndarray, under: np.ndarray,
+                  kept: np.ndarray) -> dict[str, list[int]]:
+    """The ``chain_*`` lists of :data:`REPORT_SCHEMA` for the batch's units at
+    a position > 0 of a chain."""
+    assert batch.chain is not None
+    in_chain = batch.chain > 0
+    if not in_chain.any():
+        return {"chain_units": [], "chain_tops": [], "chain_deepest": []}
+    units, first = np.unique(batch.unit[in_chain], return_index=True)
+    rows = np.flatnonzero(in_chain)
+    # The top is the unit's first home group (after its copy).
+    home_rows = rows[batch.home[rows]]
+    top_at = home_rows[np.unique(batch.unit[home_rows], return_index=True)[1]]
+    tops = np.full(len(units), -1, np.int64)
+    slot = np.searchsorted(units, batch.unit[top_at])
+    tops[slot] = np.where(under[top_at], depth[top_at], -1)
+    deepest = np.full(len(units), -1, np.int64)
+    counted = rows[under[rows] & kept[rows]]
+    np.maximum.at(deepest, np.searchsorted(units, batch.unit[counted]), depth[counted])
+    return {"chain_units": units.tolist(), "chain_tops": tops.tolist(), "chain_deepest": deepest.tolist()}
 
 
 def _unreferenced(batch: GroupBatch, new_parent: np.ndarray) -> np.ndarray:
@@ -420,6 +722,7 @@ def compress_batch(batch: GroupBatch, parent: np.ndarray, offsets: np.ndarray, i
     (*parent*: each group's prev as a batch index); the output comes in pieces."""
     n = len(batch.groups)
     new_parent, depth, new_offsets, new_keys, new_events = _plan(batch, parent, offsets, interned, options)
+    under = _under_copies(batch, new_parent)
     old_sizes = np.diff(offsets)
     new_sizes = np.diff(new_offsets)
     changed = ((new_parent != parent) | (new_sizes != old_sizes)) & ~batch.fixed
@@ -452,9 +755,13 @@ def compress_batch(batch: GroupBatch, parent: np.ndarray, offsets: np.ndarray, i
         "rows_before": int(old_sizes[home].sum()),
         "rows_after": int(new_sizes[out_home].sum()),
         "max_depth_before": int(old_depth.max()) if n else 0,
-        "max_depth_after": int(depth[~unreferenced].max()) if (~unreferenced).any() else 0,
+        "max_depth_after": int(depth[~unreferenced & ~under].max()) if (~unreferenced & ~under).any() else 0,
         "verified_groups": int(changed.sum()),
+        **_chain_report(batch, depth, under, ~unreferenced),
     }
+    assert batch.chain is not None
+    # The change set's depths count a copy of a previous top at its bound.
+    depth = depth + np.where(under, batch.chain - 1, 0)
     listed = (changed & home) | (unreferenced & home)
     idx = np.flatnonzero(listed)
     is_delete = unreferenced[idx]
@@ -596,7 +903,7 @@ def write_units(batches: Iterable[pa.RecordBatch], output: str, part: str,
                 options: CompressOptions) -> pa.RecordBatch:
     """The ``mapInArrow`` body: compress sorted rows of whole units, write the
     output tables under *output* as ``<table>/<part>.parquet``, report."""
-    totals = {name: 0 for name in REPORT_SCHEMA.names}
+    totals: dict[str, Any] = {name: [] if name.startswith("chain_") else 0 for name in REPORT_SCHEMA.names}
     writer = OutputWriter(output, part)
     try:
         # Rows are interned as they arrive: a worker holds integer columns
@@ -612,7 +919,9 @@ def write_units(batches: Iterable[pa.RecordBatch], output: str, part: str,
             for piece in produced.pieces:
                 writer.write(piece)
             for name, value in produced.report.items():
-                if name.startswith("max_"):
+                if name.startswith("chain_"):
+                    totals[name].extend(value)
+                elif name.startswith("max_"):
                     totals[name] = max(totals[name], value)
                 else:
                     totals[name] += value
@@ -622,7 +931,7 @@ def write_units(batches: Iterable[pa.RecordBatch], output: str, part: str,
             pa.default_memory_pool().release_unused()
     finally:
         writer.close()
-    return pa.RecordBatch.from_arrays([pa.array([totals[n]], pa.int64()) for n in REPORT_SCHEMA.names],
+    return pa.RecordBatch.from_arrays([pa.array([totals[f.name]], f.type) for f in REPORT_SCHEMA],
                                       schema=REPORT_SCHEMA)
 
 

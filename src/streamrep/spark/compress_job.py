@@ -65,7 +65,8 @@ def compress_spark(spark: "SparkSession", source: Source, options: CompressOptio
                                 frames.get("event_to_state_groups") if options.find_unreferenced else None)
     # One task checks the topology and assigns the units (a few fields per group).
     units = topology.repartition(1).mapInArrow(
-        functools.partial(SF.find_units, split_threshold=options.split_threshold),
+        functools.partial(SF.find_units, split_threshold=options.split_threshold,
+                          max_depth=options.max_depth),
         SF.ddl(SF.UNITS_SCHEMA))
     try:
         units = units.localCheckpoint(eager=True)

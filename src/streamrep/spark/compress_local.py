@@ -126,7 +126,7 @@ def compress_local(source: Source, options: CompressOptions, bucket_groups: int 
     result.timings["read"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
-    units = assign_units(unit_topology(tables), options.split_threshold)
+    units = assign_units(unit_topology(tables), options.split_threshold, options.max_depth)
     del tables
     units = units.take(pa.array(np.lexsort((_int64(units.column("state_group")), _int64(units.column("unit"))))))
     bucket = _buckets(units, bucket_groups or BUCKET_GROUPS)

@@ -302,11 +302,12 @@ def find_trees(batches: Iterable[pa.RecordBatch],
 
 
 def find_units(batches: Iterable[pa.RecordBatch],
-               split_threshold: int = 200_000) -> Iterator[pa.RecordBatch]:
+               split_threshold: int = 200_000, max_depth: int = 99) -> Iterator[pa.RecordBatch]:
     """The compression units (a ``mapInArrow`` body for a single partition):
     :data:`UNIT_TOPOLOGY_SCHEMA` in, :data:`UNITS_SCHEMA` out, checked as
     :func:`find_trees` checks."""
-    table = _compress.assign_units(_whole_input(batches, UNIT_TOPOLOGY_SCHEMA), split_threshold)
+    table = _compress.assign_units(_whole_input(batches, UNIT_TOPOLOGY_SCHEMA), split_threshold,
+                                     max_depth)
     yield from table.to_batches(max_chunksize=500_000)
 
 
@@ -530,7 +531,7 @@ def compression_plan(groups: "DataFrame", edges: "DataFrame", deltas: "DataFrame
     :func:`state_at`, the topology is checked in the driver at once.
     """
     topology = _collected(unit_topology(groups, edges, references), _compress.UNIT_TOPOLOGY_SCHEMA)
-    units = _compress.assign_units(topology, split_threshold)
+    units = _compress.assign_units(topology, split_threshold, max_depth)
     frame = groups.sparkSession.createDataFrame(units)
     body: Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]] = functools.partial(
         compress_units, max_depth=max_depth, candidates=candidates,
