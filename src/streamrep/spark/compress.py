@@ -170,7 +170,12 @@ UNIT_ROWS_SCHEMA = pa.schema(
 
 #: One row per changed group (``action`` "rewrite") or group to delete
 #: (``action`` "delete"). ``old_*`` is what the group looked like when read:
-#: applying re-checks it. ``children`` is how many groups had it as prev.
+#: applying re-checks it. ``children`` is how many groups had it as prev
+#: (one more for a share's top copied into the next share, whose top may
+#: become its child). ``depth`` is its prev hops in the new tables, counting
+#: a copied top of a previous share at its bound (``chain - 1`` of
+#: :data:`UNITS_SCHEMA`), so at most ``max_depth``; the report's
+#: ``max_depth_after`` is exact (:func:`chain_depth`).
 CHANGES_SCHEMA = pa.schema(
     [
         ("unit", pa.int64()),
@@ -294,7 +299,7 @@ def assign_units(topology: pa.Table, split_threshold: int = 200_000, max_depth: 
     (its first root, whose delta rows are its full state), not home and
     fixed, so its own first roots can become deltas over it instead of
     snapshots; the copy's group is marked referenced in its home share, as
-    the next share may need it.
+    the next share may need it, and its ``children`` count one more.
     """
     marked = topology.select(TOPOLOGY_SCHEMA.names).set_column(
         2, "wanted", pa.array(np.ones(topology.num_rows, dtype=np.bool_))
@@ -361,6 +366,9 @@ def assign_units(topology: pa.Table, split_threshold: int = 200_000, max_depth: 
     child_counts = np.zeros(len(ids), dtype=np.int64)
     if len(has_prev):
         np.add.at(child_counts, lookup(has_prev), 1)
+    # A copied top may gain a child from the next share, whichever order the
+    # change set is applied in.
+    np.add.at(child_counts, at[copies[:, 0]], 1)
     referenced = _bool_numpy(topology.column("referenced")).copy()
     referenced[at[copies[:, 0]]] = True
     return pa.table(
