@@ -138,7 +138,7 @@ def _plan_schema() -> pa.Schema:
 PLAN_SCHEMA = _plan_schema()
 
 _SPARK_TYPES = {"int64": "bigint", "int32": "int", "bool": "boolean", "string": "string",
-                "double": "double"}
+                "double": "double", "list<item: int64>": "array<bigint>"}
 
 
 class InputOrderError(ValueError):
