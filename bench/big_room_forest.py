@@ -29,6 +29,8 @@ TEMPLATE``) and runs, in one run, one after the other:
 3. the same with ``--master local[2]`` (compress over JDBC, reconstruct from
    the database over JDBC).
 
+``--split-threshold N`` hands the same option to both streamrep compress runs.
+
 Each row reports the rows left in ``state_groups_state``, the longest chain
 counted as the reference counts it (the group and all its ancestors), wall
 time and peak RSS of the process tree (JVM and Python workers included:
@@ -242,6 +244,7 @@ def compare(shape: Shape, args: argparse.Namespace) -> None:
                                 "--output", str(work / "ref-after")], env)
             check("reference", url, work / "ref-after")
 
+        split = ["--split-threshold", str(args.split_threshold)] if args.split_threshold else []
         modes = [] if args.skip_single_process else [("single-process", ["--single-process", "--db"])]
         if not args.skip_spark:
             modes.append(("spark local[2]", ["--master", "local[2]"] + spark_conf + ["--jdbc-url"]))
@@ -252,7 +255,7 @@ def compare(shape: Shape, args: argparse.Namespace) -> None:
             parts: dict[str, int] = {}
             with BackendCpu(name) as backend:
                 wall_c, peak_c, text, cpu_c = run_measured(
-                    cli + ["spark", "compress"] + flags + [url, "--output", str(out)], env, parts)
+                    cli + ["spark", "compress"] + flags + [url, "--output", str(out)] + split, env, parts)
             print(f"  {text.strip()}", flush=True)
             # A JVM the command leaves to exit on its own is not in its CPU figure.
             report(f"streamrep {mode}", "compress", wall_c, peak_c,
@@ -316,6 +319,8 @@ def main() -> None:
     parser.add_argument("--skip-spark", action="store_true")
     parser.add_argument("--skip-single-process", action="store_true")
     parser.add_argument("--jdbc-jar", default=None)
+    parser.add_argument("--split-threshold", type=int, default=0,
+                        help="--split-threshold of streamrep's compress (default: the command's own)")
     parser.add_argument("--executor-memory", default="2g",
                         help="--executor-memory of the Spark commands (the bound per executor process)")
     parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
