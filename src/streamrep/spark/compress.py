@@ -3,7 +3,9 @@
 Nothing here imports PySpark. Compression works on **units**: all trees of one
 room (a snapshot of a room may then become a delta over the room's earlier
 groups), or, for a room with more groups than the split threshold, a share of
-its trees; a single tree above the threshold is cut by branch as
+its trees: a contiguous run of them in root order, which also gets a copy of
+the previous share's top root so its own top can become a delta over it
+(:func:`assign_units`); a single tree above the threshold is cut by branch as
 reconstruction cuts it, its root copied into every piece and left as it is.
 
 Per batch of whole units (:func:`compress_units`):
