@@ -412,10 +412,12 @@ def _chains(unit: np.ndarray, room: np.ndarray, group: np.ndarray, root: np.ndar
     eligible = (top == smallest) & ~has_split
     unit_room = np.zeros(units, np.int64)
     unit_room[unit] = room
-    chain = np.zeros(units, np.int64)
-    for u in range(1, units):
-        if unit_room[u] == unit_room[u - 1] and eligible[u] and eligible[u - 1] and chain[u - 1] + 1 < period:
-            chain[u] = chain[u - 1] + 1
+    # Runs of linkable neighbours; the position in a run, restarted every
+    # *period* units.
+    linked = np.r_[False, (unit_room[1:] == unit_room[:-1]) & eligible[1:] & eligible[:-1]]
+    at = np.arange(units, dtype=np.int64)
+    run_start = np.maximum.accumulate(np.where(linked, 0, at))
+    chain = (at - run_start) % max(1, period)
     receivers = np.flatnonzero(chain > 0)
     top_row = np.full(units, -1, np.int64)
     roots = np.flatnonzero(is_root)
