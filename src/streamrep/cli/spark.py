@@ -228,7 +228,8 @@ def _run_spark(job: Callable[..., Any], source: Any, options: Any, master: str |
               help="Also list groups no event references and no referenced group needs, "
                    "for deletion.")
 @click.option("--split-threshold", default=200_000, type=click.IntRange(min=1), show_default=True,
-              help="Rooms (and trees) with more groups than this are split into units.")
+              help="Rooms with more groups than this are split into shares of contiguous trees, "
+                   "each linked to the previous one (a tree above it is cut by branch).")
 @_run_options
 def compress(input_dir: str | None, jdbc_url: str | None, db_url: str | None, output: str,
              master: str | None, max_depth: int, candidates: int, find_unreferenced: bool,
