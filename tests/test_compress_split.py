@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
@@ -22,7 +23,13 @@ from click.testing import CliRunner
 from streamrep.cli import main
 from streamrep.spark import Source
 from streamrep.spark import compress_apply
-from streamrep.spark.compress import CompressOptions, CompressResult, assign_units, chain_period
+from streamrep.spark.compress import (
+    UNIT_TOPOLOGY_SCHEMA,
+    CompressOptions,
+    CompressResult,
+    assign_units,
+    chain_period,
+)
 from streamrep.spark.compress_apply import apply_compression
 from streamrep.spark.compress_local import compress_local, load_compress_tables, unit_topology
 from streamrep.spark.local import reconstruct_local
@@ -215,3 +222,90 @@ def test_spark_split_room_keeps_its_compression(tmp_path: Path, tmp_path_factory
     local = compress_local(Source(input_dir=shape["input"]),
                            CompressOptions(str(tmp_path / "local"), split_threshold=-(-groups // 3)))
     assert (result.rows_after, result.max_depth_after) == (local.rows_after, local.max_depth_after)
+
+
+# --- rooms split by the rows a worker holds ---------------------------------------
+
+
+def _chains(trees: list[tuple[int, int]]) -> pa.Table:
+    """The topology of one room of chains: per tree, its groups and the delta
+    rows of its root (the others have one row each)."""
+    groups, prevs, rows = [], [], []
+    for size, root_rows in trees:
+        first = len(groups) + 1
+        for g in range(first, first + size):
+            groups.append(g)
+            prevs.append(None if g == first else g - 1)
+            rows.append(root_rows if g == first else 1)
+    n = len(groups)
+    return pa.table([pa.array(groups, pa.int64()), pa.array(prevs, pa.int64()), pa.array([True] * n),
+                     pa.array(["!r"] * n), pa.array([f"$e{g}" for g in groups]), pa.array([True] * n),
+                     pa.array(rows, pa.int64())], schema=UNIT_TOPOLOGY_SCHEMA)
+
+
+def unit_loads(units: pa.Table, topology: pa.Table) -> dict[int, int]:
+    """Rows each unit hands its worker: its groups' delta rows and one per
+    group, its copied top's included."""
+    rows = dict(zip(topology.column("state_group").to_pylist(), topology.column("delta_rows").to_pylist()))
+    loads: dict[int, int] = {}
+    for unit, group in zip(units.column("unit").to_pylist(), units.column("state_group").to_pylist()):
+        loads[unit] = loads.get(unit, 0) + (rows[group] or 0) + 1
+    return loads
+
+
+def test_a_room_is_split_by_the_rows_a_worker_holds() -> None:
+    # Four trees with snapshots of 1,000 rows, then four of 10: by groups,
+    # two shares would put every big snapshot in the first.
+    topology = _chains([(10, 1000)] * 4 + [(10, 10)] * 4)
+    whole = assign_units(topology)
+    assert set(whole.column("unit").to_pylist()) == {0}
+    total = sum(unit_loads(whole, topology).values())
+    units = assign_units(topology, unit_rows=2500)
+    loads = unit_loads(units, topology)
+    assert len(loads) >= -(-total // 2500) and max(loads.values()) <= 2500
+    # Contiguous runs of whole trees, linked into a chain.
+    home = units.filter(units.column("home"))
+    by_unit: dict[int, list[int]] = {}
+    for unit, group in zip(home.column("unit").to_pylist(), home.column("state_group").to_pylist()):
+        by_unit.setdefault(unit, []).append(group)
+    spans = sorted((min(g), max(g)) for g in by_unit.values())
+    assert all(hi < lo for (_, hi), (lo, _) in zip(spans, spans[1:]))
+    assert all((lo - 1) % 10 == 0 and hi % 10 == 0 for lo, hi in spans)
+    assert sorted(set(units.column("chain").to_pylist())) == list(range(len(loads)))
+    # Without row counts, by groups as before.
+    unknown = topology.set_column(6, "delta_rows", pa.nulls(topology.num_rows, pa.int64()))
+    assert set(assign_units(unknown, unit_rows=2500).column("unit").to_pylist()) == {0}
+
+
+def test_shares_are_balanced_by_rows() -> None:
+    # Snapshots growing from 100 to 2,000 rows: shares of equal rows hold
+    # more trees early than late.
+    trees = [(20, 100 * (i + 1)) for i in range(20)]
+    topology = _chains(trees)
+    total = sum(unit_loads(assign_units(topology), topology).values())
+    bound = -(-total // 4)
+    units = assign_units(topology, unit_rows=bound)
+    assert max(unit_loads(units, topology).values()) <= bound
+    home = units.filter(units.column("home"))
+    loads = unit_loads(home, topology)
+    assert len(loads) >= 4
+    # Within one tree of each other (the copied tops aside).
+    biggest_tree = 2000 + 19 * 2
+    assert max(loads.values()) - min(loads.values()) <= biggest_tree
+    sizes = [n for _, n in sorted(zip(*np.unique(home.column("unit").to_numpy(), return_counts=True)))]
+    assert sizes[0] > sizes[-1]
+    # A tree bigger than the bound on its own stays whole, in a share of its own.
+    lone = assign_units(_chains([(5, 10), (5, 5000), (5, 10)]), unit_rows=1000)
+    assert max(unit_loads(lone, _chains([(5, 10), (5, 5000), (5, 10)])).values()) > 1000
+    assert len(set(lone.column("unit").to_pylist())) == 3
+
+
+@pytest.mark.parametrize("k", [3])
+def test_a_room_split_by_rows_keeps_its_compression(shape: dict[str, Any], k: int, tmp_path: Path) -> None:
+    whole: CompressResult = shape["whole"]
+    bound = -(-(whole.rows_before + shape["groups"]) // k)
+    out = str(tmp_path / "out")
+    result = compress_local(Source(input_dir=shape["input"]), CompressOptions(out, unit_rows=bound))
+    changes = ds.dataset(os.path.join(out, "changes"), format="parquet").to_table()
+    assert len(set(changes.column("unit").to_pylist())) >= k
+    check_split(shape, k, result, out, tmp_path)

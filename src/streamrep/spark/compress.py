@@ -86,9 +86,20 @@ class CompressOptions:
     split_threshold: int = 200_000
     find_unreferenced: bool = False
     overwrite: bool = False
-    #: The bound on each Spark executor process (bytes; 0: none). A unit whose
-    #: delta rows a Python worker cannot hold within it fails the job.
+    #: The bound on each Spark executor process (bytes; 0: none). Rooms are
+    #: split so that each unit fits a Python worker within it; a unit that
+    #: still does not fits (one tree piece too big) fails the job.
     worker_memory: int = 0
+    #: Most rows one unit may hand its worker (0: what a Python worker holds
+    #: within ``worker_memory``, or no bound); see :func:`assign_units`.
+    unit_rows: int = 0
+
+    @property
+    def unit_row_bound(self) -> int:
+        """The rows per unit :func:`assign_units` splits rooms to (0: none)."""
+        if self.unit_rows:
+            return self.unit_rows
+        return ExecutorMemory(self.worker_memory).worker_rows if self.worker_memory else 0
 
 
 @dataclass
@@ -138,10 +149,12 @@ class CompressResult:
 
 
 #: Input of :func:`assign_units`: :data:`TOPOLOGY_SCHEMA` (wanted unused) plus
-#: the room, the group's own event and whether an event references it.
+#: the room, the group's own event, whether an event references it and its
+#: count of delta rows (null: not counted, taken as 0).
 UNIT_TOPOLOGY_SCHEMA = pa.schema(
     list(TOPOLOGY_SCHEMA)
-    + [("room_id", pa.string()), ("group_event_id", pa.string()), ("referenced", pa.bool_())]
+    + [("room_id", pa.string()), ("group_event_id", pa.string()), ("referenced", pa.bool_()),
+       ("delta_rows", pa.int64())]
 )
 
 #: Output of :func:`assign_units`. ``home`` is False on the extra copies of a
@@ -285,23 +298,31 @@ def chain_period(max_depth: int) -> int:
     return min(max_depth, max(2, max_depth // 4))
 
 
-def assign_units(topology: pa.Table, split_threshold: int = 200_000, max_depth: int = 99) -> pa.Table:
-    """Group the trees into units (rooms, or shares of giant rooms).
+def assign_units(topology: pa.Table, split_threshold: int = 200_000, max_depth: int = 99,
+                 unit_rows: int = 0) -> pa.Table:
+    """Group the trees into units (rooms, or shares of big rooms).
 
     *topology* has :data:`UNIT_TOPOLOGY_SCHEMA`. Checks it with the core
     (duplicates, missing prev groups, cycles raise StateCorruptionError naming
     the groups) and returns :data:`UNITS_SCHEMA` rows.
 
-    A room of more than *split_threshold* groups is cut into
-    ``ceil(groups / split_threshold)`` shares: contiguous runs of whole trees
-    in the order of their roots, balanced by group count (a single tree above
-    the threshold is cut by branch, its root copied into every piece and
-    left as it is). Shares form chains (:func:`chain_period`): share s at
-    position ``chain`` > 0 also gets a copy of the top root of share s - 1
-    (its first root, whose delta rows are its full state), not home and
-    fixed, so its own first roots can become deltas over it instead of
-    snapshots; the copy's group is marked referenced in its home share, as
-    the next share may need it, and its ``children`` count one more.
+    A unit's **rows** are what its task is handed: each group's delta rows
+    plus one row standing for the group. A room is cut into
+    ``max(ceil(groups / split_threshold), ceil(rows / unit_rows))`` shares
+    (*unit_rows* 0: no bound on rows): contiguous runs of whole trees in the
+    order of their roots, balanced by rows (by groups where the topology
+    has no row counts); a single tree above *split_threshold* groups is cut
+    by branch, its root copied into every piece and left as it is. While a
+    share of several trees, with its copy of the previous share's top, has
+    more than *unit_rows* rows, its room is cut into more shares; what is
+    left above the bound is a single tree (or piece) too big on its own.
+
+    Shares form chains (:func:`chain_period`): share s at position ``chain``
+    > 0 also gets a copy of the top root of share s - 1 (its first root,
+    whose delta rows are its full state), not home and fixed, so its own
+    first roots can become deltas over it instead of snapshots; the copy's
+    group is marked referenced in its home share, as the next share may need
+    it, and its ``children`` count one more.
     """
     marked = topology.select(TOPOLOGY_SCHEMA.names).set_column(
         2, "wanted", pa.array(np.ones(topology.num_rows, dtype=np.bool_))
@@ -328,24 +349,49 @@ def assign_units(topology: pa.Table, split_threshold: int = 200_000, max_depth: 
     room_size = np.bincount(room_num, weights=t_home.astype(np.float64)).astype(np.int64)
     shares = np.maximum(1, -(-room_size // max(1, split_threshold)))
     split_tree = np.isin(t_root, t_root[t_piece > 0]) if (t_piece > 0).any() else np.zeros(len(t_root), np.bool_)
+    if "delta_rows" in topology.column_names:
+        delta_rows = np.maximum(_int64_numpy(topology.column("delta_rows"), fill=0), 0)
+    else:
+        delta_rows = np.zeros(len(ids), np.int64)
+    t_rows = delta_rows[at] + 1
 
-    # Shares: contiguous runs of (tree, piece) items in root order, cut where
-    # the room's running group count crosses a multiple of size / shares.
+    # Items: the (tree, piece) pairs in root order, a room's consecutive.
     item_order = np.lexsort((t_piece, t_root, room_num))
-    o_room = room_num[item_order]
-    o_home = t_home[item_order].astype(np.int64)
-    before = np.cumsum(o_home) - o_home
-    room_start = np.r_[0, np.cumsum(room_size)[:-1]]
-    before -= room_start[o_room]
     new_item = np.r_[True, (t_root[item_order][1:] != t_root[item_order][:-1])
                      | (t_piece[item_order][1:] != t_piece[item_order][:-1])]
-    # Every row of an item takes the count before the item's first row.
+    item_start = np.flatnonzero(new_item)
     item_id = np.cumsum(new_item) - 1
-    before = before[np.flatnonzero(new_item)][item_id]
+    item_room = room_num[item_order][item_start]
+    # Balanced by the home groups' rows; every row counts for the bound (a
+    # split root's copies too), and so does the item's root, which the next
+    # share gets a copy of when the item is its share's top.
+    item_weight = np.add.reduceat(np.where(t_home, t_rows, 0)[item_order], item_start)
+    item_load = np.add.reduceat(t_rows[item_order], item_start)
+    item_top = delta_rows[lookup(t_root[item_order][item_start])] + 1
+    room_weight = np.bincount(item_room, weights=item_weight).astype(np.int64)
+    before = np.cumsum(item_weight) - item_weight - np.r_[0, np.cumsum(room_weight)[:-1]][item_room]
+    if unit_rows > 0:
+        room_load = np.bincount(item_room, weights=item_load).astype(np.int64)
+        shares = np.maximum(shares, -(-room_load // unit_rows))
+    item_share = _cut_shares(before, item_room, room_weight, shares)
+    over = (_rooms_over(item_room, item_share, item_load, item_top, unit_rows, len(room_weight))
+            if unit_rows > 0 else np.zeros(len(room_weight), np.bool_))
+    if over.any():
+        # The fewest shares that fit, searched between too few and one share
+        # per item (a share per unit of weight puts every item alone).
+        lo, hi = shares, np.where(over, np.maximum(room_weight, shares), shares)
+        while (hi - lo > 1).any():
+            searching = hi - lo > 1
+            mid = np.where(searching, (lo + hi) // 2, hi)
+            bad = _rooms_over(item_room, _cut_shares(before, item_room, room_weight, mid), item_load,
+                              item_top, unit_rows, len(room_weight))
+            lo = np.where(searching & bad, mid, lo)
+            hi = np.where(searching & ~bad, mid, hi)
+        shares = hi
+        item_share = _cut_shares(before, item_room, room_weight, shares)
     share = np.empty(len(t_group), dtype=np.int64)
-    share[item_order] = before * shares[o_room] // np.maximum(room_size[o_room], 1)
-    share = np.minimum(share, shares[room_num] - 1)
-    unit_key = room_num * np.int64(1 << 20) + share
+    share[item_order] = item_share[item_id]
+    unit_key = room_num * np.int64(int(shares.max()) + 1) + share
     _, unit = np.unique(unit_key, return_inverse=True)
     unit = unit.astype(np.int64)
     fixed = split_tree & (t_group == t_root)
@@ -388,6 +434,30 @@ def assign_units(topology: pa.Table, split_threshold: int = 200_000, max_depth: 
         ],
         schema=UNITS_SCHEMA,
     )
+
+
+def _cut_shares(before: np.ndarray, item_room: np.ndarray, room_weight: np.ndarray,
+                shares: np.ndarray) -> np.ndarray:
+    """Each item's share: its room's items cut where the running weight
+    (*before* each item) crosses a multiple of the room's weight / shares."""
+    cut: np.ndarray = np.minimum(before * shares[item_room] // np.maximum(room_weight[item_room], 1),
+                                 shares[item_room] - 1)
+    return cut
+
+
+def _rooms_over(item_room: np.ndarray, item_share: np.ndarray, item_load: np.ndarray,
+               item_top: np.ndarray, unit_rows: int, rooms: int) -> np.ndarray:
+    """Whether each room has a share of several items above *unit_rows* rows
+    (its items' and those of its copy of the previous share's top)."""
+    starts = np.flatnonzero(np.r_[True, (item_room[1:] != item_room[:-1])
+                                  | (item_share[1:] != item_share[:-1])])
+    load = np.add.reduceat(item_load, starts)
+    follows = np.r_[False, item_room[starts][1:] == item_room[starts][:-1]]
+    load += np.where(follows, np.r_[0, item_top[starts[:-1]]], 0)
+    items = np.diff(np.r_[starts, len(item_room)])
+    over = np.zeros(rooms, np.bool_)
+    over[item_room[starts[(load > unit_rows) & (items > 1)]]] = True
+    return over
 
 
 def _chains(unit: np.ndarray, room: np.ndarray, group: np.ndarray, root: np.ndarray, home: np.ndarray,
@@ -886,29 +956,59 @@ class OutputWriter:
 
 
 def bounded_units(batches: Iterable[pa.RecordBatch], worker_memory: int) -> Iterator[pa.RecordBatch]:
-    """*batches* (rows sorted by unit) as they come; raises ConfigError, naming
-    the room, as soon as one unit has more rows than a Python worker holds
-    within *worker_memory* bytes, before the unit is read whole."""
+    """*batches* (rows sorted by unit, state_group) as they come; raises
+    ConfigError, naming the room, as soon as one unit has more rows than a
+    Python worker holds within *worker_memory* bytes, before the unit is read
+    whole. Rooms are split to fit (:func:`assign_units`), so such a unit is a
+    single tree or piece too big on its own."""
     bound = ExecutorMemory(worker_memory)
     limit = bound.worker_rows
-    current, held = -1, 0
+    # The unit and group the previous batch ended in, and what it held of them.
+    current, group, held, held_groups, held_biggest, group_held = -1, -1, 0, 0, 0, 0
     for batch in batches:
         if batch.num_rows:
             units = _int64_numpy(batch.column("unit"))
-            starts = np.flatnonzero(np.r_[True, units[1:] != units[:-1]])
-            counts = np.diff(np.r_[starts, len(units)])
+            groups = _int64_numpy(batch.column("state_group"))
+            runs = np.flatnonzero(np.r_[True, (units[1:] != units[:-1]) | (groups[1:] != groups[:-1])])
+            per_group = np.diff(np.r_[runs, len(units)])
+            same_group = int(units[0]) == current and int(groups[0]) == group
+            if same_group:
+                per_group[0] += group_held
+            run_units = units[runs]
+            starts = np.flatnonzero(np.r_[True, run_units[1:] != run_units[:-1]])
+            counts = np.add.reduceat(per_group, starts)
+            group_counts = np.diff(np.r_[starts, len(runs)])
+            biggest = np.maximum.reduceat(per_group, starts)
             if int(units[0]) == current:
-                counts[0] += held
-            current, held = int(units[-1]), int(counts[-1])
+                counts[0] += held - (group_held if same_group else 0)
+                group_counts[0] += held_groups - (1 if same_group else 0)
+                biggest[0] = max(int(biggest[0]), held_biggest)
+            current, group = int(units[-1]), int(groups[-1])
+            held, held_groups, held_biggest = int(counts[-1]), int(group_counts[-1]), int(biggest[-1])
+            group_held = int(per_group[-1])
             worst = int(counts.argmax())
             if counts[worst] > limit:
-                room = batch.column("room_id")[int(starts[worst])].as_py()
-                need = bound.worker_holds(int(counts[worst])) / GIB
-                raise ConfigError(
-                    f"room {room} has more than {limit} delta rows in one unit: the Python worker "
-                    f"compressing it would hold over {need:.2f} GiB, more than --executor-memory "
-                    f"{worker_memory / GIB:.2f} GiB; give a larger --executor-memory")
+                room = batch.column("room_id")[int(runs[starts[worst]])].as_py()
+                raise ConfigError(_too_big(room, int(counts[worst]), bound, int(group_counts[worst]),
+                                           int(biggest[worst])))
         yield batch
+
+
+def _too_big(room: str, rows: int, bound: ExecutorMemory, groups: int, biggest: int) -> str:
+    """What to do about a unit of *rows* rows (more than a worker holds),
+    *groups* groups and a group of *biggest* rows, as far as it was read."""
+    limit = bound.worker_rows
+    need = bound.worker_holds(rows) / GIB
+    advice = "give a larger --executor-memory"
+    # A tree is cut by branch with its root in every piece: a lower threshold
+    # helps a tree of many groups, each well within the bound.
+    if groups > 2 and 2 * biggest <= limit:
+        advice += (f", or a --split-threshold below its {groups} groups so that its tree is cut "
+                   "into smaller pieces")
+    return (f"room {room} has more than {limit} delta rows in one unit that splitting the room "
+            f"cannot make smaller (one tree, or one piece of a tree): the Python worker compressing "
+            f"it would hold over {need:.2f} GiB, more than --executor-memory "
+            f"{bound.total / GIB:.2f} GiB; {advice}")
 
 
 def write_units(batches: Iterable[pa.RecordBatch], output: str, part: str,

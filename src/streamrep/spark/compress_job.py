@@ -3,9 +3,10 @@
 1. read ``state_groups``, ``state_group_edges``, ``state_groups_state`` (and
    ``event_to_state_groups`` with ``find_unreferenced``) like reconstruction:
    Parquet/CSV files or partitioned JDBC reads;
-2. the topology (a few fields per group) goes to one task that checks it with
-   the core and groups the trees into units
-   (:func:`streamrep.spark.compress.assign_units`);
+2. the topology (a few fields per group, with its count of delta rows when
+   ``--executor-memory`` bounds the workers) goes to one task that checks it
+   with the core and groups the trees into units, splitting rooms too big for
+   one worker (:func:`streamrep.spark.compress.assign_units`);
 3. the delta rows are joined to their unit, repartitioned by unit and sorted
    within partitions, and ``mapInArrow`` hands batches of whole units to the
    compiled core, which plans, verifies and writes the new tables and the
@@ -61,12 +62,15 @@ def compress_spark(spark: "SparkSession", source: Source, options: CompressOptio
     result = CompressResult(options.output)
     clock = time.perf_counter()
     frames = read_spark_tables(spark, source, options.find_unreferenced, jdbc_partitions)
+    bound = options.unit_row_bound
+    # The delta rows per group are counted only for a bound on a unit's rows.
     topology = SF.unit_topology(frames["state_groups"], frames["state_group_edges"],
-                                frames.get("event_to_state_groups") if options.find_unreferenced else None)
+                                frames.get("event_to_state_groups") if options.find_unreferenced else None,
+                                frames["state_groups_state"] if bound else None)
     # One task checks the topology and assigns the units (a few fields per group).
     units = topology.repartition(1).mapInArrow(
         functools.partial(SF.find_units, split_threshold=options.split_threshold,
-                          max_depth=options.max_depth),
+                          max_depth=options.max_depth, unit_rows=bound),
         SF.ddl(SF.UNITS_SCHEMA))
     try:
         units = units.localCheckpoint(eager=True)

@@ -36,7 +36,7 @@ from streamrep.spark.compress import (
 from streamrep.spark.interned import InternedSlots, _int64, parents_within
 from streamrep.spark.local import group_edges, read_columns
 from streamrep.spark.options import Source, prepare_output
-from streamrep.spark.spill import BUCKET_GROUPS, interned_bucket, spill_buckets
+from streamrep.spark.spill import BUCKET_GROUPS, group_row_counts, interned_bucket, spill_buckets
 
 __all__ = ["compress_local", "load_compress_tables", "unit_topology"]
 
@@ -60,10 +60,19 @@ def load_compress_tables(source: Source, find_unreferenced: bool,
     return read_columns(source, {name: _COLUMNS[name] for name in names})
 
 
-def unit_topology(tables: dict[str, pa.Table]) -> pa.Table:
-    """One row per (group, edge) with room, own event and whether it is referenced."""
+def unit_topology(tables: dict[str, pa.Table], source: Source | None = None) -> pa.Table:
+    """One row per (group, edge) with room, own event and whether it is
+    referenced; with *source*, also its count of delta rows (one more pass
+    over ``state_group`` of ``state_groups_state``)."""
     groups = tables["state_groups"]
     group_ids, row_group, prev, has_edge = group_edges(tables)
+    if source is not None:
+        order = np.argsort(group_ids, kind="stable")
+        counts = np.empty(len(group_ids), np.int64)
+        counts[order] = group_row_counts(source, group_ids[order])
+        rows = pa.array(counts)
+    else:
+        rows = pa.nulls(len(group_ids), pa.int64())
     if "event_to_state_groups" in tables:
         referenced = np.isin(group_ids, _int64(tables["event_to_state_groups"].column("state_group")))
     else:
@@ -72,7 +81,7 @@ def unit_topology(tables: dict[str, pa.Table]) -> pa.Table:
     return pa.table(
         [pa.array(group_ids), pa.array(prev, mask=~has_edge), pa.array(np.ones(len(group_ids), np.bool_)),
          groups.column("room_id").combine_chunks().take(take),
-         groups.column("event_id").combine_chunks().take(take), pa.array(referenced)],
+         groups.column("event_id").combine_chunks().take(take), pa.array(referenced), rows],
         schema=UNIT_TOPOLOGY_SCHEMA,
     )
 
@@ -126,7 +135,10 @@ def compress_local(source: Source, options: CompressOptions, bucket_groups: int 
     result.timings["read"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
-    units = assign_units(unit_topology(tables), options.split_threshold, options.max_depth)
+    # Rows are counted only for a bound on them: the count is one more pass.
+    bound = options.unit_row_bound
+    units = assign_units(unit_topology(tables, source if bound else None), options.split_threshold,
+                         options.max_depth, bound)
     del tables
     units = units.take(pa.array(np.lexsort((_int64(units.column("state_group")), _int64(units.column("unit"))))))
     bucket = _buckets(units, bucket_groups or BUCKET_GROUPS)

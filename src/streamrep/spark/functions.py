@@ -301,13 +301,14 @@ def find_trees(batches: Iterable[pa.RecordBatch],
     yield from table.to_batches(max_chunksize=500_000)
 
 
-def find_units(batches: Iterable[pa.RecordBatch],
-               split_threshold: int = 200_000, max_depth: int = 99) -> Iterator[pa.RecordBatch]:
+def find_units(batches: Iterable[pa.RecordBatch], split_threshold: int = 200_000, max_depth: int = 99,
+               unit_rows: int = 0) -> Iterator[pa.RecordBatch]:
     """The compression units (a ``mapInArrow`` body for a single partition):
     :data:`UNIT_TOPOLOGY_SCHEMA` in, :data:`UNITS_SCHEMA` out, checked as
-    :func:`find_trees` checks."""
+    :func:`find_trees` checks; rooms split as
+    :func:`~streamrep.spark.compress.assign_units` splits them."""
     table = _compress.assign_units(_whole_input(batches, UNIT_TOPOLOGY_SCHEMA), split_threshold,
-                                     max_depth)
+                                     max_depth, unit_rows)
     yield from table.to_batches(max_chunksize=500_000)
 
 
@@ -492,9 +493,10 @@ class CompressionPlan:
         self.rows.unpersist()
 
 
-def unit_topology(groups: "DataFrame", edges: "DataFrame",
-                  references: "DataFrame | None") -> "DataFrame":
-    """The :data:`~streamrep.spark.compress.UNIT_TOPOLOGY_SCHEMA` rows of the tables."""
+def unit_topology(groups: "DataFrame", edges: "DataFrame", references: "DataFrame | None",
+                  deltas: "DataFrame | None" = None) -> "DataFrame":
+    """The :data:`~streamrep.spark.compress.UNIT_TOPOLOGY_SCHEMA` rows of the
+    tables; ``delta_rows`` is counted from *deltas* when given (null otherwise)."""
     from pyspark.sql import functions as F
 
     topology = groups.select(_long("id", "state_group"), "room_id",
@@ -507,6 +509,13 @@ def unit_topology(groups: "DataFrame", edges: "DataFrame",
             "referenced", F.col("ref_group").isNotNull())
     else:
         topology = topology.withColumn("referenced", F.lit(True))
+    if deltas is not None:
+        # Counted per partition first: one row per group and partition is shuffled.
+        counts = deltas.groupBy(_long("state_group", "count_group")).agg(F.count(F.lit(1)).alias("counted"))
+        topology = topology.join(counts, F.col("state_group") == F.col("count_group"), "left").withColumn(
+            "delta_rows", F.coalesce(F.col("counted"), F.lit(0)).cast("long"))
+    else:
+        topology = topology.withColumn("delta_rows", F.lit(None).cast("long"))
     return topology.withColumn("wanted", F.lit(True)).select(*_compress.UNIT_TOPOLOGY_SCHEMA.names)
 
 
@@ -520,7 +529,8 @@ def sorted_unit_rows(units: "DataFrame", unit_rows: int, deltas: "DataFrame") ->
 
 def compression_plan(groups: "DataFrame", edges: "DataFrame", deltas: "DataFrame",
                      references: "DataFrame | None" = None, *, max_depth: int = 99,
-                     candidates: int = 16, split_threshold: int = 200_000) -> CompressionPlan:
+                     candidates: int = 16, split_threshold: int = 200_000,
+                     unit_rows: int = 0) -> CompressionPlan:
     """Shorter deltas for every group, as ``streamrep spark compress`` plans them.
 
     *groups* needs ``id``, ``room_id`` and ``event_id``. With *references*
@@ -529,9 +539,14 @@ def compression_plan(groups: "DataFrame", edges: "DataFrame", deltas: "DataFrame
     changed group's full state is verified when the plan is computed (a
     difference fails the action with ``StateVerificationError``). As in
     :func:`state_at`, the topology is checked in the driver at once.
+    A room with more than *split_threshold* groups, or (with *unit_rows*)
+    more rows than *unit_rows*, is planned in shares
+    (:func:`~streamrep.spark.compress.assign_units`); *unit_rows* costs a
+    count of the delta rows per group.
     """
-    topology = _collected(unit_topology(groups, edges, references), _compress.UNIT_TOPOLOGY_SCHEMA)
-    units = _compress.assign_units(topology, split_threshold, max_depth)
+    topology = _collected(unit_topology(groups, edges, references, deltas if unit_rows else None),
+                          _compress.UNIT_TOPOLOGY_SCHEMA)
+    units = _compress.assign_units(topology, split_threshold, max_depth, unit_rows)
     frame = groups.sparkSession.createDataFrame(units)
     body: Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]] = functools.partial(
         compress_units, max_depth=max_depth, candidates=candidates,

@@ -22,7 +22,7 @@ from streamrep.spark.interned import InternedSlots, RowInterner, _int64
 from streamrep.spark.options import Source
 from streamrep.spark.tables import SCHEMAS, iter_db_table, require_table, table_dataset
 
-__all__ = ["BUCKET_GROUPS", "bucket_rows", "interned_bucket", "spill_buckets"]
+__all__ = ["BUCKET_GROUPS", "bucket_rows", "group_row_counts", "interned_bucket", "spill_buckets"]
 
 #: Groups per bucket held in memory at once (whole trees or units; a unit is
 #: at most ``split_threshold`` groups).
@@ -48,6 +48,26 @@ def _state_batches(source: Source) -> Iterator[pa.RecordBatch]:
     assert source.db_url is not None
     for batch in iter_db_table(source.db_url, "state_groups_state"):
         yield pa.RecordBatch.from_arrays([batch.column(n) for n in names], schema=_STATE_SCHEMA)
+
+
+def group_row_counts(source: Source, group_ids: np.ndarray) -> np.ndarray:
+    """The delta rows of each of *group_ids* (sorted), in one streaming pass
+    over ``state_group`` of ``state_groups_state``; rows of other groups are
+    not counted."""
+    counts = np.zeros(len(group_ids), np.int64)
+    if source.input_dir is not None:
+        dataset = table_dataset(require_table(source.input_dir, "state_groups_state"))
+        batches: Iterator[pa.RecordBatch] = dataset.to_batches(
+            columns=["state_group"], batch_size=_SPILL_ROWS, batch_readahead=0, fragment_readahead=1,
+            use_threads=False)
+    else:
+        batches = _state_batches(source)
+    for batch in batches:
+        groups = _int64(batch.column("state_group"))
+        at = np.minimum(np.searchsorted(group_ids, groups), max(len(group_ids) - 1, 0))
+        known = group_ids[at] == groups if len(group_ids) else np.zeros(len(groups), np.bool_)
+        counts += np.bincount(at[known], minlength=len(group_ids))
+    return counts
 
 
 class _Spill:
