@@ -9,6 +9,7 @@ the input's, and the longest chain of the new tables with the bound.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -211,17 +212,26 @@ def test_spark_split_room_keeps_its_compression(tmp_path: Path, tmp_path_factory
     shape = {"input": str(folder / "in"), "groups": groups, "slack": SHAPES["big_room"][1],
              "whole": compress_local(Source(input_dir=str(folder / "in")), CompressOptions(str(folder / "whole"))),
              "digests": digests(str(folder / "in"), str(folder / "digests"))}
+    # Split by groups, then by the rows a worker holds (counted by the job).
+    by_rows = -(-(shape["whole"].rows_before + groups) // 3)
+    settings = {"groups": CompressOptions("", split_threshold=-(-groups // 3)),
+                "rows": CompressOptions("", unit_rows=by_rows)}
     session = local_session()
     try:
-        out = str(tmp_path / "out")
-        result = compress_spark(session, Source(input_dir=shape["input"]),
-                                CompressOptions(out, split_threshold=-(-groups // 3)))
+        results = {name: compress_spark(session, Source(input_dir=shape["input"]),
+                                        dataclasses.replace(options, output=str(tmp_path / name / "out")))
+                   for name, options in settings.items()}
     finally:
         session.stop()
-    check_split(shape, 3, result, out, tmp_path)
-    local = compress_local(Source(input_dir=shape["input"]),
-                           CompressOptions(str(tmp_path / "local"), split_threshold=-(-groups // 3)))
-    assert (result.rows_after, result.max_depth_after) == (local.rows_after, local.max_depth_after)
+    for name, options in settings.items():
+        out = str(tmp_path / name / "out")
+        check_split(shape, 3, results[name], out, tmp_path / name)
+        changes = ds.dataset(os.path.join(out, "changes"), format="parquet").to_table()
+        assert len(set(changes.column("unit").to_pylist())) >= 3
+        local = compress_local(Source(input_dir=shape["input"]),
+                               dataclasses.replace(options, output=str(tmp_path / name / "local")))
+        assert ((results[name].rows_after, results[name].max_depth_after)
+                == (local.rows_after, local.max_depth_after))
 
 
 # --- rooms split by the rows a worker holds ---------------------------------------

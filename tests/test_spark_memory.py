@@ -90,3 +90,15 @@ def test_a_unit_too_big_names_its_room_across_batches(monkeypatch: pytest.Monkey
             passed.append(batch)
     # Refused on the batch that crossed the bound, before the rest was read.
     assert len(passed) == 1
+
+
+def test_a_smaller_split_threshold_is_advised_only_where_it_helps(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memory, "WORKER_BYTES_PER_ROW", 100 << 20)
+    # A tree of many one-row groups: cutting it by branch helps.
+    with pytest.raises(ConfigError, match=r"--executor-memory, or a --split-threshold below its 8 groups"):
+        list(bounded_units(iter([_batch([1] * 8, ["!tree"] * 8)]), 1 << 30))
+    # One group of 8 rows (a snapshot): only more memory helps.
+    one_group = _batch([1] * 8, ["!snapshot"] * 8).set_column(
+        1, "state_group", pa.array([5] * 8, pa.int64()))
+    with pytest.raises(ConfigError, match=r"room !snapshot .*give a larger --executor-memory$"):
+        list(bounded_units(iter([one_group]), 1 << 30))
