@@ -65,7 +65,8 @@ _run_options = _apply([
                  help="Range partitions per table for JDBC reads (default from the row count)."),
     click.option("--executor-memory", default=None, metavar="SIZE",
                  help="Most memory each Spark executor process may hold (in local mode the JVM "
-                      "and each Python worker): sets the JVM heap and its off-heap caps "
+                      "and each Python worker): sets the JVM heap and its off-heap caps, and for "
+                      "compress splits rooms into shares a Python worker holds "
                       "(default 2g; under spark-submit, spark-submit's settings)."),
     click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE", help="Extra Spark settings."),
     click.option("--single-process", is_flag=True, help="Run without Spark, in this process."),
@@ -229,7 +230,8 @@ def _run_spark(job: Callable[..., Any], source: Any, options: Any, master: str |
                    "for deletion.")
 @click.option("--split-threshold", default=200_000, type=click.IntRange(min=1), show_default=True,
               help="Rooms with more groups than this are split into shares of contiguous trees, "
-                   "each linked to the previous one (a tree above it is cut by branch).")
+                   "each linked to the previous one (a tree above it is cut by branch); on Spark, "
+                   "so are rooms with more delta rows than --executor-memory lets a worker hold.")
 @_run_options
 def compress(input_dir: str | None, jdbc_url: str | None, db_url: str | None, output: str,
              master: str | None, max_depth: int, candidates: int, find_unreferenced: bool,

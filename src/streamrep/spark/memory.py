@@ -7,9 +7,10 @@ buffers, thread stacks, the collector's own tables), so the heap gets the
 bound less an allowance for those, the areas that can grow get caps inside
 it, and Spark's sorts and shuffles spill to disk instead of growing the
 process. A Python worker compressing a unit holds its delta rows as
-integer columns (:data:`WORKER_BYTES_PER_ROW` at the peak), so a unit of more
-rows than the bound allows is refused with :class:`ConfigError` before it is
-read whole.
+integer columns (:data:`WORKER_BYTES_PER_ROW` at the peak), so rooms are split
+into units of at most :attr:`ExecutorMemory.worker_rows` rows, and a unit
+still above it (one tree too big) is refused with :class:`ConfigError` before
+it is read whole.
 """
 
 from __future__ import annotations
