@@ -238,11 +238,15 @@ def plan_forest(plan: Any, forest: Forest) -> Forest:
 @pytest.mark.spark
 def test_compression_plan_keeps_every_state(spark: Any, forest: Forest) -> None:
     groups, edges, deltas = frames(spark, forest)
-    plan = SF.compression_plan(groups, edges, deltas, max_depth=20, split_threshold=200)
+    # Rooms split by groups, and by rows (each group's delta rows counted).
+    plan = SF.compression_plan(groups, edges, deltas, max_depth=20, split_threshold=200, unit_rows=500)
     try:
         after = plan_forest(plan, forest)
         assert after.brute_force() == forest.brute_force()
         changes = plan.changes.toArrow()
+        by_groups = SF._compress.assign_units(
+            SF._collected(SF.unit_topology(groups, edges, None), SF.UNIT_TOPOLOGY_SCHEMA), 200, 20)
+        assert len(set(changes.column("unit").to_pylist())) > len(set(by_groups.column("unit").to_pylist()))
         assert changes.num_rows > 0 and max(changes.column("depth").to_pylist()) <= 20
         assert set(changes.column("action").to_pylist()) == {"rewrite"}
         # The change set accounts for every row the new tables differ by.
