@@ -365,7 +365,8 @@ def assign_units(topology: pa.Table, split_threshold: int = 200_000, max_depth: 
     # Balanced by the home groups' rows; every row counts for the bound (a
     # split root's copies too), and so does the item's root, which the next
     # share gets a copy of when the item is its share's top.
-    item_weight = np.add.reduceat(np.where(t_home, t_rows, 0)[item_order], item_start)
+    # (At least 1: a piece of a cut tree may hold only its root's copy.)
+    item_weight = np.maximum(np.add.reduceat(np.where(t_home, t_rows, 0)[item_order], item_start), 1)
     item_load = np.add.reduceat(t_rows[item_order], item_start)
     item_top = delta_rows[lookup(t_root[item_order][item_start])] + 1
     room_weight = np.bincount(item_room, weights=item_weight).astype(np.int64)
@@ -440,8 +441,12 @@ def _cut_shares(before: np.ndarray, item_room: np.ndarray, room_weight: np.ndarr
                 shares: np.ndarray) -> np.ndarray:
     """Each item's share: its room's items cut where the running weight
     (*before* each item) crosses a multiple of the room's weight / shares."""
-    cut: np.ndarray = np.minimum(before * shares[item_room] // np.maximum(room_weight[item_room], 1),
-                                 shares[item_room] - 1)
+    k = shares[item_room]
+    weight = np.maximum(room_weight[item_room], 1)
+    if len(before) and int(before.max()) * int(k.max()) < 1 << 62:
+        cut: np.ndarray = np.minimum(before * k // weight, k - 1)
+    else:  # beyond int64: still monotone, so shares stay contiguous
+        cut = np.minimum(np.floor(before / weight * k).astype(np.int64), k - 1)
     return cut
 
 
