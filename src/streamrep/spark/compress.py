@@ -88,7 +88,7 @@ class CompressOptions:
     overwrite: bool = False
     #: The bound on each Spark executor process (bytes; 0: none). Rooms are
     #: split so that each unit fits a Python worker within it; a unit that
-    #: still does not fits (one tree piece too big) fails the job.
+    #: still does not fit (one tree, or piece of one, too big) fails the job.
     worker_memory: int = 0
     #: Most rows one unit may hand its worker (0: what a Python worker holds
     #: within ``worker_memory``, or no bound); see :func:`assign_units`.
