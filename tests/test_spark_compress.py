@@ -99,3 +99,35 @@ def test_jdbc_compress_then_apply(spark: Any, forest: Forest, pg_url: str, tmp_p
     assert report.rows_after == len(after.state) < report.rows_before == len(forest.state)
     assert report.deleted == result.unreferenced_groups
     assert max(chain_lengths(after).values()) <= 100
+
+
+@pytest.mark.postgres
+def test_jdbc_rows_per_group_are_counted_by_postgresql_to_split_rooms(spark: Any, forest: Forest, pg_url: str,
+                                                                      tmp_path: Path) -> None:
+    """With a bound on a unit's rows, a JDBC source's rows per group come from a
+    count PostgreSQL makes (only the counts cross the network), and rooms above the
+    bound are split and keep every group's full state."""
+    from collections import Counter
+
+    from streamrep.spark.job import read_delta_row_counts
+
+    if jdbc_driver() is None:
+        why = "no PostgreSQL JDBC driver (install libpostgresql-jdbc-java)"
+        if spark_required():
+            pytest.fail(f"STREAMREP_REQUIRE_SPARK is set but {why}", pytrace=False)
+        pytest.skip(why)
+    load_database(pg_url, forest)
+    counts = read_delta_row_counts(spark, Source(db_url=pg_url))
+    assert counts is not None
+    assert {r["count_group"]: r["counted"] for r in counts.collect()} == Counter(row[0] for row in forest.state)
+    assert read_delta_row_counts(spark, Source(input_dir=str(tmp_path))) is None
+    out = str(tmp_path / "out")
+    whole = run(spark, Source(db_url=pg_url), CompressOptions(str(tmp_path / "whole")), jdbc_partitions=2)
+    split = run(spark, Source(db_url=pg_url), CompressOptions(out, unit_rows=len(forest.state) // 8),
+                jdbc_partitions=2)
+    after = compressed_forest(forest, out)
+    assert after.brute_force() == forest.brute_force()
+    assert split.rows_before == whole.rows_before == len(forest.state)
+    assert split.rows_after == len(after.state) < len(forest.state)
+    assert split.chain_units and not whole.chain_units  # rooms were cut into linked shares
+    assert max(chain_lengths(after).values()) <= 100

@@ -4,7 +4,7 @@
    ``event_to_state_groups`` with ``find_unreferenced``) like reconstruction:
    Parquet/CSV files or partitioned JDBC reads;
 2. the topology (a few fields per group, with its count of delta rows when
-   ``--executor-memory`` bounds the workers) goes to one task that checks it
+   ``--executor-memory`` bounds the workers: counted by PostgreSQL over JDBC) goes to one task that checks it
    with the core and groups the trees into units, splitting rooms too big for
    one worker (:func:`streamrep.spark.compress.assign_units`);
 3. the delta rows are joined to their unit, repartitioned by unit and sorted
@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from streamrep.spark import functions as SF
 from streamrep.spark.compress import REPORT_SCHEMA, CompressOptions, CompressResult, finish_output
-from streamrep.spark.job import _absolute_uri, _reraise_executor_error, _task_attempt, read_spark_tables
+from streamrep.spark.job import (
+    _absolute_uri,
+    _reraise_executor_error,
+    _task_attempt,
+    read_delta_row_counts,
+    read_spark_tables,
+)
 from streamrep.errors import StateVerificationError
 from streamrep.spark.options import Source, prepare_output
 
@@ -66,7 +72,8 @@ def compress_spark(spark: "SparkSession", source: Source, options: CompressOptio
     # The delta rows per group are counted only for a bound on a unit's rows.
     topology = SF.unit_topology(frames["state_groups"], frames["state_group_edges"],
                                 frames.get("event_to_state_groups") if options.find_unreferenced else None,
-                                frames["state_groups_state"] if bound else None)
+                                frames["state_groups_state"] if bound else None,
+                                read_delta_row_counts(spark, source) if bound else None)
     # One task checks the topology and assigns the units (a few fields per group).
     units = topology.repartition(1).mapInArrow(
         functools.partial(SF.find_units, split_threshold=options.split_threshold,

@@ -494,9 +494,10 @@ class CompressionPlan:
 
 
 def unit_topology(groups: "DataFrame", edges: "DataFrame", references: "DataFrame | None",
-                  deltas: "DataFrame | None" = None) -> "DataFrame":
+                  deltas: "DataFrame | None" = None, counts: "DataFrame | None" = None) -> "DataFrame":
     """The :data:`~streamrep.spark.compress.UNIT_TOPOLOGY_SCHEMA` rows of the
-    tables; ``delta_rows`` is counted from *deltas* when given (null otherwise)."""
+    tables; ``delta_rows`` is taken from *counts* (``count_group``, ``counted``)
+    or counted from *deltas* when either is given (null otherwise)."""
     from pyspark.sql import functions as F
 
     topology = groups.select(_long("id", "state_group"), "room_id",
@@ -509,9 +510,10 @@ def unit_topology(groups: "DataFrame", edges: "DataFrame", references: "DataFram
             "referenced", F.col("ref_group").isNotNull())
     else:
         topology = topology.withColumn("referenced", F.lit(True))
-    if deltas is not None:
+    if counts is None and deltas is not None:
         # Counted per partition first: one row per group and partition is shuffled.
         counts = deltas.groupBy(_long("state_group", "count_group")).agg(F.count(F.lit(1)).alias("counted"))
+    if counts is not None:
         topology = topology.join(counts, F.col("state_group") == F.col("count_group"), "left").withColumn(
             "delta_rows", F.coalesce(F.col("counted"), F.lit(0)).cast("long"))
     else:

@@ -43,6 +43,7 @@ __all__ = [
     "find_jdbc_jar",
     "jdbc_connection",
     "libpq_url",
+    "read_delta_row_counts",
     "read_spark_tables",
     "reconstruct_spark",
 ]
@@ -264,6 +265,21 @@ def read_spark_tables(
         else:
             frames[name] = spark.read.jdbc(jdbc_url, name, properties={**props, "fetchsize": "50000"})
     return frames
+
+
+#: The delta rows of each state group, counted by PostgreSQL: only the counts
+#: cross the network (Spark's JDBC reader does not push an aggregate down).
+_DELTA_ROW_COUNTS_SQL = ("(SELECT state_group AS count_group, count(*) AS counted "
+                         "FROM state_groups_state GROUP BY state_group) AS delta_row_counts")
+
+
+def read_delta_row_counts(spark: "SparkSession", source: Source) -> "DataFrame | None":
+    """``(count_group, counted)`` rows of a JDBC *source*, counted in the database;
+    None for files, where Spark counts the rows it reads anyway."""
+    if source.db_url is None:
+        return None
+    jdbc_url, props = jdbc_connection(source.db_url)
+    return spark.read.jdbc(jdbc_url, _DELTA_ROW_COUNTS_SQL, properties={**props, "fetchsize": "50000"})
 
 
 def _parquet_spark_schema(path: str) -> str | None:
