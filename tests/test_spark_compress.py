@@ -45,6 +45,15 @@ def jdbc_driver() -> str | None:
     return cached[-1] if cached else None
 
 
+def require_jdbc_driver() -> None:
+    """Skip without a JDBC driver (fail where Spark is required)."""
+    if jdbc_driver() is None:
+        why = "no PostgreSQL JDBC driver (install libpostgresql-jdbc-java)"
+        if spark_required():
+            pytest.fail(f"STREAMREP_REQUIRE_SPARK is set but {why}", pytrace=False)
+        pytest.skip(why)
+
+
 @pytest.fixture(scope="module")
 def forest() -> Forest:
     made = make_forest(900, seed=9, rooms=3, fan_out=120)
@@ -83,11 +92,7 @@ def test_corrupt_input_is_refused(spark: Any, forest: Forest, tmp_path: Path) ->
 
 @pytest.mark.postgres
 def test_jdbc_compress_then_apply(spark: Any, forest: Forest, pg_url: str, tmp_path: Path) -> None:
-    if jdbc_driver() is None:
-        why = "no PostgreSQL JDBC driver (install libpostgresql-jdbc-java)"
-        if spark_required():
-            pytest.fail(f"STREAMREP_REQUIRE_SPARK is set but {why}", pytrace=False)
-        pytest.skip(why)
+    require_jdbc_driver()
     load_database(pg_url, forest)
     out = str(tmp_path / "out")
     result = run(spark, Source(db_url=pg_url), CompressOptions(out, find_unreferenced=True), jdbc_partitions=2)
@@ -111,11 +116,7 @@ def test_jdbc_rows_per_group_are_counted_by_postgresql_to_split_rooms(spark: Any
 
     from streamrep.spark.job import read_delta_row_counts
 
-    if jdbc_driver() is None:
-        why = "no PostgreSQL JDBC driver (install libpostgresql-jdbc-java)"
-        if spark_required():
-            pytest.fail(f"STREAMREP_REQUIRE_SPARK is set but {why}", pytrace=False)
-        pytest.skip(why)
+    require_jdbc_driver()
     load_database(pg_url, forest)
     counts = read_delta_row_counts(spark, Source(db_url=pg_url))
     assert counts is not None

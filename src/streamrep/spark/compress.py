@@ -355,6 +355,23 @@ def assign_units(topology: pa.Table, split_threshold: int = 200_000, max_depth: 
         delta_rows = np.zeros(len(ids), np.int64)
     t_rows = delta_rows[at] + 1
 
+    share, shares = _room_shares(t_root, t_piece, t_home, t_rows, delta_rows[lookup(t_root)] + 1, room_num,
+                                 shares, unit_rows)
+    unit_key = room_num * np.int64(int(shares.max()) + 1) + share
+    _, unit = np.unique(unit_key, return_inverse=True)
+    unit = unit.astype(np.int64)
+    fixed = split_tree & (t_group == t_root)
+    chain, copies = _chains(unit, room_num, t_group, t_root, t_home, split_tree, chain_period(max_depth))
+    return _units_table(topology, lookup, at, room_text, t_group, t_prev, t_home, unit, fixed, chain, copies)
+
+
+def _room_shares(t_root: np.ndarray, t_piece: np.ndarray, t_home: np.ndarray, t_rows: np.ndarray,
+                 root_rows: np.ndarray, room_num: np.ndarray, shares: np.ndarray,
+                 unit_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each tree row's share within its room, and each room's number of shares
+    (at least *shares*; more where a share would pass *unit_rows*): contiguous
+    runs of (tree, piece) items in root order, balanced by rows. *t_rows* is
+    what each row weighs, *root_rows* what its tree's root does."""
     # Items: the (tree, piece) pairs in root order, a room's consecutive.
     item_order = np.lexsort((t_piece, t_root, room_num))
     new_item = np.r_[True, (t_root[item_order][1:] != t_root[item_order][:-1])
@@ -368,7 +385,7 @@ def assign_units(topology: pa.Table, split_threshold: int = 200_000, max_depth: 
     # (At least 1: a piece of a cut tree may hold only its root's copy.)
     item_weight = np.maximum(np.add.reduceat(np.where(t_home, t_rows, 0)[item_order], item_start), 1)
     item_load = np.add.reduceat(t_rows[item_order], item_start)
-    item_top = delta_rows[lookup(t_root[item_order][item_start])] + 1
+    item_top = root_rows[item_order][item_start]
     room_weight = np.bincount(item_room, weights=item_weight).astype(np.int64)
     before = np.cumsum(item_weight) - item_weight - np.r_[0, np.cumsum(room_weight)[:-1]][item_room]
     if unit_rows > 0:
@@ -390,14 +407,16 @@ def assign_units(topology: pa.Table, split_threshold: int = 200_000, max_depth: 
             hi = np.where(searching & ~bad, mid, hi)
         shares = hi
         item_share = _cut_shares(before, item_room, room_weight, shares)
-    share = np.empty(len(t_group), dtype=np.int64)
+    share = np.empty(len(t_root), dtype=np.int64)
     share[item_order] = item_share[item_id]
-    unit_key = room_num * np.int64(int(shares.max()) + 1) + share
-    _, unit = np.unique(unit_key, return_inverse=True)
-    unit = unit.astype(np.int64)
-    fixed = split_tree & (t_group == t_root)
-    chain, copies = _chains(unit, room_num, t_group, t_root, t_home, split_tree, chain_period(max_depth))
+    return share, shares
 
+
+def _units_table(topology: pa.Table, lookup: Any, at: np.ndarray, room_text: pa.Array, t_group: np.ndarray,
+                 t_prev: np.ndarray, t_home: np.ndarray, unit: np.ndarray, fixed: np.ndarray,
+                 chain: np.ndarray, copies: np.ndarray) -> pa.Table:
+    """:data:`UNITS_SCHEMA` rows: each tree row once per unit, then the copies
+    of the tops into the next shares of their chains."""
     # A split root copied into two pieces of the same unit is kept once.
     keep_order = np.lexsort((~t_home, t_group, unit))
     first = np.r_[True, (unit[keep_order][1:] != unit[keep_order][:-1])
@@ -412,7 +431,7 @@ def assign_units(topology: pa.Table, split_threshold: int = 200_000, max_depth: 
 
     prev_all = _int64_numpy(topology.column("prev_state_group"), fill=-1)
     has_prev = prev_all[prev_all != -1]
-    child_counts = np.zeros(len(ids), dtype=np.int64)
+    child_counts = np.zeros(topology.num_rows, dtype=np.int64)
     if len(has_prev):
         np.add.at(child_counts, lookup(has_prev), 1)
     # A copied top may gain a child from the next share, whichever order the
@@ -435,6 +454,8 @@ def assign_units(topology: pa.Table, split_threshold: int = 200_000, max_depth: 
         ],
         schema=UNITS_SCHEMA,
     )
+
+
 
 
 def _cut_shares(before: np.ndarray, item_room: np.ndarray, room_weight: np.ndarray,
