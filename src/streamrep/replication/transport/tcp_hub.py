@@ -37,7 +37,6 @@ from __future__ import annotations
 import errno
 import logging
 import socket
-import sys
 import time
 from typing import Any, Callable, Collection, Mapping, Sequence
 
@@ -68,6 +67,7 @@ from streamrep.replication.protocol import (
 from streamrep.replication.auth import HubGate
 from streamrep.replication.security import HubSecurity
 from streamrep.replication.sources import StreamSource, pages
+from streamrep.replication.transport.hub_memory import MemoryReturn
 from streamrep.replication.transport.tcp_connection import FIRST_SEND_BUFFER, TcpConnection, WriteLane, poll_yield
 
 __all__ = ["ReplicationHub", "HubConnection", "DEFAULT_PORT", "CATCH_UP_BATCH"]
@@ -88,19 +88,6 @@ _LOGGED_REFUSALS_LIMIT = 1000
 #: Connections closed, with none closed for a keepalive step since, after which
 #: the C allocator is asked to give the memory they freed back to the system.
 _TRIM_AFTER_CLOSES = 100
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, or None where the C library has none."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim: Callable[[int], int] = libc.malloc_trim
-    except (OSError, AttributeError):
-        return None
-    return trim
 
 
 def listen_backlog() -> int:
@@ -233,8 +220,7 @@ class ReplicationHub:
         self._metrics_server: Any = None
         self._refusals_logged: set[tuple[str, str]] = set()
         self._closed_since_trim = 0
-        self._trim = _malloc_trim()
-        self._clear_type_cache: Callable[[], None] | None = getattr(sys, "_clear_type_cache", None)
+        self._memory = MemoryReturn()
         self.stopped = gevent.event.Event()
         self.load_positions()
 
@@ -409,24 +395,10 @@ class ReplicationHub:
                 conn.close(DisconnectReason.LOCAL_CLOSE, "internal error")
 
     def _give_memory_back(self) -> None:
-        """Many peers went (slow readers cut off, say) and none since: Python has
-        freed their objects, but two things keep the memory they took.
-
-        CPython's attribute lookup cache keeps a reference to the name of each
-        lookup in its 4,096 slots, chosen by the name's address (3.11). gevent
-        stops each one-shot watcher that fired (every ``sleep``, every timeout) by
-        looking up ``stop`` with a string it makes anew each time, so hundreds of
-        those small strings, made while the peers' objects filled CPython's
-        small-object arenas, stay scattered over them, and a 1 MiB arena is
-        only returned once nothing in it lives. Emptying the cache frees them
-        (it refills in microseconds). And the C allocator keeps the pages it
-        has for itself until asked to return them.
-        """
+        """Many peers went (slow readers cut off, say) and none since: hand back
+        what their objects held (see :mod:`.hub_memory`)."""
         self._closed_since_trim = 0
-        if self._clear_type_cache is not None:
-            self._clear_type_cache()
-        if self._trim is not None:
-            self._trim(0)
+        self._memory.give_back()
 
     def _out_of_descriptors(self, exc: OSError) -> None:
         self._log_refusal("*", f"cannot accept connections: {exc.strerror}; raise the "
