@@ -35,6 +35,7 @@ from streamrep.spark.compress_apply import apply_compression
 from streamrep.spark.compress_local import compress_local, load_compress_tables, unit_topology
 from streamrep.spark.local import reconstruct_local
 from streamrep.spark.options import ReconstructOptions
+from streamrep.spark.spill import group_row_counts
 from support import big_room
 from support.state_forest import load_database, make_forest
 from test_compress_local import chain_lengths, compressed_forest, db_forest
@@ -319,3 +320,28 @@ def test_a_room_split_by_rows_keeps_its_compression(shape: dict[str, Any], k: in
     changes = ds.dataset(os.path.join(out, "changes"), format="parquet").to_table()
     assert len(set(changes.column("unit").to_pylist())) >= k
     check_split(shape, k, result, out, tmp_path)
+
+
+@pytest.mark.parametrize("where", ["parquet", "csv", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_each_groups_delta_rows_are_counted_wherever_the_tables_are(
+        where: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """group_row_counts, which the split by rows reads: from files in a pass over
+    ``state_group``, from a database by its own ``GROUP BY``. A group without
+    rows counts 0; rows of groups not asked about are left out."""
+    forest = make_forest(300, seed=5, rooms=4)
+    if where in ("parquet", "csv"):
+        getattr(forest, f"write_{where}")(str(tmp_path / "in"))
+        source = Source(input_dir=str(tmp_path / "in"))
+    else:
+        url = (f"sqlite:///{tmp_path}/state.db" if where == "sqlite"
+               else request.getfixturevalue("pg_url"))
+        load_database(url, forest)
+        source = Source(db_url=url)
+    per_group: dict[int, int] = {}
+    for group, *_ in forest.state:
+        per_group[group] = per_group.get(group, 0) + 1
+    asked = sorted([g for g, *_ in forest.groups][::2] + [10**9])  # one group that does not exist
+    counts = group_row_counts(source, np.array(asked, np.int64))
+    assert counts.tolist() == [per_group.get(g, 0) for g in asked]
+    assert counts.sum() < len(forest.state)  # the other half's rows were not counted
+    assert group_row_counts(source, np.array([], np.int64)).tolist() == []

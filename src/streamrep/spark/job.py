@@ -32,7 +32,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit
 from streamrep.errors import ConfigError, StateCorruptionError
 from streamrep.spark.memory import DEFAULT_EXECUTOR_MEMORY, ExecutorMemory
 from streamrep.spark.options import ReconstructOptions, ReconstructResult, Source, prepare_output
-from streamrep.spark.tables import REQUIRED_TABLES, SCHEMAS, locate_table
+from streamrep.spark.tables import DELTA_ROW_COUNTS_SQL, REQUIRED_TABLES, SCHEMAS, locate_table
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -269,8 +269,7 @@ def read_spark_tables(
 
 #: The delta rows of each state group, counted by PostgreSQL: only the counts
 #: cross the network (Spark's JDBC reader does not push an aggregate down).
-_DELTA_ROW_COUNTS_SQL = ("(SELECT state_group AS count_group, count(*) AS counted "
-                         "FROM state_groups_state GROUP BY state_group) AS delta_row_counts")
+_DELTA_ROW_COUNTS_SQL = f"({DELTA_ROW_COUNTS_SQL}) AS delta_row_counts"
 
 
 def read_delta_row_counts(spark: "SparkSession", source: Source) -> "DataFrame | None":

@@ -20,7 +20,15 @@ import pyarrow.parquet as pq
 
 from streamrep.spark.interned import InternedSlots, RowInterner, _int64
 from streamrep.spark.options import Source
-from streamrep.spark.tables import SCHEMAS, iter_db_table, require_table, table_dataset
+from streamrep.spark.tables import (
+    DELTA_ROW_COUNTS_SCHEMA,
+    DELTA_ROW_COUNTS_SQL,
+    SCHEMAS,
+    iter_db_query,
+    iter_db_table,
+    require_table,
+    table_dataset,
+)
 
 __all__ = ["BUCKET_GROUPS", "bucket_rows", "group_row_counts", "interned_bucket", "spill_buckets"]
 
@@ -51,23 +59,33 @@ def _state_batches(source: Source) -> Iterator[pa.RecordBatch]:
 
 
 def group_row_counts(source: Source, group_ids: np.ndarray) -> np.ndarray:
-    """The delta rows of each of *group_ids* (sorted), in one streaming pass
-    over ``state_group`` of ``state_groups_state``; rows of other groups are
-    not counted."""
+    """The delta rows of each of *group_ids* (sorted); rows of other groups are
+    not counted. A database counts them itself (a row per group comes back);
+    files are read in one streaming pass over ``state_group``."""
     counts = np.zeros(len(group_ids), np.int64)
-    if source.input_dir is not None:
-        dataset = table_dataset(require_table(source.input_dir, "state_groups_state"))
-        batches: Iterator[pa.RecordBatch] = dataset.to_batches(
-            columns=["state_group"], batch_size=_SPILL_ROWS, batch_readahead=0, fragment_readahead=1,
-            use_threads=False)
-    else:
-        batches = _state_batches(source)
-    for batch in batches:
-        groups = _int64(batch.column("state_group"))
-        at = np.minimum(np.searchsorted(group_ids, groups), max(len(group_ids) - 1, 0))
-        known = group_ids[at] == groups if len(group_ids) else np.zeros(len(groups), np.bool_)
-        counts += np.bincount(at[known], minlength=len(group_ids))
+    if source.db_url is not None:
+        for batch in iter_db_query(source.db_url, DELTA_ROW_COUNTS_SQL, DELTA_ROW_COUNTS_SCHEMA):
+            _add_counts(counts, group_ids, _int64(batch.column("count_group")),
+                        _int64(batch.column("counted")))
+        return counts
+    assert source.input_dir is not None
+    dataset = table_dataset(require_table(source.input_dir, "state_groups_state"))
+    for batch in dataset.to_batches(columns=["state_group"], batch_size=_SPILL_ROWS, batch_readahead=0,
+                                    fragment_readahead=1, use_threads=False):
+        _add_counts(counts, group_ids, _int64(batch.column("state_group")), None)
     return counts
+
+
+def _add_counts(counts: np.ndarray, group_ids: np.ndarray, groups: np.ndarray,
+                weights: np.ndarray | None) -> None:
+    """Add to *counts* (one per sorted *group_ids*) a row per entry of *groups*,
+    or *weights* rows each; groups not in *group_ids* are left out."""
+    if not len(group_ids):
+        return
+    at = np.minimum(np.searchsorted(group_ids, groups), len(group_ids) - 1)
+    known = group_ids[at] == groups
+    counts += np.bincount(at[known], weights=None if weights is None else weights[known],
+                          minlength=len(group_ids)).astype(np.int64)
 
 
 class _Spill:

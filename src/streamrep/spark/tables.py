@@ -31,7 +31,10 @@ __all__ = [
     "locate_table",
     "read_table",
     "iter_db_table",
+    "iter_db_query",
     "read_db_table",
+    "DELTA_ROW_COUNTS_SQL",
+    "DELTA_ROW_COUNTS_SCHEMA",
 ]
 
 #: Table name -> Arrow schema, in the reference system's names and columns.
@@ -143,20 +146,33 @@ _SELECTS = {
 }
 
 
+#: Each group's count of delta rows, counted by the database: a row per group
+#: crosses the connection instead of every delta row.
+DELTA_ROW_COUNTS_SQL = ("SELECT state_group AS count_group, count(*) AS counted "
+                        "FROM state_groups_state GROUP BY state_group")
+DELTA_ROW_COUNTS_SCHEMA = pa.schema([("count_group", pa.int64()), ("counted", pa.int64())])
+
+
 def iter_db_table(url: str, table: str, batch_rows: int = 250_000) -> Iterator[pa.RecordBatch]:
     """Stream *table* out of the database at *url* as record batches.
 
     PostgreSQL streams with ``COPY ... TO STDOUT WITH CSV HEADER`` through a pipe
     into pyarrow's CSV reader; SQLite uses plain selects in chunks.
     """
-    schema = SCHEMAS[table]
+    return iter_db_query(url, _SELECTS[table], SCHEMAS[table], batch_rows)
+
+
+def iter_db_query(url: str, query: str, schema: pa.Schema,
+                  batch_rows: int = 250_000) -> Iterator[pa.RecordBatch]:
+    """Stream the rows of *query* (a ``SELECT`` whose columns are *schema*'s) out
+    of the database at *url*, as :func:`iter_db_table` streams a table."""
     parsed = parse_database_url(url)
     if parsed.engine == POSTGRES:
-        yield from _iter_postgres(parsed.target, table, schema)
+        yield from _iter_postgres(parsed.target, query, schema)
         return
     conn = sqlite3.connect(parsed.target)
     try:
-        cur = conn.execute(_SELECTS[table])
+        cur = conn.execute(query)
         while True:
             rows = cur.fetchmany(batch_rows)
             if not rows:
@@ -169,7 +185,7 @@ def iter_db_table(url: str, table: str, batch_rows: int = 250_000) -> Iterator[p
         conn.close()
 
 
-def _iter_postgres(dsn: str, table: str, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+def _iter_postgres(dsn: str, query: str, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     import psycopg2
 
     read_fd, write_fd = os.pipe()
@@ -183,7 +199,7 @@ def _iter_postgres(dsn: str, table: str, schema: pa.Schema) -> Iterator[pa.Recor
             with suspended_wait_callback():
                 with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
                     with os.fdopen(write_fd, "wb") as sink:
-                        cur.copy_expert(f"COPY ({_SELECTS[table]}) TO STDOUT WITH CSV HEADER", sink)
+                        cur.copy_expert(f"COPY ({query}) TO STDOUT WITH CSV HEADER", sink)
                 conn.close()
         except BaseException as exc:  # handed to the reading side
             failure.append(exc)
@@ -192,7 +208,7 @@ def _iter_postgres(dsn: str, table: str, schema: pa.Schema) -> Iterator[pa.Recor
             except OSError:
                 pass
 
-    producer = threading.Thread(target=produce, name=f"copy-{table}", daemon=True)
+    producer = threading.Thread(target=produce, name="copy-out", daemon=True)
     producer.start()
     try:
         with os.fdopen(read_fd, "rb") as source:
