@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
-
 from typing import Any
 
 import click
 
+from streamrep.cli._allocator import ALLOCATORS, describe, use_allocator
 from streamrep.cli._common import freeze_startup_heap, use_cooperative_sockets
 from streamrep.cli._security import SERVE_FLAGS, hub_security, serve_security_options
 from streamrep.cli.options import config_from_click, config_option
 from streamrep.config import DEFAULT_INSTANCE, DEFAULT_LISTEN
 from streamrep.db import deployment
+
+logger = logging.getLogger(__name__)
 
 
 def working_directory_database() -> str:
@@ -38,11 +41,15 @@ def working_directory_database() -> str:
 @click.option("--redis", "redis_url", default=None, metavar="URL",
               help="Publish this instance's writers through Redis pub/sub instead of running the hub.")
 @click.option("--log-level", default="INFO", show_default=True)
+@click.option("--allocator", type=click.Choice(ALLOCATORS), default="auto", show_default=True,
+              envvar="STREAMREP_ALLOCATOR",
+              help="Memory allocator: jemalloc gives the memory of departed peers back to the "
+                   "system; auto uses it where installed (libjemalloc2).")
 @serve_security_options
 @click.pass_context
 def serve(ctx: click.Context, /, config_path: str | None, db: str, listen: str, server_name: str,
           instance_name: str, metrics_listen: str | None, redis_url: str | None, log_level: str,
-          **security_flags: Any) -> None:
+          allocator: str, **security_flags: Any) -> None:
     """Run the replication hub until SIGTERM or SIGINT.
 
     Workers connect to it and follow every stream; writer processes announce to it.
@@ -58,6 +65,8 @@ def serve(ctx: click.Context, /, config_path: str | None, db: str, listen: str, 
     ``--shared-secret-file``. A --listen address other machines can reach needs one
     of them, or ``--insecure``.
     """
+    if sys.argv[1:2] == ["serve"]:  # this process is the command (not a test calling it)
+        use_allocator(allocator, sys.argv)
     import gevent
 
     from streamrep.catalogue import served_streams
@@ -79,6 +88,7 @@ def serve(ctx: click.Context, /, config_path: str | None, db: str, listen: str, 
         return
     security = hub_security(config)
     setup_logging(config.logging.level, config.logging.format)
+    logger.info("memory allocator: %s", describe())
     database = open_database(config.database)
     try:
         deployment.claim(database, config.server_name)
@@ -127,6 +137,7 @@ def _serve_redis(config: Any) -> None:
     from streamrep.streams import Streams
 
     setup_logging(config.logging.level, config.logging.format)
+    logger.info("memory allocator: %s", describe())
     database = open_database(config.database)
     try:
         deployment.claim(database, config.server_name)

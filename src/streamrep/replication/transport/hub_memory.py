@@ -14,11 +14,18 @@ its megabyte) alive. What does that here, and what the hub does about it:
   2,000 tuples of each length; freed during the stall, they sit in its arenas
   until a full collection empties those lists.
 * The C allocator keeps pages it has for itself until asked to return them
-  (glibc's ``malloc_trim``).
+  (glibc's ``malloc_trim``; jemalloc's purge of every arena).
+
+What stays after that is CPython's own: the arenas that a few objects outliving the
+peers keep. ``streamrep serve`` therefore runs on jemalloc where the machine has it,
+with CPython's small-object allocator off (``streamrep.cli._allocator``), and
+then jemalloc's purge returns every page nothing lives in.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import logging
 import sys
@@ -28,17 +35,34 @@ from typing import Callable
 logger = logging.getLogger(__name__)
 
 
-def malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, or None where the C library has none."""
-    import ctypes
-    import ctypes.util
+#: jemalloc's name for every arena at once (``MALLCTL_ARENAS_ALL``).
+_PURGE_ALL_ARENAS = b"arena.4096.purge"
 
+
+def running_on_jemalloc() -> bool:
+    """Whether this process's ``malloc`` is jemalloc's (it exports ``mallctl``)."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim: Callable[[int], int] = libc.malloc_trim
+        return hasattr(ctypes.CDLL(None), "mallctl")
+    except OSError:
+        return False
+
+
+def release_to_system() -> tuple[str, Callable[[], object]] | None:
+    """What asks the C allocator to return the pages it keeps, with its name:
+    jemalloc's purge of every arena, glibc's ``malloc_trim``, or None where there
+    is neither."""
+    try:
+        process = ctypes.CDLL(None)
+        if hasattr(process, "mallctl"):
+            mallctl = process.mallctl
+            mallctl.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                ctypes.c_size_t]
+            mallctl.restype = ctypes.c_int
+            return "jemalloc", lambda: mallctl(_PURGE_ALL_ARENAS, None, None, None, 0)
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
     except (OSError, AttributeError):
         return None
-    return trim
+    return "glibc", lambda: trim(0)
 
 
 class MemoryReturn:
@@ -48,14 +72,17 @@ class MemoryReturn:
     def __init__(self) -> None:
         self.clear_type_cache: Callable[[], None] | None = getattr(sys, "_clear_type_cache", None)
         self.collect: Callable[[], int] = gc.collect
-        self.trim = malloc_trim()
+        found = release_to_system()
+        #: Which C allocator :attr:`release` asks ("jemalloc", "glibc"), or None.
+        self.allocator = found[0] if found else None
+        self.release: Callable[[], object] | None = found[1] if found else None
 
     def give_back(self) -> None:
         started = time.perf_counter()
         if self.clear_type_cache is not None:
             self.clear_type_cache()
         self.collect()  # a full collection also empties CPython's free lists
-        if self.trim is not None:
-            self.trim(0)
+        if self.release is not None:
+            self.release()
         logger.debug("gave freed memory back in %.1f ms", (time.perf_counter() - started) * 1000)
 
