@@ -69,6 +69,7 @@ def test_serve_runs_on_jemalloc_where_the_machine_has_it(tmp_path: Path) -> None
         assert os.path.realpath(library) in _mapped(proc.pid)  # the same process, started again
         environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
         assert b"PYTHONMALLOC=malloc" in environ
+        assert b"MALLOC_CONF=background_thread:true" in environ
     finally:
         _stop(proc)
     assert "memory allocator: jemalloc" in log.read_text()

@@ -6,8 +6,10 @@ made meanwhile keep megabytes that the hub no longer uses. jemalloc returns memo
 page by page: the hub, a long-running server whose peers come and go by the
 thousand, runs on it where the machine has it (Debian's ``libjemalloc2``), with
 CPython's small-object allocator off (``PYTHONMALLOC=malloc``) so that jemalloc
-serves every object. Both must be set before the interpreter starts, so the
-command starts itself again, in the same process (``exec``), with them set.
+serves every object, and jemalloc's background thread returning pages freed and not
+reused (``MALLOC_CONF=background_thread:true`` unless ``MALLOC_CONF`` is set). They
+must be set before the interpreter starts, so the command starts itself again, in
+the same process (``exec``), with them set.
 
 ``--allocator`` (or ``STREAMREP_ALLOCATOR``): ``auto`` (jemalloc where found, else
 CPython's own), ``jemalloc`` (an error where not found) or ``system`` (CPython's
@@ -70,6 +72,9 @@ def use_allocator(choice: str, argv: list[str]) -> None:
     env = dict(os.environ)
     env["LD_PRELOAD"] = " ".join(filter(None, [library, env.get("LD_PRELOAD")]))
     env["PYTHONMALLOC"] = "malloc"
+    # Pages freed and not reused go back to the system within seconds even when
+    # the hub is idle (jemalloc's own thread; otherwise only as it allocates).
+    env.setdefault("MALLOC_CONF", "background_thread:true")
     env[_STARTED_AGAIN] = library
     sys.stdout.flush()
     sys.stderr.flush()
