@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import configparser
 import json
-import os
 import re
 import shlex
 import shutil
@@ -20,6 +19,7 @@ import yaml
 
 from streamrep.cli import main
 from streamrep.cli.exits import ExitCode
+from support.required import missing
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTRIB = ROOT / "contrib"
@@ -32,10 +32,7 @@ _METRIC = re.compile(r"\bstreamrep_\w+")
 def _promtool() -> str:
     found = shutil.which("promtool")
     if found is None:
-        if os.environ.get("STREAMREP_REQUIRE_PROMTOOL", "") not in ("", "0"):
-            pytest.fail("promtool is not installed (Debian: apt-get install prometheus), and "
-                        "STREAMREP_REQUIRE_PROMTOOL is set")
-        pytest.skip("promtool is not installed (Debian: apt-get install prometheus)")
+        missing("STREAMREP_REQUIRE_PROMTOOL", "promtool is not installed (Debian: apt-get install prometheus)")
     return found
 
 

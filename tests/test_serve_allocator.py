@@ -16,19 +16,15 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from streamrep.cli._allocator import find_jemalloc
 from support.redis_server import free_port
+from support.required import missing
 
 
 def _jemalloc() -> str:
     found = find_jemalloc()
     if found is None:
-        if os.environ.get("STREAMREP_REQUIRE_JEMALLOC", "") not in ("", "0"):
-            pytest.fail("jemalloc is not installed (Debian: apt-get install libjemalloc2), and "
-                        "STREAMREP_REQUIRE_JEMALLOC is set")
-        pytest.skip("jemalloc is not installed (Debian: apt-get install libjemalloc2)")
+        missing("STREAMREP_REQUIRE_JEMALLOC", "jemalloc is not installed (Debian: apt-get install libjemalloc2)")
     return found
 
 
