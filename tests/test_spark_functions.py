@@ -22,7 +22,7 @@ import pyarrow as pa
 import pytest
 
 from streamrep import _impl
-from streamrep.errors import StateCorruptionError
+from streamrep.errors import ConfigError, StateCorruptionError
 from streamrep.spark import functions as SF
 from streamrep.spark.batches import assign_trees
 from support.spark import spark_missing, spark_required
@@ -206,6 +206,47 @@ def test_state_at_chosen_groups_joined_and_filtered(spark: Any, forest: Forest) 
     by_ids = SF.state_at(groups, edges, deltas, chosen[:3], digest=True).toArrow().to_pylist()
     assert {r["state_group"]: r["state_digest"] for r in by_ids} == {
         g: digest_state(truth[g]) for g in chosen[:3]}
+
+
+def read_back(path: str) -> list[dict[str, Any]]:
+    import pyarrow.dataset as ds
+
+    return ds.dataset(path, format="parquet").to_table().to_pylist()
+
+
+@pytest.mark.spark
+def test_write_full_state_writes_what_full_state_returns(spark: Any, forest: Forest, tmp_path: Path) -> None:
+    groups, edges, deltas = frames(spark, forest)
+    truth = forest.brute_force()
+    out = tmp_path / "states"
+    written = SF.write_full_state(groups, edges, deltas, str(out), split_threshold=60)
+    assert written.path == f"file://{out}"
+    assert written.groups == len(truth)
+    rows = read_back(str(out))
+    assert written.rows == len(rows) == sum(len(s) for s in truth.values())
+    assert states_of(rows) == nonempty(truth)
+    assert (out / "_SUCCESS").exists() and not (out / "_temporary").exists()
+    # The files hold plain strings once read back, as full_state's rows.
+    assert spark.read.parquet(str(out)).schema.simpleString() == (
+        "struct<state_group:bigint,type:string,state_key:string,event_id:string>")
+
+    with pytest.raises(ConfigError, match="is not empty"):
+        SF.write_full_state(groups, edges, deltas, str(out))
+    chosen = [g for g, _, _ in forest.groups][::29]
+    again = SF.write_full_state(groups, edges, deltas, str(out), digest=True, wanted=chosen, overwrite=True)
+    digests = read_back(str(out))
+    assert again.groups == again.rows == len(chosen)
+    assert {r["state_group"]: (r["entries"], r["state_digest"]) for r in digests} == {
+        g: (len(truth[g]), digest_state(truth[g])) for g in chosen}
+
+
+@pytest.mark.spark
+def test_write_full_state_of_a_corrupt_forest_names_the_groups(spark: Any, forest: Forest, tmp_path: Path) -> None:
+    # A key twice in one group's delta is found by the executors while they walk.
+    bad = corrupt_forest(forest, "dupkey", at=20, missing_group=0)
+    with pytest.raises(StateCorruptionError, match="more than once") as caught:
+        SF.write_full_state(*frames(spark, bad), str(tmp_path / "out"))
+    assert getattr(caught.value, "groups", ())
 
 
 @pytest.mark.spark

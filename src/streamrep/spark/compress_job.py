@@ -22,13 +22,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from streamrep.spark import functions as SF
 from streamrep.spark.compress import REPORT_SCHEMA, CompressOptions, CompressResult, finish_output
-from streamrep.spark.job import (
-    _absolute_uri,
-    _reraise_executor_error,
-    _task_attempt,
-    read_delta_row_counts,
-    read_spark_tables,
-)
+from streamrep.spark.job import read_delta_row_counts, read_spark_tables
+from streamrep.spark.part_files import absolute_uri, reraise_executor_error, task_attempt
 from streamrep.errors import StateVerificationError
 from streamrep.spark.options import Source, prepare_output
 
@@ -48,14 +43,14 @@ def _reraise(exc: BaseException) -> None:
     if match is not None:
         groups = tuple(int(g) for g in re.findall(r"\b(\d+)\b", match.group(1).split(":", 1)[-1])[:50])
         raise StateVerificationError(match.group(1).strip(), groups) from None
-    _reraise_executor_error(exc)
+    reraise_executor_error(exc)
 
 
 def _write_udf(output: str, options: CompressOptions) -> Any:
     def compress_and_write(batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
         from streamrep.spark.compress import write_units
 
-        partition, attempt = _task_attempt()
+        partition, attempt = task_attempt()
         yield write_units(batches, output, f"part-{partition:05d}-attempt{attempt}", options)
 
     return compress_and_write
@@ -87,7 +82,7 @@ def compress_spark(spark: "SparkSession", source: Source, options: CompressOptio
     result.timings["units"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
-    output_uri = _absolute_uri(options.output)
+    output_uri = absolute_uri(options.output)
     reports = SF.sorted_unit_rows(units, unit_rows, frames["state_groups_state"]).mapInArrow(
         _write_udf(output_uri, options), SF.ddl(REPORT_SCHEMA))
     try:

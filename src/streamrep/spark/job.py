@@ -26,12 +26,13 @@ import os
 import re
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
-from streamrep.errors import ConfigError, StateCorruptionError
+from streamrep.errors import ConfigError
 from streamrep.spark.memory import DEFAULT_EXECUTOR_MEMORY, ExecutorMemory
 from streamrep.spark.options import ReconstructOptions, ReconstructResult, Source, prepare_output
+from streamrep.spark.part_files import absolute_uri, reraise_executor_error, write_states
 from streamrep.spark.tables import DELTA_ROW_COUNTS_SQL, REQUIRED_TABLES, SCHEMAS, locate_table
 
 if TYPE_CHECKING:
@@ -296,41 +297,6 @@ def _parquet_spark_schema(path: str) -> str | None:
     return ", ".join(f"`{f.name}` {kinds[str(f.type)]}" for f in schema)
 
 
-def _task_attempt() -> tuple[int, int]:
-    """The running Spark task's partition and attempt numbers (0, 0 outside one)."""
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    if context is None:
-        return 0, 0
-    return context.partitionId(), context.attemptNumber()
-
-
-def _write_udf(output: str, digest: bool) -> Any:
-    def expand_and_write(batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
-        from streamrep.spark.batches import write_partition
-
-        partition, attempt = _task_attempt()
-        yield write_partition(batches, output, partition, attempt, digest)
-
-    return expand_and_write
-
-
-_PYTHON_ERROR = re.compile(r"streamrep\.errors\.(StateCorruptionError|ConfigError): (.*)")
-
-
-def _reraise_executor_error(exc: BaseException) -> None:
-    """Turn a Python error raised in an executor back into streamrep's own error."""
-    match = _PYTHON_ERROR.search(str(exc))
-    if match is None:
-        raise exc
-    kind = StateCorruptionError if match.group(1) == "StateCorruptionError" else ConfigError
-    groups = tuple(int(g) for g in re.findall(r"\b(\d+)\b", match.group(2))[:50])
-    err = kind(match.group(2).strip())
-    setattr(err, "groups", groups)
-    raise err from None
-
-
 def _wanted_column(frames: dict[str, "DataFrame"], groups: "DataFrame", options: ReconstructOptions) -> "DataFrame":
     from pyspark.sql import functions as F
 
@@ -388,7 +354,6 @@ def reconstruct_spark(
     import pyarrow.compute as pc
 
     from streamrep.spark import functions as SF
-    from streamrep.spark.batches import WRITTEN_SCHEMA
 
     prepare_output(options.output, options.overwrite)
     result = ReconstructResult(options.output, digest=options.digest)
@@ -427,20 +392,14 @@ def reconstruct_spark(
             tree_rows = int(counts["tree_rows"]) if counts else 0
             result.wanted_groups = int(counts["wanted"] or 0) if counts else 0
         except Exception as exc:  # Py4JJavaError / PythonException from the task
-            _reraise_executor_error(exc)
+            reraise_executor_error(exc)
     result.timings["trees"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
     # Each task writes its own part file from the Python worker and reports a
     # row: the output never passes through the JVM.
-    output_uri = _absolute_uri(options.output)
-    reports = SF.sorted_tree_rows(trees, tree_rows, frames["state_groups_state"]).mapInArrow(
-        _write_udf(output_uri, options.digest), SF.ddl(WRITTEN_SCHEMA))
-    try:
-        written = reports.toArrow()
-    except Exception as exc:
-        _reraise_executor_error(exc)
-    _finish_output(output_uri)
+    written = write_states(SF.sorted_tree_rows(trees, tree_rows, frames["state_groups_state"]),
+                           absolute_uri(options.output), options.digest)
     result.rows = int(pc.sum(written.column("rows")).as_py() or 0)
     result.timings["shuffle_expand_write"] = time.perf_counter() - clock
     result.timings["tasks_expand"] = float(pc.sum(written.column("expand_seconds")).as_py() or 0.0)
@@ -460,23 +419,3 @@ def reconstruct_spark(
         result.verified = verify_output(source, options, sample_groups(candidates, options.verify, options.seed))
         result.timings["verify"] = time.perf_counter() - clock
     return result
-
-
-def _absolute_uri(output: str) -> str:
-    """*output* as a URI the executors resolve the same way (local paths made absolute)."""
-    if "://" in output:
-        return output
-    return "file://" + os.path.abspath(output)
-
-
-def _finish_output(output_uri: str) -> None:
-    """Drop the attempts' scratch folder and mark the output complete."""
-    import pyarrow.fs as pafs
-
-    fs, root = pafs.FileSystem.from_uri(output_uri)
-    fs.create_dir(root, recursive=True)
-    scratch = f"{root}/_temporary"
-    if fs.get_file_info(scratch).type != pafs.FileType.NotFound:
-        fs.delete_dir(scratch)
-    with fs.open_output_stream(f"{root}/_SUCCESS"):
-        pass
