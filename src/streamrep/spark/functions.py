@@ -7,8 +7,8 @@ in between:
 * :func:`full_state` -- every group's full state (or its digest);
 * :func:`state_at` -- the same for chosen groups only;
 * :func:`write_full_state` -- either of them written as Parquet by the
-  executors themselves, at the speed of ``streamrep spark reconstruct`` (which
-  is built on it): for output that goes to files rather than into a join;
+  executors themselves, through the code ``streamrep spark reconstruct`` writes
+  with and at its speed: for output that goes to files rather than into a join;
 * :func:`compression_plan` -- shorter deltas for every group, with the change
   set ``streamrep state apply-compression`` applies, as DataFrames.
 
