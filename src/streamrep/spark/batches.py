@@ -39,6 +39,7 @@ else:
     _core_walk = _impl.load("treewalk")
 
 __all__ = [
+    "ddl",
     "TOPOLOGY_SCHEMA",
     "TREES_SCHEMA",
     "TREE_ROWS_SCHEMA",
@@ -53,6 +54,16 @@ __all__ = [
     "write_partition",
     "WRITTEN_SCHEMA",
 ]
+
+#: Spark's name of each Arrow type the Arrow-batch schemas of streamrep.spark use.
+_SPARK_TYPES = {"int64": "bigint", "int32": "int", "bool": "boolean", "string": "string",
+                "double": "double", "list<item: int64>": "array<bigint>"}
+
+
+def ddl(schema: pa.Schema) -> str:
+    """The Spark DDL string of *schema* (what ``mapInArrow`` takes as its schema)."""
+    return ", ".join(f"`{f.name}` {_SPARK_TYPES[str(f.type)]}" for f in schema)
+
 
 #: Input of :func:`assign_trees`: one row per group (prev null for a root).
 TOPOLOGY_SCHEMA = pa.schema(

@@ -46,6 +46,7 @@ import pyarrow as pa
 from streamrep import _impl
 from streamrep.spark import batches as _batches
 from streamrep.spark import compress as _compress
+from streamrep.spark.batches import ddl
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -142,17 +143,8 @@ def _plan_schema() -> pa.Schema:
 #: null.
 PLAN_SCHEMA = _plan_schema()
 
-_SPARK_TYPES = {"int64": "bigint", "int32": "int", "bool": "boolean", "string": "string",
-                "double": "double", "list<item: int64>": "array<bigint>"}
-
-
 class InputOrderError(ValueError):
     """Rows handed to an Arrow-batch function are not in the order it needs."""
-
-
-def ddl(schema: pa.Schema) -> str:
-    """The Spark DDL string of *schema* (what ``mapInArrow`` takes as its schema)."""
-    return ", ".join(f"`{f.name}` {_SPARK_TYPES[str(f.type)]}" for f in schema)
 
 
 def digest_state(state: Mapping[tuple[str, str], str]) -> str:

@@ -85,8 +85,7 @@ def write_states(tree_rows: "DataFrame", output_uri: str, digest: bool) -> "pa.T
     tasks; returns the tasks' reports (:data:`~streamrep.spark.batches.WRITTEN_SCHEMA`)
     once the output is complete. Errors raised in the executors come back as
     streamrep's own."""
-    from streamrep.spark.batches import WRITTEN_SCHEMA
-    from streamrep.spark.functions import ddl
+    from streamrep.spark.batches import WRITTEN_SCHEMA, ddl
 
     reports = tree_rows.mapInArrow(_expand_and_write(output_uri, digest), ddl(WRITTEN_SCHEMA))
     try:
