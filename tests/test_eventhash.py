@@ -202,3 +202,41 @@ def test_check_hashes_finds_what_was_changed(event: dict[str, Any], version_id: 
             assert module.check_hashes(event_id, changed, rules, True, True) in (1, 3)
             assert module.check_hashes(event_id[:-1] + "A", sealed, rules, True, True) == 1 or \
                 event_id.endswith("A")
+
+
+def _nested(shapes: int) -> dict[str, Any]:
+    """*shapes* dicts, each of its own keys, each inside the one before."""
+    inner: dict[str, Any] = {"leaf": [1, "x"]}
+    for n in range(shapes):
+        inner = {f"k{n}a": n, f"k{n}b": inner, "z": "é" * (n % 3)}
+    return inner
+
+
+def test_dicts_of_one_shape_are_written_by_their_own_values(eventhash: ModuleType) -> None:
+    """The compiled writer reuses the order it worked out for dicts of the same key
+    objects; what it writes must still be each dict's own, whatever the dicts before."""
+    from streamrep._pure import eventhash as pure
+
+    rules = redaction_rules(ROOM_VERSIONS["11"])
+    keys = ["type", "room_id", "sender", "content", "depth", "hashes", "unsigned"]
+    events = [dict(zip(keys, ["m.room.member", f"!r{n}:x", "@a:x",
+                              {"membership": "join", "n": n}, n, {"sha256": "abc"},
+                              {"age": n}])) for n in range(50)]
+    # The same key objects in another order: another shape.
+    events += [dict(reversed(list(e.items()))) for e in events[:10]]
+    # Keys made anew (and dropped) each time: stale shapes must not be taken.
+    events += [{"".join(["ty", "pe"]): "m.room.topic", "".join(["con", "tent"]): {"topic": n},
+                "origin": "x"} for n in range(10)]
+    # More shapes than the compiled table has slots, nested inside each other, so
+    # a nested dict's slot is one an enclosing dict is being written from.
+    events += [_nested(150), _nested(70)]
+    # Shapes over a hundred in turn, each met twice.
+    events += [{f"key{n}": n, "content": {"body": str(n)}} for n in range(130)] * 2
+    for event in events:
+        assert eventhash.canonical_json(event) == pure.canonical_json(event)
+        assert eventhash.content_hash(event) == pure.content_hash(event)
+        assert eventhash.reference_hash(event, rules) == pure.reference_hash(event, rules)
+        assert eventhash.check_hashes("$x", event, rules, True, True) == pure.check_hashes(
+            "$x", event, rules, True, True)
+    with pytest.raises(CanonicalJsonError):
+        eventhash.canonical_json({**events[0], 7: "a key that is not a string"})

@@ -5,7 +5,9 @@
 The usual value (dicts with string keys, lists, strings, integers in range, booleans
 and null) is written here, in C, into one buffer that SHA-256 (``sha256.h``) then
 hashes; a hash never builds the pruned event or the canonical bytes as Python
-objects. Any other value (floats, integers past 64 bits, subclasses, tuples) and
+objects. Which members of a dict are written, in what order and under what key
+JSON is worked out once per shape (the same key objects in the same order) and
+kept in a small table. Any other value (floats, integers past 64 bits, subclasses, tuples) and
 anything refused go to the pure twin, the one definition of what is canonical and
 of each error.
 """
@@ -18,6 +20,7 @@ from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF, Py_XDECREF, Py_XINCREF
 from cpython.set cimport PySet_Contains
 from cpython.unicode cimport PyUnicode_DecodeASCII
 from libc.string cimport memcmp, memcpy
@@ -194,14 +197,52 @@ cdef int _integer(Buffer* out, long long number) except -1:
     return _put(out, digits + i, 24 - i)
 
 
-cdef struct Member:
-    PyObject* key
-    PyObject* value
+# Objects with more members than this sort through a Python list.
+DEF _SMALL = 32
+# Slots of the table of shapes (a power of two).
+DEF _SLOTS = 64
+
+# What a shape's members are chosen for (what its flags mean).
+cdef enum:
+    _FOR_OBJECT = 1   # _object: by its leave_out and keep sets
+    _FOR_DIGESTS = 2  # _both_digests: flags are the hashes a member is in
+    _IS_CONTENT = 4   # a flag: the member's key is "content"
+
+
+cdef struct Shape:
+    # The members written of a dict whose keys are these very key objects in this
+    # order, chosen for *purpose* by *chooser_a* and *chooser_b*: their positions
+    # in the dict, in key order, each with its flags and its key's JSON.
+    int purpose
+    int busy                    # being written from: a nested dict may not take it
+    bint held                   # a slot of the table (its references are held)
+    PyObject* chooser_a         # leave_out, or the rules' top-level keys
+    PyObject* chooser_b         # keep
+    Py_ssize_t count
+    PyObject* keys[_SMALL]
+    Py_ssize_t written
+    Py_ssize_t index[_SMALL]
+    int flags[_SMALL]
+    Py_ssize_t key_end[_SMALL]  # where each written member's '"key":' ends in key_json
+    char* key_json              # NULL in a shape worked out on the stack
+
+
+# Dicts of one shape (the same key objects in the same order, as events made by
+# one program have, and orjson gives by reusing its keys) are written alike: which
+# members, in what order, with what keys is worked out once and kept here. A slot
+# holds references to its keys and choosers, so an address never names another
+# object while it is in the table.
+cdef Shape _shapes[_SLOTS]
+
+
+cdef struct Keyed:
+    Py_ssize_t index
+    int flags
     const char* utf8
     Py_ssize_t length
 
 
-cdef inline bint _before(Member* a, Member* b):
+cdef inline bint _before(Keyed* a, Keyed* b):
     """Whether *a*'s key sorts before *b*'s: UTF-8 byte order is code point order."""
     cdef Py_ssize_t n = a.length if a.length < b.length else b.length
     cdef int order
@@ -211,47 +252,161 @@ cdef inline bint _before(Member* a, Member* b):
     return order < 0 or (order == 0 and a.length < b.length)
 
 
-# Objects with more members than this sort through a Python list.
-DEF _SMALL = 32
+cdef inline Py_ssize_t _slot(PyObject** keys, Py_ssize_t count, PyObject* a, PyObject* b,
+                             int purpose):
+    cdef size_t mixed = <size_t>(count * 31 + purpose) ^ <size_t>a ^ (<size_t>b << 7)
+    cdef Py_ssize_t i
+    for i in range(count):
+        mixed = (mixed ^ (<size_t>keys[i] >> 4)) * <size_t>0x100000001B3ULL
+    return <Py_ssize_t>((mixed ^ (mixed >> 29)) & (_SLOTS - 1))
+
+
+cdef void _forget(Shape* shape):
+    """Empty a slot of the table."""
+    cdef Py_ssize_t i
+    if shape.held:
+        for i in range(shape.count):
+            Py_XDECREF(shape.keys[i])
+        Py_XDECREF(shape.chooser_a)
+        Py_XDECREF(shape.chooser_b)
+        PyMem_Free(shape.key_json)
+    shape.held = False
+    shape.purpose = 0
+    shape.count = 0
+    shape.key_json = NULL
+
+
+cdef int _shape_for(PyObject** keys, Py_ssize_t count, int purpose, frozenset a,
+                    frozenset b, Shape* scratch, Shape** found) except -1:
+    """Set *found* to the shape of a dict of *keys* (in its order) for *purpose*: from
+    the table, else worked out into it (into *scratch* when its slot is being
+    written from); :data:`_PURE` when a key is not a str."""
+    cdef PyObject* pa = NULL if a is None else <PyObject*>a
+    cdef PyObject* pb = NULL if b is None else <PyObject*>b
+    cdef Shape* shape = &_shapes[_slot(keys, count, pa, pb, purpose)]
+    cdef Py_ssize_t i
+    if (shape.purpose == purpose and shape.count == count and shape.chooser_a == pa
+            and shape.chooser_b == pb
+            and memcmp(shape.keys, keys, count * sizeof(PyObject*)) == 0):
+        found[0] = shape
+        return 0
+    if shape.busy:
+        shape = scratch
+        shape.held = False
+        shape.busy = 0
+    else:
+        _forget(shape)
+    if _work_out(shape, keys, count, purpose, a, b) == _PURE:
+        return _PURE
+    shape.count = count
+    memcpy(shape.keys, keys, count * sizeof(PyObject*))
+    shape.chooser_a = pa
+    shape.chooser_b = pb
+    if shape is not scratch:
+        for i in range(count):
+            Py_INCREF(<object>keys[i])
+        Py_XINCREF(pa)
+        Py_XINCREF(pb)
+        shape.held = True
+    shape.purpose = purpose
+    found[0] = shape
+    return 0
+
+
+cdef int _work_out(Shape* shape, PyObject** keys, Py_ssize_t count, int purpose, frozenset a,
+                   frozenset b) except -1:
+    """Choose, order and write the keys of *shape* (its identity is set by the caller);
+    :data:`_PURE` when a key is not a str."""
+    cdef Keyed members[_SMALL]
+    cdef Keyed member
+    cdef Py_ssize_t i, j, written = 0
+    cdef dict places = _key_places(a) if purpose == _FOR_DIGESTS else None
+    cdef PyObject* place
+    cdef Buffer json = Buffer(NULL, 0, 0)
+    for i in range(count):
+        if type(<object>keys[i]) is not str:
+            return _PURE
+        member.flags = 0
+        if purpose == _FOR_DIGESTS:
+            place = PyDict_GetItem(places, <object>keys[i])
+            member.flags = _IN_CONTENT_HASH if place is NULL else <int><object>place
+            if member.flags == 0:
+                continue
+        elif (a is not None and PySet_Contains(a, <object>keys[i])) or (
+                b is not None and not PySet_Contains(b, <object>keys[i])):
+            continue
+        member.index = i
+        member.utf8 = _utf8(<object>keys[i], &member.length)
+        if member.length == 7 and memcmp(member.utf8, b"content", 7) == 0:
+            member.flags |= _IS_CONTENT
+        # Insertion sort: objects are small.
+        j = written
+        while j > 0 and _before(&member, &members[j - 1]):
+            members[j] = members[j - 1]
+            j -= 1
+        members[j] = member
+        written += 1
+    try:
+        for i in range(written):
+            shape.index[i] = members[i].index
+            shape.flags[i] = members[i].flags
+            _utf8_string(&json, <const unsigned char*>members[i].utf8, members[i].length)
+            _byte(&json, b":")
+            shape.key_end[i] = json.length
+    except BaseException:
+        PyMem_Free(json.data)
+        raise
+    shape.written = written
+    shape.key_json = json.data
+    return 0
+
+
+cdef inline int _key(Buffer* out, Shape* shape, Py_ssize_t i) except -1:
+    """Write the written member *i*'s ``"key":``."""
+    cdef Py_ssize_t start = shape.key_end[i - 1] if i else 0
+    return _put(out, shape.key_json + start, shape.key_end[i] - start)
 
 
 cdef int _object(Buffer* out, dict value, bint strict, int depth, frozenset leave_out,
                  frozenset keep, dict content) except -1:
     """A JSON object of *value*'s keys, less *leave_out*, only *keep* (when not None),
     with *content* (when not None) for the value of ``content``."""
-    cdef Member members[_SMALL]
-    cdef Member member
-    cdef Py_ssize_t pos = 0, count = 0, i, j
-    cdef PyObject* key
-    cdef PyObject* item
+    cdef PyObject* keys[_SMALL]
+    cdef PyObject* values[_SMALL]
+    cdef Shape scratch
+    cdef Shape* shape
+    cdef Py_ssize_t pos = 0, count = 0
     if len(value) > _SMALL:
         return _large_object(out, value, strict, depth, leave_out, keep, content)
-    while PyDict_Next(value, &pos, &key, &item):
-        if type(<object>key) is not str:
-            return _PURE
-        if leave_out is not None and PySet_Contains(leave_out, <object>key):
-            continue
-        if keep is not None and not PySet_Contains(keep, <object>key):
-            continue
-        member.key = key
-        member.value = item
-        member.utf8 = _utf8(<object>key, &member.length)
-        if content is not None and member.length == 7 and memcmp(member.utf8, b"content", 7) == 0:
-            member.value = <PyObject*>content
-        # Insertion sort: objects are small.
-        j = count
-        while j > 0 and _before(&member, &members[j - 1]):
-            members[j] = members[j - 1]
-            j -= 1
-        members[j] = member
+    while PyDict_Next(value, &pos, &keys[count], &values[count]):
         count += 1
+    scratch.key_json = NULL
+    if _shape_for(keys, count, _FOR_OBJECT, leave_out, keep, &scratch, &shape) == _PURE:
+        return _PURE
+    shape.busy += 1
+    try:
+        return _members(out, shape, values, strict, depth, content)
+    finally:
+        shape.busy -= 1
+        if shape is &scratch:
+            PyMem_Free(scratch.key_json)
+
+
+cdef int _members(Buffer* out, Shape* shape, PyObject** values, bint strict, int depth,
+                  dict content) except -1:
+    """The object of :func:`_object`, its members chosen and ordered by *shape*."""
+    cdef Py_ssize_t i
+    cdef object item
     _byte(out, b"{")
-    for i in range(count):
+    for i in range(shape.written):
         if i:
             _byte(out, b",")
-        _utf8_string(out, <const unsigned char*>members[i].utf8, members[i].length)
-        _byte(out, b":")
-        if _write(out, <object>members[i].value, strict, depth + 1) == _PURE:
+        _key(out, shape, i)
+        if content is not None and shape.flags[i] & _IS_CONTENT:
+            item = content
+        else:
+            item = <object>values[shape.index[i]]
+        if _write(out, item, strict, depth + 1) == _PURE:
             return _PURE
     _byte(out, b"}")
     return 0
@@ -472,59 +627,67 @@ cdef int _both_digests(dict event, object rules, bint strict, unsigned char* con
     """The content hash's and the reference hash's SHA-256 in one pass over the
     event's members: a member both cover is written once and copied, and the two
     are hashed together; :data:`_PURE` when the pure twin must write them."""
-    cdef Buffer* full = &_buffer
-    cdef Buffer* pruned = &_buffer2
-    cdef Member members[_SMALL]
-    cdef Member member
-    cdef Py_ssize_t pos = 0, count = 0, i, j, key_start = 0, start = 0
-    cdef PyObject* key
-    cdef PyObject* item
-    cdef PyObject* found
-    cdef frozenset top = rules.top_level
-    cdef dict places = _key_places(top)
-    cdef int place
-    cdef bint first_full = True, first_pruned = True, has_content = False
+    cdef PyObject* keys[_SMALL]
+    cdef PyObject* values[_SMALL]
+    cdef Shape scratch
+    cdef Shape* shape
+    cdef Py_ssize_t pos = 0, count = 0
     if len(event) > _SMALL:
         return _PURE
-    while PyDict_Next(event, &pos, &key, &item):
-        if type(<object>key) is not str:
-            return _PURE
-        member.key = key
-        member.value = item
-        member.utf8 = _utf8(<object>key, &member.length)
-        j = count
-        while j > 0 and _before(&member, &members[j - 1]):
-            members[j] = members[j - 1]
-            j -= 1
-        members[j] = member
+    while PyDict_Next(event, &pos, &keys[count], &values[count]):
         count += 1
+    scratch.key_json = NULL
+    if _shape_for(keys, count, _FOR_DIGESTS, rules.top_level, None, &scratch,
+                  &shape) == _PURE:
+        return _PURE
+    shape.busy += 1
+    try:
+        if _both_streams(shape, values, event, rules, strict) == _PURE:
+            return _PURE
+    finally:
+        shape.busy -= 1
+        if shape is &scratch:
+            PyMem_Free(scratch.key_json)
+    streamrep_sha256_pair(<const unsigned char*>_buffer.data, _buffer.length, content_digest,
+                          <const unsigned char*>_buffer2.data, _buffer2.length,
+                          reference_digest)
+    return 0
+
+
+cdef int _both_streams(Shape* shape, PyObject** values, dict event, object rules,
+                       bint strict) except -1:
+    """Write the content hash's canonical JSON into ``_buffer`` and the reference
+    hash's into ``_buffer2``, members chosen and ordered by *shape*."""
+    cdef Buffer* full = &_buffer
+    cdef Buffer* pruned = &_buffer2
+    cdef Py_ssize_t i, key_start = 0, start = 0
+    cdef int place
+    cdef object value
+    cdef bint first_full = True, first_pruned = True, has_content = False
     full.length = 0
     pruned.length = 0
     _byte(full, b"{")
     _byte(pruned, b"{")
-    for i in range(count):
-        found = PyDict_GetItem(places, <object>members[i].key)
-        place = _IN_CONTENT_HASH if found is NULL else <int><object>found
-        if place == 0:
-            continue
+    for i in range(shape.written):
+        place = shape.flags[i]
+        value = <object>values[shape.index[i]]
         if place & _IN_CONTENT_HASH:
             if not first_full:
                 _byte(full, b",")
             first_full = False
             key_start = full.length
-            _utf8_string(full, <const unsigned char*>members[i].utf8, members[i].length)
-            _byte(full, b":")
+            _key(full, shape, i)
             start = full.length
-            if _write(full, <object>members[i].value, strict, 1) == _PURE:
+            if _write(full, value, strict, 1) == _PURE:
                 return _PURE
         if not place & _IN_REFERENCE_HASH:
             continue
         if not first_pruned:
             _byte(pruned, b",")
         first_pruned = False
-        if members[i].length == 7 and memcmp(members[i].utf8, b"content", 7) == 0:
+        if place & _IS_CONTENT:
             has_content = True
-            _put(pruned, b'"content":', 10)
+            _key(pruned, shape, i)
             if _pruned_content_json(
                     pruned, event, rules, strict,
                     full.data + start if place & _IN_CONTENT_HASH else NULL,
@@ -533,16 +696,13 @@ cdef int _both_digests(dict event, object rules, bint strict, unsigned char* con
         elif place & _IN_CONTENT_HASH:
             _put(pruned, full.data + key_start, full.length - key_start)
         else:
-            _utf8_string(pruned, <const unsigned char*>members[i].utf8, members[i].length)
-            _byte(pruned, b":")
-            if _write(pruned, <object>members[i].value, strict, 1) == _PURE:
+            _key(pruned, shape, i)
+            if _write(pruned, value, strict, 1) == _PURE:
                 return _PURE
-    if not has_content and PySet_Contains(top, "content"):
+    if not has_content and PySet_Contains(rules.top_level, "content"):
         return _PURE  # the pruned event gets {} for a content it lacks
     _byte(full, b"}")
     _byte(pruned, b"}")
-    streamrep_sha256_pair(<const unsigned char*>full.data, full.length, content_digest,
-                          <const unsigned char*>pruned.data, pruned.length, reference_digest)
     return 0
 
 
