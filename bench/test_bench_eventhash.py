@@ -96,3 +96,29 @@ def test_reference_hash_and_event_id(benchmark: Any, impl_kind: str,
     benchmark.extra_info["times_the_reference"] = round(rate / reference_rate, 2)
     print(f"\n{benchmark.name}: {rate:,.0f} per s ({impl_kind}), "
           f"{rate / reference_rate:.1f}x the reference's {reference_rate:,.0f}")
+
+
+def test_check_records_of_persisted_events(benchmark: Any, impl_kind: str) -> None:
+    """The store's ID and content hash check alone (``check_records``, one call for the
+    lot) over 20,000 events of the persist benchmarks (``test_bench_events``: room
+    version 10, messages of about 500 bytes of JSON and some joins, IDs that are
+    reference hashes): events/s of the minimum of 5 rounds."""
+    import itertools
+
+    from streamrep.events.validation import parse_batch
+    from streamrep.matrix.eventformat import redaction_rules
+    from streamrep.matrix.room_versions import room_version
+    from support.message_history import message_history
+
+    eventhash = core_module("eventhash", impl_kind)
+    records = parse_batch(list(itertools.islice(message_history("!bench:x", hash_ids=True), 20_000)))
+    rules = redaction_rules(room_version("10"))
+    assert eventhash.check_records(records, rules, True, True) == {}
+    benchmark.pedantic(eventhash.check_records, args=(records, rules, True, True),
+                       rounds=5 if impl_kind == "compiled" else 1, iterations=1)
+    if benchmark.stats is None:
+        return
+    rate = len(records) / benchmark.stats.stats.min
+    benchmark.extra_info["events_per_s"] = round(rate)
+    print(f"\n{benchmark.name}: {rate:,.0f} events/s, {1e6 / rate:.2f} µs an event "
+          f"({impl_kind})")

@@ -30,7 +30,6 @@ Run: ``python -m pytest bench/test_bench_events.py --benchmark-only -s``
 
 from __future__ import annotations
 
-import itertools
 import random
 import statistics
 import time
@@ -39,6 +38,7 @@ from typing import Any, Iterator
 import pytest
 
 from support.forked_batches import core_buffers
+from support.message_history import message_history
 from support.impls import core_module
 
 BATCH = 100
@@ -106,28 +106,6 @@ def test_extremity_core(benchmark: Any, impl_kind: str) -> None:
     _report(benchmark, "events_per_s", BATCH * len(batches), impl_kind)
 
 
-def _history(room: str, hash_ids: bool = False) -> Iterator[dict[str, Any]]:
-    """The room's events; their IDs count up (``$<room>-<n>``) unless *hash_ids*, the
-    IDs room versions 3 on give (their reference hashes, random to a B-tree)."""
-    from streamrep.matrix.room_builder import RoomBuilder
-
-    alice = "@a:x"
-    builder = RoomBuilder(room, alice, "10") if hash_ids else RoomBuilder(
-        room, alice, "10", event_id=lambda n: f"${room}-{n}")
-    yield builder.create
-    yield builder.event("m.room.member", alice, {"membership": "join"}, state_key=alice)
-    yield builder.event("m.room.power_levels", alice, {"users": {alice: 100}}, state_key="")
-    yield builder.event("m.room.join_rules", alice, {"join_rule": "public"}, state_key="")
-    for n in itertools.count(5):
-        if n % 20 == 0:
-            user = f"@u{n}:x"
-            yield builder.event("m.room.member", user, {"membership": "join"},
-                                state_key=user)
-        else:
-            yield builder.event("m.room.message", alice,
-                                {"body": f"message {n}", "msgtype": "m.text"})
-
-
 RULES = ("rules-off", "rules-on")
 
 
@@ -137,7 +115,7 @@ def _persist_bench(benchmark: Any, url: str, impl_kind: str, rules: str,
 
     store = (EventStore(url, verify_event_ids=verify) if rules == "rules-on"
              else EventStore(url, room_rules=None, verify_event_ids=verify))
-    source = _history("!bench:x", hash_ids)
+    source = message_history("!bench:x", hash_ids)
     batches_per_round = 30
 
     def next_round() -> tuple[tuple[list[list[dict[str, Any]]]], dict[str, Any]]:
@@ -186,6 +164,19 @@ def test_persist_postgres_verify(benchmark: Any, use_impl: str, pg_url: str,
     _persist_bench(benchmark, pg_url, use_impl, "rules-on", verify, hash_ids=True)
 
 
+def _timed(spent: list[float], function: Any) -> Any:
+    """*function*, adding the CPU time of each call to ``spent[0]``."""
+
+    def timed(*args: Any) -> Any:
+        start = time.process_time()
+        try:
+            return function(*args)
+        finally:
+            spent[0] += time.process_time() - start
+
+    return timed
+
+
 def _verify_cost_bench(benchmark: Any, urls: tuple[str, str], impl_kind: str,
                        database_cpu: Any = None) -> None:
     """Two stores over the same history (rules on, IDs that are reference hashes),
@@ -197,13 +188,17 @@ def _verify_cost_bench(benchmark: Any, urls: tuple[str, str], impl_kind: str,
     the machine's moods cancel out. *database_cpu*, where the database is a server of
     its own: ``url -> CPU seconds its sessions have used so far``, to report the cost
     of persisting as a whole (this process and the database's sessions serving it),
-    summed over the rounds (the kernel counts a process's CPU in 10 ms ticks)."""
+    summed over the rounds (the kernel counts a process's CPU in 10 ms ticks). The
+    check's own CPU time (the store's ``check_early`` and ``verify_planned``, which
+    only ``warn`` calls) is reported beside, per event and against ``off``'s CPU time
+    per event."""
+    import streamrep.events.store as store_module
     from streamrep import EventStore
 
     modes = ("off", "warn")
     stores = {mode: EventStore(url, verify_event_ids=mode) for mode, url in zip(modes, urls)}
     url_of = dict(zip(modes, urls))
-    sources = {mode: _history("!bench:x", hash_ids=True) for mode in stores}
+    sources = {mode: message_history("!bench:x", hash_ids=True) for mode in stores}
     ratios: list[float] = []
     whole = {mode: 0.0 for mode in modes}  # this process + the database, every round
     wall = {mode: 0.0 for mode in modes}  # elapsed, every round
@@ -227,7 +222,16 @@ def _verify_cost_bench(benchmark: Any, urls: tuple[str, str], impl_kind: str,
                 whole[mode] += spent[mode] + served
                 wall[mode] += elapsed
         ratios.append(spent["warn"] / spent["off"])
+        if len(ratios) == 1:  # the warm-up round
+            checking[0] = 0.0
+        else:
+            off_cpu[0] += spent["off"]
 
+    checking = [0.0]
+    off_cpu = [0.0]
+    saved = store_module.check_early, store_module.verify_planned
+    store_module.check_early = _timed(checking, saved[0])
+    store_module.verify_planned = _timed(checking, saved[1])
     try:
         benchmark.pedantic(run, setup=next_round, rounds=16, iterations=1, warmup_rounds=1)
         assert stores["warn"].unverified_events == {}
@@ -241,6 +245,12 @@ def _verify_cost_bench(benchmark: Any, urls: tuple[str, str], impl_kind: str,
         print(f"\n{benchmark.name}: warn / off CPU time, median of {len(ratios)} rounds "
               f"{median:.3f} (quartiles {ratios[quarter]:.3f} to {ratios[-1 - quarter]:.3f}) "
               f"({impl_kind})")
+        events = len(ratios) * 30 * BATCH
+        own = checking[0] / off_cpu[0]
+        benchmark.extra_info["check_cpu_us_per_event"] = round(checking[0] / events * 1e6, 3)
+        benchmark.extra_info["check_over_off_cpu"] = round(own, 3)
+        print(f"{benchmark.name}: the check's own CPU time {checking[0] / events * 1e6:.2f} µs "
+              f"an event, {own:.3f} of off's {off_cpu[0] / events * 1e6:.1f} µs ({impl_kind})")
         benchmark.extra_info["warn_over_off_elapsed"] = round(wall["warn"] / wall["off"], 3)
         print(f"{benchmark.name}: warn / off elapsed time, {len(ratios)} rounds summed: "
               f"{wall['warn'] / wall['off']:.3f} ({impl_kind})")
@@ -251,6 +261,7 @@ def _verify_cost_bench(benchmark: Any, urls: tuple[str, str], impl_kind: str,
                   f"database's sessions, {len(ratios)} rounds summed: {overall:.3f} "
                   f"({whole['warn']:.2f} s / {whole['off']:.2f} s) ({impl_kind})")
     finally:
+        store_module.check_early, store_module.verify_planned = saved
         for store in stores.values():
             store.close()
 
@@ -303,7 +314,7 @@ def test_persist_sqlite_growing_room(benchmark: Any, use_impl: str, sqlite_url: 
     from streamrep import EventStore
 
     store = EventStore(sqlite_url, verify_event_ids="off")
-    source = _history("!growing:x")
+    source = message_history("!growing:x")
     windows = [[[next(source) for _ in range(BATCH)] for _ in range(100)] for _ in range(10)]
     rates: list[int] = []
 
@@ -337,7 +348,7 @@ def test_persist_sqlite_statements_alone(benchmark: Any, tmp_path: Any,
     from streamrep.db.transaction import Transaction
 
     url = f"sqlite:///{tmp_path}/bench.db"
-    source = _history("!bench:x")
+    source = message_history("!bench:x")
     with EventStore(url, verify_event_ids="off") as store:
         for _ in range(30):
             store.persist_events([next(source) for _ in range(BATCH)])
@@ -390,7 +401,7 @@ def test_state_after_event_cached(benchmark: Any, use_impl: str, sqlite_url: str
     from streamrep import EventStore
 
     store = EventStore(sqlite_url, verify_event_ids="off")
-    source = _history("!state:x")
+    source = message_history("!state:x")
     ids = []
     for _ in range(10):
         batch = [next(source) for _ in range(BATCH)]

@@ -20,6 +20,14 @@ Rows, side by side in one run:
   when the reference is importable, e.g. in its own virtualenv with streamrep's
   source on the path::
 
+``test_resolve_cold_in_turns`` times the reference and ``streamrep-compiled-cold``
+in turns, one resolution each, and reports the median over the pairs of reference /
+cold. The rows above are each timed in a block of their own, at moments when a
+machine shared with other work may be slower or faster (cold resolution, bound by
+memory, most of all); a pair meets the machine in one state. Each cold resolution
+then follows the reference's, which leaves the room's state out of the processor's
+caches, as other work does before a server's resolution.
+
       PYTHONPATH=src:tests /work/refvenv/bin/python -m pytest bench/test_bench_stateres.py \\
           --benchmark-only -k "resolve or core" --benchmark-timer=time.process_time
 
@@ -33,6 +41,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import statistics
+import time
 from typing import Any
 
 import pytest
@@ -218,6 +228,50 @@ def test_resolve_reference(benchmark: Any, shape: str, version_id: str) -> None:
     benchmark.group = f"stateres {shape} v{version_id}"
     benchmark.name = "reference"
     benchmark(run)
+
+
+@pytest.mark.parametrize("version_id", VERSIONS)
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_resolve_cold_in_turns(benchmark: Any, shape: str, version_id: str) -> None:
+    """The reference and the compiled core with nothing kept, in turns: the median of
+    reference / cold over the pairs (CPU time of this process)."""
+    room, version, sets, store, node_of = _reference_input(shape, version_id)
+    v2 = pytest.importorskip("synapse.state.v2")
+    mine, source, my_sets, my_node_of = streamrep_input(shape, version_id, IMPLEMENTATIONS[0])
+    my_version = room_version(version_id)
+    pairs: list[tuple[float, float]] = []
+
+    def reference() -> Any:
+        return asyncio.run(v2.resolve_events_with_store(_Clock(), room, version, sets, None,
+                                                        store))
+
+    def pair() -> tuple[Any, Any]:
+        start = time.process_time()
+        theirs = reference()
+        middle = time.process_time()
+        source.clear_derived()
+        cold_start = time.process_time()
+        ours = resolve_state(mine, my_version, my_sets, source)
+        pairs.append((middle - start, time.process_time() - cold_start))
+        return theirs, ours
+
+    theirs, ours = pair()
+    assert _by_node(dict(theirs), node_of) == _by_node(ours, my_node_of)
+    pairs.clear()
+    benchmark.group = f"stateres in turns {shape} v{version_id}"
+    benchmark.name = f"reference then streamrep-{IMPLEMENTATIONS[0]}-cold"
+    benchmark.pedantic(pair, rounds=15, iterations=1)
+    if benchmark.stats is None:  # --benchmark-disable: one pair, nothing to compare
+        return
+    ratios = [ref / cold for ref, cold in pairs]
+    ratio = statistics.median(ratios)
+    benchmark.extra_info["reference_over_cold"] = round(ratio, 1)
+    print(f"\nstateres {shape} v{version_id}, in turns ({len(pairs)} pairs): reference "
+          f"{statistics.median(r for r, _ in pairs) * 1e3:.2f} ms, "
+          f"streamrep-{IMPLEMENTATIONS[0]}-cold {statistics.median(c for _, c in pairs) * 1e3:.3f} "
+          f"ms (medians); reference / cold, median of the pairs {ratio:.1f}x "
+          f"(quartiles {statistics.quantiles(ratios, n=4)[0]:.1f} to "
+          f"{statistics.quantiles(ratios, n=4)[2]:.1f})")
 
 
 # --- the auth chain core alone ----------------------------------------------------
