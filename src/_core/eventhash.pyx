@@ -276,11 +276,37 @@ cdef void _forget(Shape* shape):
     shape.key_json = NULL
 
 
-cdef int _shape_for(PyObject** keys, Py_ssize_t count, int purpose, frozenset a,
-                    frozenset b, Shape* scratch, Shape** found) except -1:
-    """Set *found* to the shape of a dict of *keys* (in its order) for *purpose*: from
-    the table, else worked out into it (into *scratch* when its slot is being
-    written from); :data:`_PURE` when a key is not a str."""
+cdef inline Py_ssize_t _members_of(dict value, PyObject** keys, PyObject** values):
+    """Put *value*'s keys and values (at most ``_SMALL``) in *keys* and *values*, in
+    its order; return how many."""
+    cdef Py_ssize_t pos = 0, count = 0
+    while PyDict_Next(value, &pos, &keys[count], &values[count]):
+        count += 1
+    return count
+
+
+cdef int _take_shape(PyObject** keys, Py_ssize_t count, int purpose, frozenset a,
+                     frozenset b, Shape* scratch, Shape** found) except -1:
+    """Set *found* to the shape of a dict of *keys* (in its order) for *purpose*, taken
+    (busy) until :func:`_release`: from the table, else worked out into it (into
+    *scratch*, whose ``key_json`` starts NULL, when its slot is being written from);
+    :data:`_PURE` when a key is not a str."""
+    found[0] = _find_shape(keys, count, purpose, a, b, scratch)
+    if found[0] is NULL:
+        return _PURE
+    found[0].busy += 1
+    return 0
+
+
+cdef inline void _release(Shape* shape, Shape* scratch):
+    shape.busy -= 1
+    if shape is scratch:
+        PyMem_Free(scratch.key_json)
+
+
+cdef Shape* _find_shape(PyObject** keys, Py_ssize_t count, int purpose, frozenset a,
+                        frozenset b, Shape* scratch) except? NULL:
+    """:func:`_take_shape`'s shape, not yet taken; NULL when a key is not a str."""
     cdef PyObject* pa = NULL if a is None else <PyObject*>a
     cdef PyObject* pb = NULL if b is None else <PyObject*>b
     cdef Shape* shape = &_shapes[_slot(keys, count, pa, pb, purpose)]
@@ -288,8 +314,7 @@ cdef int _shape_for(PyObject** keys, Py_ssize_t count, int purpose, frozenset a,
     if (shape.purpose == purpose and shape.count == count and shape.chooser_a == pa
             and shape.chooser_b == pb
             and memcmp(shape.keys, keys, count * sizeof(PyObject*)) == 0):
-        found[0] = shape
-        return 0
+        return shape
     if shape.busy:
         shape = scratch
         shape.held = False
@@ -297,7 +322,7 @@ cdef int _shape_for(PyObject** keys, Py_ssize_t count, int purpose, frozenset a,
     else:
         _forget(shape)
     if _work_out(shape, keys, count, purpose, a, b) == _PURE:
-        return _PURE
+        return NULL
     shape.count = count
     memcpy(shape.keys, keys, count * sizeof(PyObject*))
     shape.chooser_a = pa
@@ -309,8 +334,7 @@ cdef int _shape_for(PyObject** keys, Py_ssize_t count, int purpose, frozenset a,
         Py_XINCREF(pb)
         shape.held = True
     shape.purpose = purpose
-    found[0] = shape
-    return 0
+    return shape
 
 
 cdef int _work_out(Shape* shape, PyObject** keys, Py_ssize_t count, int purpose, frozenset a,
@@ -375,21 +399,17 @@ cdef int _object(Buffer* out, dict value, bint strict, int depth, frozenset leav
     cdef PyObject* values[_SMALL]
     cdef Shape scratch
     cdef Shape* shape
-    cdef Py_ssize_t pos = 0, count = 0
+    cdef Py_ssize_t count
     if len(value) > _SMALL:
         return _large_object(out, value, strict, depth, leave_out, keep, content)
-    while PyDict_Next(value, &pos, &keys[count], &values[count]):
-        count += 1
+    count = _members_of(value, keys, values)
     scratch.key_json = NULL
-    if _shape_for(keys, count, _FOR_OBJECT, leave_out, keep, &scratch, &shape) == _PURE:
+    if _take_shape(keys, count, _FOR_OBJECT, leave_out, keep, &scratch, &shape) == _PURE:
         return _PURE
-    shape.busy += 1
     try:
         return _members(out, shape, values, strict, depth, content)
     finally:
-        shape.busy -= 1
-        if shape is &scratch:
-            PyMem_Free(scratch.key_json)
+        _release(shape, &scratch)
 
 
 cdef int _members(Buffer* out, Shape* shape, PyObject** values, bint strict, int depth,
@@ -631,23 +651,19 @@ cdef int _both_digests(dict event, object rules, bint strict, unsigned char* con
     cdef PyObject* values[_SMALL]
     cdef Shape scratch
     cdef Shape* shape
-    cdef Py_ssize_t pos = 0, count = 0
+    cdef Py_ssize_t count
     if len(event) > _SMALL:
         return _PURE
-    while PyDict_Next(event, &pos, &keys[count], &values[count]):
-        count += 1
+    count = _members_of(event, keys, values)
     scratch.key_json = NULL
-    if _shape_for(keys, count, _FOR_DIGESTS, rules.top_level, None, &scratch,
-                  &shape) == _PURE:
+    if _take_shape(keys, count, _FOR_DIGESTS, rules.top_level, None, &scratch,
+                   &shape) == _PURE:
         return _PURE
-    shape.busy += 1
     try:
         if _both_streams(shape, values, event, rules, strict) == _PURE:
             return _PURE
     finally:
-        shape.busy -= 1
-        if shape is &scratch:
-            PyMem_Free(scratch.key_json)
+        _release(shape, &scratch)
     streamrep_sha256_pair(<const unsigned char*>_buffer.data, _buffer.length, content_digest,
                           <const unsigned char*>_buffer2.data, _buffer2.length,
                           reference_digest)
