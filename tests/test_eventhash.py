@@ -240,3 +240,23 @@ def test_dicts_of_one_shape_are_written_by_their_own_values(eventhash: ModuleTyp
             "$x", event, rules, True, True)
     with pytest.raises(CanonicalJsonError):
         eventhash.canonical_json({**events[0], 7: "a key that is not a string"})
+
+
+def test_a_nested_dict_never_takes_the_shape_its_parent_is_written_by(
+        eventhash: ModuleType) -> None:
+    """A dict inside another may have a shape whose place in the compiled table is the
+    one its parent's shape holds; the parent's must stay as it is while it is written.
+    Each inner shape is written alone first, as a shape goes into the table once it
+    has been met there; with 400 of them some share the parent's place."""
+    from streamrep._pure import eventhash as pure
+
+    keys = [f"inner{n}" for n in range(400)]
+    for n, key in enumerate(keys):
+        outer_alone = {"a": 0, "b": 1, "c": 2}
+        eventhash.canonical_json(outer_alone)
+        eventhash.canonical_json(outer_alone)
+        inner = {key: n, "z": [n]}
+        eventhash.canonical_json(inner)
+        # The inner dict first: the parent writes more members after it.
+        outer = {"a": inner, "b": 1, "c": 2}
+        assert eventhash.canonical_json(outer) == pure.canonical_json(outer)

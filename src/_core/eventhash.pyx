@@ -215,6 +215,7 @@ cdef struct Shape:
     # in the dict, in key order, each with its flags and its key's JSON.
     int purpose
     int busy                    # being written from: a nested dict may not take it
+    size_t seen                 # the fingerprint of the last shape that missed here
     bint held                   # a slot of the table (its references are held)
     PyObject* chooser_a         # leave_out, or the rules' top-level keys
     PyObject* chooser_b         # keep
@@ -224,7 +225,7 @@ cdef struct Shape:
     Py_ssize_t index[_SMALL]
     int flags[_SMALL]
     Py_ssize_t key_end[_SMALL]  # where each written member's '"key":' ends in key_json
-    char* key_json              # NULL in a shape worked out on the stack
+    char* key_json              # NULL in a shape on the stack (its keys are written anew)
 
 
 # Dicts of one shape (the same key objects in the same order, as events made by
@@ -252,13 +253,14 @@ cdef inline bint _before(Keyed* a, Keyed* b):
     return order < 0 or (order == 0 and a.length < b.length)
 
 
-cdef inline Py_ssize_t _slot(PyObject** keys, Py_ssize_t count, PyObject* a, PyObject* b,
-                             int purpose):
+cdef inline size_t _fingerprint(PyObject** keys, Py_ssize_t count, PyObject* a, PyObject* b,
+                                int purpose):
+    """A hash of a shape's identity (its low bits choose its slot)."""
     cdef size_t mixed = <size_t>(count * 31 + purpose) ^ <size_t>a ^ (<size_t>b << 7)
     cdef Py_ssize_t i
     for i in range(count):
         mixed = (mixed ^ (<size_t>keys[i] >> 4)) * <size_t>0x100000001B3ULL
-    return <Py_ssize_t>((mixed ^ (mixed >> 29)) & (_SLOTS - 1))
+    return mixed ^ (mixed >> 29)
 
 
 cdef void _forget(Shape* shape):
@@ -288,9 +290,8 @@ cdef inline Py_ssize_t _members_of(dict value, PyObject** keys, PyObject** value
 cdef int _take_shape(PyObject** keys, Py_ssize_t count, int purpose, frozenset a,
                      frozenset b, Shape* scratch, Shape** found) except -1:
     """Set *found* to the shape of a dict of *keys* (in its order) for *purpose*, taken
-    (busy) until :func:`_release`: from the table, else worked out into it (into
-    *scratch*, whose ``key_json`` starts NULL, when its slot is being written from);
-    :data:`_PURE` when a key is not a str."""
+    (busy) until :func:`_release`: from the table, else worked out into it, or into
+    *scratch* (see :func:`_find_shape`); :data:`_PURE` when a key is not a str."""
     found[0] = _find_shape(keys, count, purpose, a, b, scratch)
     if found[0] is NULL:
         return _PURE
@@ -298,10 +299,8 @@ cdef int _take_shape(PyObject** keys, Py_ssize_t count, int purpose, frozenset a
     return 0
 
 
-cdef inline void _release(Shape* shape, Shape* scratch):
+cdef inline void _release(Shape* shape):
     shape.busy -= 1
-    if shape is scratch:
-        PyMem_Free(scratch.key_json)
 
 
 cdef Shape* _find_shape(PyObject** keys, Py_ssize_t count, int purpose, frozenset a,
@@ -309,19 +308,26 @@ cdef Shape* _find_shape(PyObject** keys, Py_ssize_t count, int purpose, frozense
     """:func:`_take_shape`'s shape, not yet taken; NULL when a key is not a str."""
     cdef PyObject* pa = NULL if a is None else <PyObject*>a
     cdef PyObject* pb = NULL if b is None else <PyObject*>b
-    cdef Shape* shape = &_shapes[_slot(keys, count, pa, pb, purpose)]
+    cdef size_t fingerprint = _fingerprint(keys, count, pa, pb, purpose)
+    cdef Shape* shape = &_shapes[fingerprint & (_SLOTS - 1)]
     cdef Py_ssize_t i
     if (shape.purpose == purpose and shape.count == count and shape.chooser_a == pa
             and shape.chooser_b == pb
             and memcmp(shape.keys, keys, count * sizeof(PyObject*)) == 0):
         return shape
-    if shape.busy:
+    if shape.busy or shape.seen != fingerprint:
+        # A shape goes into the table when the last shape to miss at its slot was
+        # itself, so dicts whose keys are made anew each time (the standard
+        # library's json.loads) are written as cheaply as without a table.
+        if not shape.busy:
+            shape.seen = fingerprint
         shape = scratch
         shape.held = False
         shape.busy = 0
+        shape.key_json = NULL
     else:
         _forget(shape)
-    if _work_out(shape, keys, count, purpose, a, b) == _PURE:
+    if _work_out(shape, keys, count, purpose, a, b, shape is not scratch) == _PURE:
         return NULL
     shape.count = count
     memcpy(shape.keys, keys, count * sizeof(PyObject*))
@@ -338,9 +344,10 @@ cdef Shape* _find_shape(PyObject** keys, Py_ssize_t count, int purpose, frozense
 
 
 cdef int _work_out(Shape* shape, PyObject** keys, Py_ssize_t count, int purpose, frozenset a,
-                   frozenset b) except -1:
-    """Choose, order and write the keys of *shape* (its identity is set by the caller);
-    :data:`_PURE` when a key is not a str."""
+                   frozenset b, bint with_json) except -1:
+    """Choose and order the members of *shape*, and write their keys' JSON when
+    *with_json* (its identity is set by the caller); :data:`_PURE` when a key is not
+    a str."""
     cdef Keyed members[_SMALL]
     cdef Keyed member
     cdef Py_ssize_t i, j, written = 0
@@ -370,24 +377,31 @@ cdef int _work_out(Shape* shape, PyObject** keys, Py_ssize_t count, int purpose,
             j -= 1
         members[j] = member
         written += 1
+    for i in range(written):
+        shape.index[i] = members[i].index
+        shape.flags[i] = members[i].flags
+    shape.written = written
+    if not with_json:
+        return 0
     try:
         for i in range(written):
-            shape.index[i] = members[i].index
-            shape.flags[i] = members[i].flags
             _utf8_string(&json, <const unsigned char*>members[i].utf8, members[i].length)
             _byte(&json, b":")
             shape.key_end[i] = json.length
     except BaseException:
         PyMem_Free(json.data)
         raise
-    shape.written = written
     shape.key_json = json.data
     return 0
 
 
 cdef inline int _key(Buffer* out, Shape* shape, Py_ssize_t i) except -1:
     """Write the written member *i*'s ``"key":``."""
-    cdef Py_ssize_t start = shape.key_end[i - 1] if i else 0
+    cdef Py_ssize_t start
+    if shape.key_json is NULL:
+        _string(out, <object>shape.keys[shape.index[i]])
+        return _byte(out, b":")
+    start = shape.key_end[i - 1] if i else 0
     return _put(out, shape.key_json + start, shape.key_end[i] - start)
 
 
@@ -403,13 +417,12 @@ cdef int _object(Buffer* out, dict value, bint strict, int depth, frozenset leav
     if len(value) > _SMALL:
         return _large_object(out, value, strict, depth, leave_out, keep, content)
     count = _members_of(value, keys, values)
-    scratch.key_json = NULL
     if _take_shape(keys, count, _FOR_OBJECT, leave_out, keep, &scratch, &shape) == _PURE:
         return _PURE
     try:
         return _members(out, shape, values, strict, depth, content)
     finally:
-        _release(shape, &scratch)
+        _release(shape)
 
 
 cdef int _members(Buffer* out, Shape* shape, PyObject** values, bint strict, int depth,
@@ -655,7 +668,6 @@ cdef int _both_digests(dict event, object rules, bint strict, unsigned char* con
     if len(event) > _SMALL:
         return _PURE
     count = _members_of(event, keys, values)
-    scratch.key_json = NULL
     if _take_shape(keys, count, _FOR_DIGESTS, rules.top_level, None, &scratch,
                    &shape) == _PURE:
         return _PURE
@@ -663,7 +675,7 @@ cdef int _both_digests(dict event, object rules, bint strict, unsigned char* con
         if _both_streams(shape, values, event, rules, strict) == _PURE:
             return _PURE
     finally:
-        _release(shape, &scratch)
+        _release(shape)
     streamrep_sha256_pair(<const unsigned char*>_buffer.data, _buffer.length, content_digest,
                           <const unsigned char*>_buffer2.data, _buffer2.length,
                           reference_digest)
