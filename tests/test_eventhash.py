@@ -204,6 +204,10 @@ def test_check_hashes_finds_what_was_changed(event: dict[str, Any], version_id: 
                 event_id.endswith("A")
 
 
+class _Key(str):
+    """A str subclass, which canonical JSON writes as the str it is."""
+
+
 def _nested(shapes: int) -> dict[str, Any]:
     """*shapes* dicts, each of its own keys, each inside the one before."""
     inner: dict[str, Any] = {"leaf": [1, "x"]}
@@ -227,6 +231,10 @@ def test_dicts_of_one_shape_are_written_by_their_own_values(eventhash: ModuleTyp
     # Keys made anew (and dropped) each time: stale shapes must not be taken.
     events += [{"".join(["ty", "pe"]): "m.room.topic", "".join(["con", "tent"]): {"topic": n},
                 "origin": "x"} for n in range(10)]
+    # The same text in keys made anew: ASCII ones find the shape kept for the first,
+    # others (and str subclasses) are worked out each time.
+    events += [{"".join(["ключ", str(n % 2)]): n, "".join(["b", "ody"]): "x"} for n in range(6)]
+    events += [{_Key("type"): "m.room.topic", "content": {_Key("topic"): n}} for n in range(3)]
     # More shapes than the compiled table has slots, nested inside each other, so
     # a nested dict's slot is one an enclosing dict is being written from.
     events += [_nested(150), _nested(70)]

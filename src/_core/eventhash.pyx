@@ -6,8 +6,8 @@ The usual value (dicts with string keys, lists, strings, integers in range, bool
 and null) is written here, in C, into one buffer that SHA-256 (``sha256.h``) then
 hashes; a hash never builds the pruned event or the canonical bytes as Python
 objects. Which members of a dict are written, in what order and under what key
-JSON is worked out once per shape (the same key objects in the same order) and
-kept in a small table. Any other value (floats, integers past 64 bits, subclasses, tuples) and
+JSON is worked out once per shape (the same keys in the same order) and kept in a
+small table. Any other value (floats, integers past 64 bits, subclasses, tuples) and
 anything refused go to the pure twin, the one definition of what is canonical and
 of each error.
 """
@@ -38,6 +38,9 @@ cdef extern from "sha256.h":
                                const unsigned char* b, size_t len_b, unsigned char* out_b)
 
 cdef extern from "Python.h":
+    ctypedef Py_ssize_t Py_hash_t
+    ctypedef struct PyASCIIObject:
+        Py_hash_t hash
     const char* PyUnicode_AsUTF8AndSize(object text, Py_ssize_t* size) except NULL
     bint PyUnicode_IS_COMPACT_ASCII(object text)
     void* PyUnicode_DATA(object text)
@@ -210,9 +213,10 @@ cdef enum:
 
 
 cdef struct Shape:
-    # The members written of a dict whose keys are these very key objects in this
-    # order, chosen for *purpose* by *chooser_a* and *chooser_b*: their positions
-    # in the dict, in key order, each with its flags and its key's JSON.
+    # The members written of a dict whose keys are these keys (these objects, or
+    # str of the same text) in this order, chosen for *purpose* by *chooser_a* and
+    # *chooser_b*: their positions in the dict, in key order, each with its flags
+    # and its key's JSON.
     int purpose
     int busy                    # being written from: a nested dict may not take it
     size_t seen                 # the fingerprint of the last shape that missed here
@@ -228,11 +232,12 @@ cdef struct Shape:
     char* key_json              # NULL in a shape on the stack (its keys are written anew)
 
 
-# Dicts of one shape (the same key objects in the same order, as events made by
-# one program have, and orjson gives by reusing its keys) are written alike: which
-# members, in what order, with what keys is worked out once and kept here. A slot
-# holds references to its keys and choosers, so an address never names another
-# object while it is in the table.
+# Dicts of one shape (the same keys in the same order, as events made by one
+# program have) are written alike: which members, in what order, with what keys is
+# worked out once and kept here. Keys are the same when they are the same object
+# (dict literals, orjson, which reuses its key strings) or ASCII str of the same
+# text (json.loads makes them anew). A slot holds references to its keys and
+# choosers, so an address never names another object while it is in the table.
 cdef Shape _shapes[_SLOTS]
 
 
@@ -255,12 +260,43 @@ cdef inline bint _before(Keyed* a, Keyed* b):
 
 cdef inline size_t _fingerprint(PyObject** keys, Py_ssize_t count, PyObject* a, PyObject* b,
                                 int purpose):
-    """A hash of a shape's identity (its low bits choose its slot)."""
+    """A hash of a shape's identity (its low bits choose its slot): of its keys' text
+    (the hashes a dict's keys keep), so keys made anew find the shape too."""
     cdef size_t mixed = <size_t>(count * 31 + purpose) ^ <size_t>a ^ (<size_t>b << 7)
     cdef Py_ssize_t i
     for i in range(count):
-        mixed = (mixed ^ (<size_t>keys[i] >> 4)) * <size_t>0x100000001B3ULL
+        mixed = (mixed ^ <size_t>_key_hash(keys[i])) * <size_t>0x100000001B3ULL
     return mixed ^ (mixed >> 29)
+
+
+cdef inline Py_hash_t _key_hash(PyObject* key):
+    """The hash a str key keeps (a dict's keys have one); 0 for anything else."""
+    if type(<object>key) is not str:
+        return 0
+    return (<PyASCIIObject*>key).hash
+
+
+cdef inline bint _same_keys(PyObject** mine, PyObject** theirs, Py_ssize_t count):
+    """Whether the str keys *mine* are *theirs*, or the same text."""
+    cdef Py_ssize_t i, n, m
+    cdef const char* a
+    cdef const char* b
+    for i in range(count):
+        if mine[i] == theirs[i]:
+            continue
+        if type(<object>mine[i]) is not str or (
+                _key_hash(mine[i]) != _key_hash(theirs[i])):
+            return False
+        if not (PyUnicode_IS_COMPACT_ASCII(<object>mine[i])
+                and PyUnicode_IS_COMPACT_ASCII(<object>theirs[i])):
+            return False
+        n = PyUnicode_GET_LENGTH(<object>mine[i])
+        m = PyUnicode_GET_LENGTH(<object>theirs[i])
+        a = <const char*>PyUnicode_DATA(<object>mine[i])
+        b = <const char*>PyUnicode_DATA(<object>theirs[i])
+        if n != m or memcmp(a, b, n) != 0:
+            return False
+    return True
 
 
 cdef void _forget(Shape* shape):
@@ -313,12 +349,12 @@ cdef Shape* _find_shape(PyObject** keys, Py_ssize_t count, int purpose, frozense
     cdef Py_ssize_t i
     if (shape.purpose == purpose and shape.count == count and shape.chooser_a == pa
             and shape.chooser_b == pb
-            and memcmp(shape.keys, keys, count * sizeof(PyObject*)) == 0):
+            and _same_keys(keys, shape.keys, count)):
         return shape
     if shape.busy or shape.seen != fingerprint:
         # A shape goes into the table when the last shape to miss at its slot was
-        # itself, so dicts whose keys are made anew each time (the standard
-        # library's json.loads) are written as cheaply as without a table.
+        # itself, so shapes met once (a dict of keys of its own) do not take a
+        # slot at every call.
         if not shape.busy:
             shape.seen = fingerprint
         shape = scratch
