@@ -15,6 +15,8 @@
   version 10 gives (the events' reference hashes), the check on (``warn``, the
   default) and off; ``test_persist_*_verify_cost``: the same two side by side in
   one process, round by round, and the CPU time ``warn`` takes over ``off``;
+  ``test_persist_*_pairing_control``: the same pairing with both stores ``off``,
+  the ratios' spread when the two halves do the same work;
   ``test_persist_sqlite_growing_room``: the same over 100,000 events with the
   room rules, as the room grows to 5,000 members.
 * ``test_persist_sqlite_statements_alone``: the statements the ``rules-on``
@@ -178,7 +180,7 @@ def _timed(spent: list[float], function: Any) -> Any:
 
 
 def _verify_cost_bench(benchmark: Any, urls: tuple[str, str], impl_kind: str,
-                       database_cpu: Any = None) -> None:
+                       database_cpu: Any = None, second: str = "warn") -> None:
     """Two stores over the same history (rules on, IDs that are reference hashes),
     one with the check ``off``, one with ``warn``. Each of 16 rounds persists 30
     batches of 100 into each, in turns (which goes first alternates), and takes the
@@ -191,12 +193,15 @@ def _verify_cost_bench(benchmark: Any, urls: tuple[str, str], impl_kind: str,
     summed over the rounds (the kernel counts a process's CPU in 10 ms ticks). The
     check's own CPU time (the store's ``check_early`` and ``verify_planned``, which
     only ``warn`` calls) is reported beside, per event and against ``off``'s CPU time
-    per event."""
+    per event: this process's, and with *database_cpu* also with its sessions'.
+    *second* ``"off"`` makes the ``warn`` store a second ``off`` one: the ratios of
+    two stores doing the same work, how far this pairing strays by itself."""
     import streamrep.events.store as store_module
     from streamrep import EventStore
 
     modes = ("off", "warn")
-    stores = {mode: EventStore(url, verify_event_ids=mode) for mode, url in zip(modes, urls)}
+    stores = {"off": EventStore(urls[0], verify_event_ids="off"),
+              "warn": EventStore(urls[1], verify_event_ids=second)}
     url_of = dict(zip(modes, urls))
     sources = {mode: message_history("!bench:x", hash_ids=True) for mode in stores}
     ratios: list[float] = []
@@ -238,32 +243,54 @@ def _verify_cost_bench(benchmark: Any, urls: tuple[str, str], impl_kind: str,
         if benchmark.stats is None:  # --benchmark-disable: ran once, nothing timed
             return
         ratios.pop(0)  # the warm-up round
-        ratios.sort()
-        median = statistics.median(ratios)
-        quarter = len(ratios) // 4
-        benchmark.extra_info["warn_over_off_cpu"] = round(median, 3)
-        print(f"\n{benchmark.name}: warn / off CPU time, median of {len(ratios)} rounds "
-              f"{median:.3f} (quartiles {ratios[quarter]:.3f} to {ratios[-1 - quarter]:.3f}) "
-              f"({impl_kind})")
-        events = len(ratios) * 30 * BATCH
-        own = checking[0] / off_cpu[0]
-        benchmark.extra_info["check_cpu_us_per_event"] = round(checking[0] / events * 1e6, 3)
-        benchmark.extra_info["check_over_off_cpu"] = round(own, 3)
-        print(f"{benchmark.name}: the check's own CPU time {checking[0] / events * 1e6:.2f} µs "
-              f"an event, {own:.3f} of off's {off_cpu[0] / events * 1e6:.1f} µs ({impl_kind})")
-        benchmark.extra_info["warn_over_off_elapsed"] = round(wall["warn"] / wall["off"], 3)
-        print(f"{benchmark.name}: warn / off elapsed time, {len(ratios)} rounds summed: "
-              f"{wall['warn'] / wall['off']:.3f} ({impl_kind})")
-        if database_cpu is not None:
-            overall = whole["warn"] / whole["off"]
-            benchmark.extra_info["warn_over_off_cpu_with_database"] = round(overall, 3)
-            print(f"{benchmark.name}: warn / off CPU time of this process and the "
-                  f"database's sessions, {len(ratios)} rounds summed: {overall:.3f} "
-                  f"({whole['warn']:.2f} s / {whole['off']:.2f} s) ({impl_kind})")
+        _report_pairs(benchmark, f"{second} / off", ratios, wall,
+                      whole if database_cpu is not None else None, impl_kind)
+        if second == "warn":
+            _report_check(benchmark, checking[0], off_cpu[0], len(ratios) * 30 * BATCH,
+                          whole["off"] if database_cpu is not None else None, impl_kind)
     finally:
         store_module.check_early, store_module.verify_planned = saved
         for store in stores.values():
             store.close()
+
+
+def _report_pairs(benchmark: Any, label: str, ratios: list[float], wall: dict[str, float],
+                  whole: dict[str, float] | None, impl_kind: str) -> None:
+    """Print and record what the paired rounds of :func:`_verify_cost_bench` found."""
+    ratios = sorted(ratios)
+    median = statistics.median(ratios)
+    quarter = len(ratios) // 4
+    benchmark.extra_info["warn_over_off_cpu"] = round(median, 3)
+    print(f"\n{benchmark.name}: {label} CPU time, median of {len(ratios)} rounds "
+          f"{median:.3f} (quartiles {ratios[quarter]:.3f} to {ratios[-1 - quarter]:.3f}) "
+          f"({impl_kind})")
+    benchmark.extra_info["warn_over_off_elapsed"] = round(wall["warn"] / wall["off"], 3)
+    print(f"{benchmark.name}: {label} elapsed time, {len(ratios)} rounds summed: "
+          f"{wall['warn'] / wall['off']:.3f} ({impl_kind})")
+    if whole is not None:
+        overall = whole["warn"] / whole["off"]
+        benchmark.extra_info["warn_over_off_cpu_with_database"] = round(overall, 3)
+        print(f"{benchmark.name}: {label} CPU time of this process and the database's "
+              f"sessions, {len(ratios)} rounds summed: {overall:.3f} "
+              f"({whole['warn']:.2f} s / {whole['off']:.2f} s) ({impl_kind})")
+
+
+def _report_check(benchmark: Any, checking: float, off_cpu: float, events: int,
+                  off_whole: float | None, impl_kind: str) -> None:
+    """Print and record the check's own CPU time (*checking* seconds over *events*)
+    against ``off``'s: this process's (*off_cpu*), and with the database's sessions
+    (*off_whole*) where they are counted."""
+    own = checking / off_cpu
+    benchmark.extra_info["check_cpu_us_per_event"] = round(checking / events * 1e6, 3)
+    benchmark.extra_info["check_over_off_cpu"] = round(own, 3)
+    print(f"{benchmark.name}: the check's own CPU time {checking / events * 1e6:.2f} µs "
+          f"an event, {own:.3f} of off's {off_cpu / events * 1e6:.1f} µs ({impl_kind})")
+    if off_whole is not None:
+        share = checking / off_whole
+        benchmark.extra_info["check_over_off_cpu_with_database"] = round(share, 3)
+        print(f"{benchmark.name}: the check's own CPU time, {share:.3f} of off's CPU time "
+              f"with the database's sessions ({off_whole / events * 1e6:.1f} µs an event) "
+              f"({impl_kind})")
 
 
 def test_persist_sqlite_verify_cost(benchmark: Any, use_impl: str, tmp_path: Any) -> None:
@@ -296,15 +323,33 @@ def _postgres_sessions_cpu(server_dsn: str) -> Any:
 
 @pytest.mark.postgres
 def test_persist_postgres_verify_cost(benchmark: Any, use_impl: str) -> None:
+    _postgres_pairs(benchmark, use_impl, "warn")
+
+
+def _postgres_pairs(benchmark: Any, use_impl: str, second: str) -> None:
+    """:func:`_verify_cost_bench` over two fresh schemas of the test server."""
     from support.postgres import fresh_schema_dsn, postgres_server_dsn
 
     server = postgres_server_dsn()
     sessions_cpu = _postgres_sessions_cpu(server)
     try:
-        with fresh_schema_dsn(server) as off, fresh_schema_dsn(server) as warn:
-            _verify_cost_bench(benchmark, (off, warn), use_impl, sessions_cpu)
+        with fresh_schema_dsn(server) as first, fresh_schema_dsn(server) as then:
+            _verify_cost_bench(benchmark, (first, then), use_impl, sessions_cpu, second)
     finally:
         sessions_cpu.close()
+
+
+def test_persist_sqlite_pairing_control(benchmark: Any, use_impl: str, tmp_path: Any) -> None:
+    """``verify_cost``'s pairing with both stores ``off``: how far its ratios stray
+    when the two halves do the same work."""
+    _verify_cost_bench(benchmark, (f"sqlite:///{tmp_path}/off.db",
+                                   f"sqlite:///{tmp_path}/off2.db"), use_impl, second="off")
+
+
+@pytest.mark.postgres
+def test_persist_postgres_pairing_control(benchmark: Any, use_impl: str) -> None:
+    """The same on PostgreSQL."""
+    _postgres_pairs(benchmark, use_impl, "off")
 
 
 def test_persist_sqlite_growing_room(benchmark: Any, use_impl: str, sqlite_url: str) -> None:
