@@ -79,6 +79,56 @@ def test_replacing_auth_events(impl_kind: str) -> None:
     assert g.auth_chain([2]) == array("q", [0, 1])
 
 
+def test_in_chain_of(impl_kind: str) -> None:
+    g = graph(impl_kind, ROOM)
+    # The full auth chain of 6: 6, its auth events 0, 1, 2, 5, and 5's 3.
+    assert g.in_chain_of(range(7), {6}.__contains__, 100) == array("q", [0, 1, 2, 3, 5, 6])
+    assert g.in_chain_of([4, 6], {4}.__contains__, 100) == array("q", [4])
+    assert g.in_chain_of([0, 3], set().__contains__, 100) == array("q")
+    # An event beyond the graph is asked about itself.
+    assert g.in_chain_of([9, 0], {9}.__contains__, 100) == array("q", [9])
+    assert g.in_chain_of([], {6}.__contains__, 0) == array("q")
+
+
+def test_in_chain_of_asks_each_event_once_and_stops_at_its_limit(impl_kind: str) -> None:
+    g = graph(impl_kind, ROOM)
+    asked: list[int] = []
+
+    def accepts(node: int) -> bool:
+        asked.append(node)
+        return node == 6
+
+    assert g.in_chain_of(range(7), accepts, 7) == array("q", [0, 1, 2, 3, 5, 6])
+    assert len(asked) == len(set(asked)) <= 7
+    asked.clear()
+    # Nothing is accepted: every event of the room is asked about before the answer.
+    assert g.in_chain_of([0], set().__contains__, 7) == array("q")
+    assert g.in_chain_of([0], set().__contains__, 6) is None
+
+
+def test_in_chain_of_walks_only_to_state_events_citing_an_event(impl_kind: str) -> None:
+    g = graph(impl_kind, ROOM)
+    g.set_auth_events(7, [4], state=False)  # a message: nothing may cite it
+    assert g.auth_chain([7]) == array("q", [0, 1, 2, 3, 4])
+    assert g.in_chain_of([4], {7}.__contains__, 100) == array("q")
+    g.set_auth_events(8, [4])
+    assert g.in_chain_of([4], {8}.__contains__, 100) == array("q", [4])
+
+
+def test_in_chain_of_follows_auth_events_as_now_recorded(impl_kind: str) -> None:
+    g = graph(impl_kind, {1: [], 2: [0]})
+    assert g.in_chain_of([0], {2}.__contains__, 100) == array("q", [0])
+    g.set_auth_events(2, [1])
+    assert g.in_chain_of([0], {2}.__contains__, 100) == array("q")
+    assert g.in_chain_of([1], {2}.__contains__, 100) == array("q", [1])
+
+
+def test_in_chain_of_ends_on_a_cycle(impl_kind: str) -> None:
+    g = graph(impl_kind, {1: [2], 2: [1], 3: [2]})
+    assert g.in_chain_of([1, 2], {3}.__contains__, 100) == array("q", [1, 2])
+    assert g.in_chain_of([1, 2], set().__contains__, 100) == array("q")
+
+
 @pytest.mark.parametrize("bad", [-1, 2**31, 2**40])
 def test_rejects_numbers_out_of_range(impl_kind: str, bad: int) -> None:
     g = graph(impl_kind, {})
@@ -108,3 +158,25 @@ def test_compiled_and_pure_agree(parents: list[list[int]], sets: list[list[int]]
     assert c.auth_chain_difference(sets) == p.auth_chain_difference(sets)
     assert c.auth_chain_difference(sets, roots) == p.auth_chain_difference(sets, roots)
     assert c.conflicted_subgraph(roots) == p.conflicted_subgraph(roots)
+
+
+@pytest.mark.compiled_vs_pure
+@settings(max_examples=150, deadline=None)
+@given(dags, st.lists(st.lists(st.integers(0, 45), max_size=5), min_size=2, max_size=4),
+       st.lists(st.integers(0, 45), max_size=12), st.integers(0, 60))
+def test_in_chain_of_leaves_the_difference_of_the_sets_with_common_events(
+        parents: list[list[int]], sets: list[list[int]], common: list[int],
+        limit: int) -> None:
+    edges = {i: [p for p in ps if p < i] for i, ps in enumerate(parents)}
+    c, p = graph("compiled", edges), graph("pure", edges)
+    # Common events belong to no set of their own (an event has one key).
+    sets = [[n for n in s if n not in common] for s in sets]
+    alone = c.auth_chain_difference(sets)
+    assert alone == p.auth_chain_difference(sets)
+    inside = set(common).__contains__
+    found = c.in_chain_of(alone, inside, limit)
+    assert found == p.in_chain_of(alone, inside, limit)
+    whole = c.in_chain_of(alone, inside, 10_000)
+    assert whole is not None
+    assert found is None or found == whole
+    assert array("q", sorted(set(alone) - set(whole))) == c.auth_chain_difference(sets, common)

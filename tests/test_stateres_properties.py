@@ -10,9 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamrep.matrix import auth
+from streamrep.matrix.authindex import AuthIndex
 from streamrep.matrix.errors import AuthRejection, StateResolutionError
 from streamrep.matrix.room_versions import ROOM_VERSIONS, StateResAlgorithm, room_version
-from streamrep.matrix.stateres import InMemoryEventSource, resolve_state
+from streamrep.matrix.stateres import InMemoryEventSource, resolve_state, v2
 
 from support import stateres_build as build
 from support.stateres_random import forked_room
@@ -58,6 +59,29 @@ def test_resolved_events_pass_auth_and_rejected_never_win(case: dict[str, Any]) 
             assert not source.is_rejected(event_id), (key, event_id)
             # Not rejected means it passed the rules against its own auth events.
             auth.authorize(events[event_id], version, events, source.rejected)
+
+
+@settings(max_examples=80, deadline=None)
+@given(cases)
+def test_the_unconflicted_state_asked_about_or_walked_gives_one_answer(
+        case: dict[str, Any]) -> None:
+    # The auth difference asks about the few events concerned whether the
+    # unconflicted state's chain holds them; past its limit it numbers and walks the
+    # whole unconflicted state instead. Both find the same events, and resolve alike.
+    room, source, id_of = build.explicit_source(case)
+    version = room_version(case["room_version"])
+    sets = [{(t, k): id_of[n] for t, k, n in s} for s in case["state_sets"]]
+    differing, _ = source.index.split_state_sets(sets, number_common=False)
+    split = v2._Split(sets, lambda _: None, differing)
+    asked = source.index.auth_chain_difference_beside(
+        split.per_set, v2._InCommon(split, source.events), 10_000)
+    _, numbers = source.index.split_state_sets(sets)
+    assert asked == source.index.auth_chain_difference(split.per_set, common_numbers=numbers)
+    resolved = resolve_state(room, version, sets, source)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(AuthIndex, "auth_chain_difference_beside", lambda *args: None)
+        source.clear_derived()
+        assert resolve_state(room, version, sets, source) == resolved
 
 
 def test_events_of_another_room_are_refused() -> None:

@@ -99,6 +99,9 @@ def test_agrees_with_the_definition(raw: list[dict[Any, int]], rnd: Any,
     want = expected(sets, numbers)
     for kind in IMPLEMENTATIONS:
         assert split(kind, sets, numbers) == want
+        # Without numbers, the differing keys alone.
+        assert core_module("stateset", kind).split_state_sets(sets, None) == (
+            want[0], array("q"), [])
         # One memo serves every split over the same numbers, whatever the sets.
         memo = MEMOS.setdefault(kind, core_module("stateset", kind).NumberMemo())
         for _ in range(2):

@@ -51,6 +51,13 @@ cdef class AuthGraph:
     cdef uint32_t* _mark
     cdef int32_t* _tally
     cdef int32_t* _edges
+    # The state events citing each event, as linked lists: the first link of
+    # each node, then each link's event and the next link (-1 ends a list).
+    cdef int32_t* _first_link
+    cdef int32_t* _link_node
+    cdef int32_t* _link_next
+    cdef Py_ssize_t _n_links
+    cdef Py_ssize_t _link_cap
     cdef Py_ssize_t _nodes
     cdef Py_ssize_t _cap
     cdef Py_ssize_t _n_edges
@@ -64,6 +71,11 @@ cdef class AuthGraph:
         self._mark = NULL
         self._tally = NULL
         self._edges = NULL
+        self._first_link = NULL
+        self._link_node = NULL
+        self._link_next = NULL
+        self._n_links = 0
+        self._link_cap = 0
         self._nodes = 0
         self._cap = 0
         self._n_edges = 0
@@ -77,6 +89,9 @@ cdef class AuthGraph:
         free(self._mark)
         free(self._tally)
         free(self._edges)
+        free(self._first_link)
+        free(self._link_node)
+        free(self._link_next)
 
     @property
     def node_count(self):
@@ -94,6 +109,7 @@ cdef class AuthGraph:
             self._stamp = <uint32_t*>_realloc(self._stamp, cap * sizeof(uint32_t))
             self._mark = <uint32_t*>_realloc(self._mark, cap * sizeof(uint32_t))
             self._tally = <int32_t*>_realloc(self._tally, cap * sizeof(int32_t))
+            self._first_link = <int32_t*>_realloc(self._first_link, cap * sizeof(int32_t))
             old = self._cap
             memset(self._stamp + old, 0, (cap - old) * sizeof(uint32_t))
             memset(self._mark + old, 0, (cap - old) * sizeof(uint32_t))
@@ -101,6 +117,7 @@ cdef class AuthGraph:
             self._cap = cap
         memset(self._start + self._nodes, 0, (node + 1 - self._nodes) * sizeof(int32_t))
         memset(self._count + self._nodes, 0, (node + 1 - self._nodes) * sizeof(int32_t))
+        memset(self._first_link + self._nodes, 0xFF, (node + 1 - self._nodes) * sizeof(int32_t))
         self._nodes = node + 1
         return 0
 
@@ -112,8 +129,10 @@ cdef class AuthGraph:
             self._epoch = 1
         return self._epoch
 
-    def set_auth_events(self, node, auth):
-        """Record event *node*'s auth events (replacing any recorded before)."""
+    def set_auth_events(self, node, auth, bint state=True):
+        """Record event *node*'s auth events (replacing any recorded before); *state*:
+        whether it is a state event (one other events may cite), which
+        :meth:`in_chain_of` walks to from its auth events."""
         cdef int32_t n = _node(node)
         cdef list parents = [_node(p) for p in auth]
         cdef Py_ssize_t k = len(parents), i, highest = n
@@ -130,6 +149,104 @@ cdef class AuthGraph:
         self._start[n] = <int32_t>self._n_edges
         self._count[n] = <int32_t>k
         self._n_edges += k
+        if state:
+            for i in range(k):
+                self._link(<int32_t>parents[i], n)
+
+    cdef int _link(self, int32_t parent, int32_t child) except -1:
+        """Put *child* first among the events citing *parent*."""
+        cdef Py_ssize_t cap
+        if self._n_links == self._link_cap:
+            cap = max(256, self._link_cap * 2)
+            self._link_node = <int32_t*>_realloc(self._link_node, cap * sizeof(int32_t))
+            self._link_next = <int32_t*>_realloc(self._link_next, cap * sizeof(int32_t))
+            self._link_cap = cap
+        self._link_node[self._n_links] = child
+        self._link_next[self._n_links] = self._first_link[parent]
+        self._first_link[parent] = <int32_t>self._n_links
+        self._n_links += 1
+        return 0
+
+    cdef bint _cites(self, int32_t child, int32_t parent) noexcept:
+        """Whether *child*'s auth events (as now recorded) include *parent*."""
+        cdef int32_t j
+        for j in range(self._start[child], self._start[child] + self._count[child]):
+            if self._edges[j] == parent:
+                return True
+        return False
+
+    def in_chain_of(self, nodes, accepts, limit):
+        """Those of *nodes* in the full auth chain of an event *accepts* takes (see the
+        pure twin), in ascending order; None past *limit* events asked about."""
+        cdef list starts = sorted({_node(value) for value in nodes})
+        cdef Py_ssize_t asked = 0, budget = limit
+        cdef int32_t x
+        cdef int found_here
+        cdef uint32_t marks[3]
+        cdef int32_t* stack = self._stack()
+        cdef int32_t* visited = self._stack()
+        cdef list found = []
+        try:
+            marks[0] = self._next_epoch()  # accepted, or reaches one
+            marks[1] = self._next_epoch()  # asked about and not accepted
+            marks[2] = self._next_epoch()  # reaches none
+            for x in starts:
+                if x >= self._nodes:
+                    found_here = 1 if accepts(x) else 0
+                else:
+                    found_here = self._reaches(x, accepts, marks, stack, visited, &asked,
+                                               budget)
+                if found_here < 0:
+                    return None
+                if found_here:
+                    found.append(x)
+            return array("q", found)
+        finally:
+            free(stack)
+            free(visited)
+
+    cdef int _reaches(self, int32_t x, object accepts, uint32_t* marks, int32_t* stack,
+                      int32_t* visited, Py_ssize_t* asked, Py_ssize_t limit) except -2:
+        """Walk from *x* to the state events citing it, and on, until one *accepts*
+        takes (1) or none is left (0, and every event walked is marked as reaching
+        none); -1 when *asked* would pass *limit*."""
+        cdef uint32_t* mark = self._mark
+        cdef uint32_t* stamp = self._stamp
+        cdef uint32_t epoch = self._next_epoch()
+        cdef Py_ssize_t depth = 1, n_visited = 0, i
+        cdef int32_t node, c, link
+        stamp[x] = epoch
+        stack[0] = x
+        while depth > 0:
+            depth -= 1
+            node = stack[depth]
+            if mark[node] == marks[0]:
+                mark[x] = marks[0]
+                return 1
+            if mark[node] == marks[2]:
+                continue
+            visited[n_visited] = node
+            n_visited += 1
+            if mark[node] != marks[1]:
+                asked[0] += 1
+                if asked[0] > limit:
+                    return -1
+                if accepts(node):
+                    mark[node] = marks[0]
+                    mark[x] = marks[0]
+                    return 1
+                mark[node] = marks[1]
+            link = self._first_link[node]
+            while link != -1:
+                c = self._link_node[link]
+                if stamp[c] != epoch and self._cites(c, node):
+                    stamp[c] = epoch
+                    stack[depth] = c
+                    depth += 1
+                link = self._link_next[link]
+        for i in range(n_visited):
+            mark[visited[i]] = marks[2]
+        return 0
 
     def auth_events(self, node):
         """The auth events recorded for *node*."""

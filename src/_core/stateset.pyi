@@ -11,6 +11,6 @@ V = TypeVar("V", bound=Hashable)
 class NumberMemo:
     def __init__(self) -> None: ...
 
-def split_state_sets(states: Sequence[Mapping[K, V]], numbers: Mapping[V, int],
+def split_state_sets(states: Sequence[Mapping[K, V]], numbers: Mapping[V, int] | None,
                      memo: NumberMemo | None = None,
                      ) -> tuple[set[K], array[int], list[V]]: ...

@@ -80,9 +80,11 @@ cdef class NumberMemo:
 
 def split_state_sets(states, numbers, NumberMemo memo=None):
     """``(differing keys, numbers of unconflicted events, unconflicted events without
-    a number)`` of *states* (see the pure twin)."""
+    a number)`` of *states* (see the pure twin); *numbers* None: the differing keys
+    alone."""
     cdef list sets = [s if type(s) is dict else dict(s) for s in states]
-    cdef dict base, state, index
+    cdef dict base, state
+    cdef object index = None
     cdef set differing = set(), extra = set()
     cdef Py_ssize_t n_base, i, matched, pb, ps, n_common = 0
     cdef PyObject* bk_p
@@ -96,9 +98,8 @@ def split_state_sets(states, numbers, NumberMemo memo=None):
     if not sets:
         return differing, clone(_Q_TEMPLATE, 0, False), unknown
     base = sets[0]
-    if type(numbers) is not dict:
-        numbers = dict(numbers)
-    index = <dict>numbers
+    if numbers is not None:
+        index = numbers if type(numbers) is dict else dict(numbers)
     n_base = len(base)
     flags = <unsigned char*>malloc(n_base + 1)
     if flags == NULL:
@@ -142,17 +143,20 @@ def split_state_sets(states, numbers, NumberMemo memo=None):
         common = clone(_Q_TEMPLATE, n_base, False)
         if memo is None:
             memo = NumberMemo()
-        memo.reserve(n_base)
+        if index is not None:
+            memo.reserve(n_base)
         pb = 0
         i = 0
         while PyDict_Next(base, &pb, &bk_p, &bv_p):
             if flags[i] or (extra and <object>bk_p in extra):
                 differing.add(<object>bk_p)
+            elif index is None:
+                pass
             elif memo.values[i] == bv_p and memo.numbers[i] >= 0:
                 common.data.as_longlongs[n_common] = memo.numbers[i]
                 n_common += 1
             else:
-                number = index.get(<object>bv_p)
+                number = (<dict>index).get(<object>bv_p)
                 if number is None:
                     unknown.append(<object>bv_p)
                 else:

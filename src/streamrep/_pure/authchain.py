@@ -10,7 +10,11 @@ each event's auth events once (:meth:`AuthGraph.set_auth_events`). Then:
   the *auth difference* of state resolution v2;
 * :meth:`AuthGraph.conflicted_subgraph` - the events that are both reachable from
   some given event and reach some given event along auth edges, the given events
-  included: the *conflicted state subgraph* of state resolution v2.1.
+  included: the *conflicted state subgraph* of state resolution v2.1;
+* :meth:`AuthGraph.in_chain_of` - which of some events are in the full auth chain
+  of an event a test takes, found by walking from them to the state events citing
+  them: what of a set's auth chain the unconflicted state also holds, without
+  walking the whole unconflicted state.
 
 Results are ``array('q')`` in ascending order. An event never described has no auth
 events. Same API and results as :mod:`streamrep._core.authchain`.
@@ -19,7 +23,7 @@ events. Same API and results as :mod:`streamrep._core.authchain`.
 from __future__ import annotations
 
 from array import array
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 __all__ = ["AuthGraph"]
 
@@ -38,6 +42,8 @@ class AuthGraph:
 
     def __init__(self) -> None:
         self._parents: list[tuple[int, ...]] = []
+        #: The state events citing each event, in the order they were recorded.
+        self._citing: dict[int, list[int]] = {}
 
     @property
     def node_count(self) -> int:
@@ -48,12 +54,17 @@ class AuthGraph:
         if node >= len(self._parents):
             self._parents.extend(() for _ in range(node + 1 - len(self._parents)))
 
-    def set_auth_events(self, node: int, auth: Iterable[int]) -> None:
-        """Record event *node*'s auth events (replacing any recorded before)."""
+    def set_auth_events(self, node: int, auth: Iterable[int], state: bool = True) -> None:
+        """Record event *node*'s auth events (replacing any recorded before); *state*:
+        whether it is a state event (one other events may cite), which
+        :meth:`in_chain_of` walks to from its auth events."""
         node = _node(node)
         parents = tuple(_node(p) for p in auth)
         self._grow(max((node, *parents)))
         self._parents[node] = parents
+        if state:
+            for p in parents:
+                self._citing.setdefault(p, []).append(node)
 
     def auth_events(self, node: int) -> array[int]:
         """The auth events recorded for *node*."""
@@ -131,3 +142,59 @@ class AuthGraph:
                     found.add(child)
                     stack.append(child)
         return array("q", sorted(found))
+
+    def in_chain_of(self, nodes: Iterable[int], accepts: Callable[[int], object],
+                    limit: int) -> array[int] | None:
+        """Those of *nodes* in the full auth chain (the events and their auth chains)
+        of some event that *accepts* takes: each found by walking from it to the state
+        events citing it, and on, until an event *accepts* takes. In ascending order;
+        None when that asks *accepts* about more than *limit* events (an event it
+        is asked about once in a call, an event beyond :attr:`node_count` asked
+        about without counting).
+
+        What one walk learns is kept for the next: an event from which an accepted
+        one was reached, and every event of a walk that reached none (nothing
+        citing them, directly or not, is accepted)."""
+        taken: set[int] = set()
+        untaken: set[int] = set()
+        closed: set[int] = set()
+        found: list[int] = []
+        seen = 0
+        for x in sorted({_node(value) for value in nodes}):
+            if x >= len(self._parents):
+                if accepts(x):
+                    found.append(x)
+                continue
+            stack = [x]
+            stamped = {x}
+            visited: list[int] = []
+            reached = False
+            while stack:
+                node = stack.pop()
+                if node in taken:
+                    reached = True
+                    break
+                if node in closed:
+                    continue
+                visited.append(node)
+                if node not in untaken:
+                    seen += 1
+                    if seen > limit:
+                        return None
+                    if accepts(node):
+                        taken.add(node)
+                        reached = True
+                        break
+                    untaken.add(node)
+                # Newest first, as the compiled core keeps them; the stack then
+                # takes the oldest first.
+                for child in reversed(self._citing.get(node, ())):
+                    if child not in stamped and node in self._parents[child]:
+                        stamped.add(child)
+                        stack.append(child)
+            if reached:
+                taken.add(x)
+                found.append(x)
+            else:
+                closed.update(visited)
+        return array("q", found)

@@ -32,12 +32,13 @@ class NumberMemo:
     keeps them by position; the twin looks every ID up)."""
 
 
-def split_state_sets(states: Sequence[Mapping[K, V]], numbers: Mapping[V, int],
+def split_state_sets(states: Sequence[Mapping[K, V]], numbers: Mapping[V, int] | None,
                      memo: NumberMemo | None = None,
                      ) -> tuple[set[K], array[int], list[V]]:
     """``(differing keys, numbers of unconflicted events, unconflicted events without
     a number)`` of *states* (see the module doc). *memo* keeps what one split learns
-    about the first set's numbers for the next, when given."""
+    about the first set's numbers for the next, when given. *numbers* None: the
+    differing keys alone (no numbers, none without)."""
     if not states:
         return set(), array("q"), []
     base = states[0]
@@ -59,6 +60,8 @@ def split_state_sets(states: Sequence[Mapping[K, V]], numbers: Mapping[V, int],
             differing.update(key for key in base if key not in state)
     common = array("q")
     unknown: list[V] = []
+    if numbers is None:
+        return differing, common, unknown
     for key, value in base.items():
         if key in differing:
             continue

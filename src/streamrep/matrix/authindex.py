@@ -8,7 +8,7 @@ questions walk integer arrays instead of loading events.
 from __future__ import annotations
 
 from array import array
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence, TypeVar
 
 from streamrep import _impl
 
@@ -51,12 +51,13 @@ class AuthIndex:
             self._ids.append(event_id)
         return number
 
-    def add(self, event_id: str, auth_ids: Iterable[str]) -> None:
-        """Record *event_id*'s auth events. Recording an event again changes nothing."""
+    def add(self, event_id: str, auth_ids: Iterable[str], state: bool = True) -> None:
+        """Record *event_id*'s auth events; *state*: whether it is a state event (the
+        only kind an event may cite). Recording an event again changes nothing."""
         number = self._number(event_id)
         if number in self._described:
             return
-        self._graph.set_auth_events(number, [self._number(a) for a in auth_ids])
+        self._graph.set_auth_events(number, [self._number(a) for a in auth_ids], state)
         self._described.add(number)
 
     def _names(self, numbers: Iterable[int]) -> set[str]:
@@ -89,17 +90,41 @@ class AuthIndex:
         return self._names(self._graph.auth_chain_difference(
             [self._lookup(s) for s in state_sets], shared))
 
+    def auth_chain_difference_beside(self, state_sets: Sequence[Iterable[str]],
+                                     in_common: Callable[[str], bool], limit: int
+                                     ) -> set[str] | None:
+        """:meth:`auth_chain_difference` of *state_sets* each taken together with a
+        common part that is never walked as a whole: *in_common* says whether an event
+        belongs to it. The difference of the sets alone, less the events in the
+        common part's full auth chain, found from each of them by walking to the state
+        events citing it until one *in_common* takes; None when that asks about more
+        than *limit* events (then walking the common part costs less).
+
+        Across the few events a merge's forks differ by, this looks at a few events;
+        the common part (the unconflicted state: every member of the room) is numbered
+        and walked only when it does not."""
+        candidates = self._graph.auth_chain_difference([self._lookup(s) for s in state_sets])
+        if not candidates:
+            return set()
+        ids = self._ids
+        inside = self._graph.in_chain_of(candidates, lambda number: in_common(ids[number]),
+                                         limit)
+        if inside is None:
+            return None
+        return self._names(set(candidates).difference(inside))
+
     def clear_memo(self) -> None:
         """Forget the numbers :meth:`split_state_sets` kept from its last first state."""
         self._memo = self._stateset.NumberMemo()
 
-    def split_state_sets(self, state_sets: Sequence[Mapping[K, str]]
-                         ) -> tuple[set[K], array[int]]:
+    def split_state_sets(self, state_sets: Sequence[Mapping[K, str]],
+                         number_common: bool = True) -> tuple[set[K], array[int]]:
         """The keys *state_sets* disagree on (some maps them to another event than
         the first, or lacks them), and the numbers of the other keys' events (the
-        unconflicted state), for :meth:`auth_chain_difference`."""
+        unconflicted state), for :meth:`auth_chain_difference`; with
+        *number_common* False, no numbers (an empty array)."""
         differing, common, unknown = self._stateset.split_state_sets(
-            state_sets, self._numbers, self._memo)
+            state_sets, self._numbers if number_common else None, self._memo)
         if unknown:
             common.extend(self._number(e) for e in unknown)
         return differing, common
