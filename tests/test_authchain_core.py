@@ -129,6 +129,31 @@ def test_in_chain_of_ends_on_a_cycle(impl_kind: str) -> None:
     assert g.in_chain_of([1, 2], set().__contains__, 100) == array("q")
 
 
+def test_held_by_takes_the_events_a_state_maps_their_key_to(impl_kind: str) -> None:
+    mod = core_module("authchain", impl_kind)
+    ids = ["$create", "$join", "$pl", "$jr", "$a", "$b", "$ban", "$msg"]
+    keys = [("c", ""), ("m", "@1"), ("pl", ""), ("jr", ""), ("m", "@a"), ("m", "@b"),
+            ("m", "@b"), None]
+    # 5 was banned (6); 7 is a message, asked of the fallback by its ID.
+    state = {("c", ""): "$create", ("pl", ""): "$pl", ("m", "@a"): "$" + "a",
+             ("m", "@b"): "$ban", ("jr", ""): "$jr"}
+    asked: list[object] = []
+
+    def otherwise(event_id: object) -> bool:
+        asked.append(event_id)
+        return event_id == "$msg"
+
+    held = mod.HeldBy(ids, keys[:-1], state, {("jr", "")}, otherwise)
+    assert [held(n) for n in range(8)] == [True, False, True, False, True, False, True, True]
+    assert asked == ["$msg"]  # numbered past the keys: no key known
+    g = graph(impl_kind, ROOM)
+    # 6 (the ban, held) cites 5; 3 (hidden) is reached through 4 and 5.
+    assert g.in_chain_of(range(7), held, 100) == array("q", [0, 1, 2, 3, 4, 5, 6])
+    g2 = graph(impl_kind, {0: [], 1: [0], 3: [1]})
+    alone = mod.HeldBy(ids, keys, {("jr", ""): "$jr"}, {("jr", "")}, otherwise)
+    assert g2.in_chain_of([1], alone, 100) == array("q")
+
+
 @pytest.mark.parametrize("bad", [-1, 2**31, 2**40])
 def test_rejects_numbers_out_of_range(impl_kind: str, bad: int) -> None:
     g = graph(impl_kind, {})
@@ -176,6 +201,14 @@ def test_in_chain_of_leaves_the_difference_of_the_sets_with_common_events(
     inside = set(common).__contains__
     found = c.in_chain_of(alone, inside, limit)
     assert found == p.in_chain_of(alone, inside, limit)
+    # The same common events, as a state that maps their keys to them.
+    ids = [f"${n}" for n in range(46)]
+    keys = [("k", str(n)) if n % 5 else None for n in range(46)]
+    state = {("k", str(n)): f"${n}" for n in common if n % 5}
+    unkeyed = {f"${n}" for n in common if not n % 5}.__contains__
+    for mod, g in (("compiled", c), ("pure", p)):
+        held = core_module("authchain", mod).HeldBy(ids, keys, state, (), unkeyed)
+        assert g.in_chain_of(alone, held, limit) == found
     whole = c.in_chain_of(alone, inside, 10_000)
     assert whole is not None
     assert found is None or found == whole

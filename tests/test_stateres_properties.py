@@ -71,10 +71,13 @@ def test_the_unconflicted_state_asked_about_or_walked_gives_one_answer(
     room, source, id_of = build.explicit_source(case)
     version = room_version(case["room_version"])
     sets = [{(t, k): id_of[n] for t, k, n in s} for s in case["state_sets"]]
-    differing, _ = source.index.split_state_sets(sets, number_common=False)
-    split = v2._Split(sets, lambda _: None, differing)
+    split = v2._Split(sets, lambda _: None, source.index.differing_events(sets))
+    # The core's split agrees with the split by lookups that sources without an
+    # index get.
+    by_lookups = v2._Split(sets, lambda _: None)
+    assert (split.differing, split.per_set) == (by_lookups.differing, by_lookups.per_set)
     asked = source.index.auth_chain_difference_beside(
-        split.per_set, v2._InCommon(split, source.events), 10_000)
+        split.per_set, split.base, split.differing, 10_000)
     _, numbers = source.index.split_state_sets(sets)
     assert asked == source.index.auth_chain_difference(split.per_set, common_numbers=numbers)
     resolved = resolve_state(room, version, sets, source)

@@ -80,6 +80,32 @@ def test_unnumbered_events_and_mappings(impl_kind: str) -> None:
         set(), array("q", [0, 2]), ["$new"])
 
 
+def events_of(states: list[Any], differing: set[Any]) -> list[set[str]]:
+    """What each set maps the differing keys to, by the definition."""
+    return [{s[k] for k in differing if k in s} for s in states]
+
+
+def test_differing_events_set_by_set(impl_kind: str) -> None:
+    mod = core_module("stateset", impl_kind)
+    base = {("c", ""): "$c", ("pl", ""): "$pl", ("m", "a"): "$a", ("m", "b"): "$b"}
+    changed = {**base, ("m", "b"): "$b2"}
+    grown = {**base, ("t", ""): "$t"}
+    shrunk = {k: v for k, v in base.items() if k != ("m", "a")}
+    assert mod.differing_events([base, changed, base]) == (
+        {("m", "b")}, [{"$b"}, {"$b2"}, {"$b"}])
+    # A key one set changes, another lacks, a third adds.
+    assert mod.differing_events([base, shrunk, changed, grown]) == (
+        {("m", "a"), ("m", "b"), ("t", "")},
+        [{"$a", "$b"}, {"$b"}, {"$a", "$b2"}, {"$a", "$b", "$t"}])
+    # Off the aligned walk: another order, copies of the values.
+    reordered = dict(reversed(list({**changed, ("m", "a"): "$" + "a2"}.items())))
+    assert mod.differing_events([base, reordered, grown]) == (
+        {("m", "a"), ("m", "b"), ("t", "")},
+        [{"$a", "$b"}, {"$a2", "$b2"}, {"$a", "$b", "$t"}])
+    assert mod.differing_events([base]) == (set(), [set()])
+    assert mod.differing_events([]) == (set(), [])
+
+
 MEMOS: dict[str, Any] = {}
 
 keys = st.sampled_from([("c", ""), ("pl", ""), ("jr", "")] + [("m", f"@u{n}") for n in range(6)])
@@ -102,6 +128,8 @@ def test_agrees_with_the_definition(raw: list[dict[Any, int]], rnd: Any,
         # Without numbers, the differing keys alone.
         assert core_module("stateset", kind).split_state_sets(sets, None) == (
             want[0], array("q"), [])
+        assert core_module("stateset", kind).differing_events(sets) == (
+            want[0], events_of(sets, want[0]))
         # One memo serves every split over the same numbers, whatever the sets.
         memo = MEMOS.setdefault(kind, core_module("stateset", kind).NumberMemo())
         for _ in range(2):

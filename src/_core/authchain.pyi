@@ -1,9 +1,15 @@
 """Typed API of streamrep._core.authchain (same as streamrep._pure.authchain)."""
 
 from array import array
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Container, Iterable, Mapping, Sequence
 
-__all__ = ["AuthGraph"]
+__all__ = ["AuthGraph", "HeldBy"]
+
+class HeldBy:
+    def __init__(self, ids: Sequence[object], keys: Sequence[object],
+                 state: Mapping[object, object], hidden: Container[object],
+                 otherwise: Callable[[object], object]) -> None: ...
+    def __call__(self, node: int) -> bool: ...
 
 class AuthGraph:
     def __init__(self) -> None: ...

@@ -8,13 +8,17 @@ so a query touches only the events it reaches and allocates one stack.
 """
 
 from cpython.array cimport array, clone
+from cpython.dict cimport PyDict_GetItem
+from cpython.list cimport PyList_GET_ITEM
+from cpython.object cimport Py_EQ, PyObject_RichCompareBool
+from cpython.ref cimport PyObject
 from libc.stdint cimport int32_t, int64_t, uint32_t
 from libc.stdlib cimport free, malloc, qsort, realloc
 from libc.string cimport memset
 
 cimport cython
 
-__all__ = ["AuthGraph"]
+__all__ = ["AuthGraph", "HeldBy"]
 
 cdef array _Q_TEMPLATE = array("q")
 cdef int64_t _MAX_NODE = 2**31 - 2
@@ -40,6 +44,49 @@ cdef int32_t _node(object value) except -1:
     if node < 0 or node > _MAX_NODE:
         raise ValueError(f"event number {node} outside 0..{_MAX_NODE}")
     return <int32_t>node
+
+
+cdef class HeldBy:
+    """A test for :meth:`AuthGraph.in_chain_of` (see the pure twin), asked without a
+    Python call: the key's hash is worked out once, for the state's lookup."""
+
+    cdef list ids
+    cdef list keys
+    cdef dict state
+    cdef object hidden
+    cdef object otherwise
+
+    def __init__(self, ids, keys, state, hidden, otherwise):
+        self.ids = ids if type(ids) is list else list(ids)
+        self.keys = keys if type(keys) is list else list(keys)
+        self.state = state if type(state) is dict else dict(state)
+        self.hidden = hidden
+        self.otherwise = otherwise
+
+    cdef int holds(self, Py_ssize_t node) except -1:
+        cdef PyObject* found
+        key = <object>PyList_GET_ITEM(self.keys, node) if node < len(self.keys) else None
+        if key is None:
+            return 1 if self.otherwise(self.ids[node]) else 0
+        found = PyDict_GetItem(self.state, key)
+        if found == NULL:
+            return 0
+        if not _same(<object>found, self.ids[node]):
+            return 0
+        return 0 if key in self.hidden else 1
+
+    def __call__(self, node):
+        return self.holds(_node(node)) == 1
+
+
+cdef inline bint _same(object a, object b) except -1:
+    return a is b or PyObject_RichCompareBool(a, b, Py_EQ)
+
+
+cdef inline int _ask(object accepts, int32_t node) except -1:
+    if type(accepts) is HeldBy:
+        return (<HeldBy>accepts).holds(node)
+    return 1 if accepts(node) else 0
 
 
 cdef class AuthGraph:
@@ -192,7 +239,7 @@ cdef class AuthGraph:
             marks[2] = self._next_epoch()  # reaches none
             for x in starts:
                 if x >= self._nodes:
-                    found_here = 1 if accepts(x) else 0
+                    found_here = _ask(accepts, x)
                 else:
                     found_here = self._reaches(x, accepts, marks, stack, visited, &asked,
                                                budget)
@@ -231,7 +278,7 @@ cdef class AuthGraph:
                 asked[0] += 1
                 if asked[0] > limit:
                     return -1
-                if accepts(node):
+                if _ask(accepts, node):
                     mark[node] = marks[0]
                     mark[x] = marks[0]
                     return 1

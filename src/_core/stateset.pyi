@@ -3,7 +3,7 @@
 from array import array
 from typing import Hashable, Mapping, Sequence, TypeVar
 
-__all__ = ["NumberMemo", "split_state_sets"]
+__all__ = ["NumberMemo", "differing_events", "split_state_sets"]
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V", bound=Hashable)
@@ -14,3 +14,5 @@ class NumberMemo:
 def split_state_sets(states: Sequence[Mapping[K, V]], numbers: Mapping[V, int] | None,
                      memo: NumberMemo | None = None,
                      ) -> tuple[set[K], array[int], list[V]]: ...
+
+def differing_events(states: Sequence[Mapping[K, V]]) -> tuple[set[K], list[set[V]]]: ...

@@ -15,10 +15,10 @@ from cpython.dict cimport PyDict_Next
 from cpython.object cimport Py_EQ, PyObject_RichCompareBool
 from cpython.ref cimport PyObject, Py_XDECREF, Py_XINCREF
 from libc.stdint cimport int64_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memset
 
-__all__ = ["NumberMemo", "split_state_sets"]
+__all__ = ["NumberMemo", "differing_events", "split_state_sets"]
 
 cdef array _Q_TEMPLATE = array("q")
 
@@ -78,6 +78,104 @@ cdef class NumberMemo:
         self.numbers[i] = number
 
 
+ctypedef struct _Differences:
+    # What one set maps to another event than the first set, at positions where the
+    # two walk aligned (ascending), as new references; and where the alignment ends.
+    Py_ssize_t stop
+    Py_ssize_t count
+    Py_ssize_t cap
+    Py_ssize_t cursor
+    Py_ssize_t* positions
+    PyObject** values
+
+
+cdef int _record(_Differences* d, Py_ssize_t position, PyObject* value) except -1:
+    cdef Py_ssize_t cap
+    if d.count == d.cap:
+        cap = d.cap * 2 + 16
+        d.positions = <Py_ssize_t*>_grown(d.positions, cap * sizeof(Py_ssize_t))
+        d.values = <PyObject**>_grown(d.values, cap * sizeof(PyObject*))
+        d.cap = cap
+    Py_XINCREF(value)
+    d.positions[d.count] = position
+    d.values[d.count] = value
+    d.count += 1
+    return 0
+
+
+cdef void* _grown(void* block, size_t size) except NULL:
+    cdef void* grown = realloc(block, size)
+    if grown == NULL:
+        raise MemoryError()
+    return grown
+
+
+cdef void _release(_Differences* d, Py_ssize_t n) noexcept:
+    cdef Py_ssize_t i, k
+    if d == NULL:
+        return
+    for i in range(n):
+        for k in range(d[i].count):
+            Py_XDECREF(d[i].values[k])
+        free(d[i].positions)
+        free(d[i].values)
+    free(d)
+
+
+cdef int _compare(dict base, dict state, Py_ssize_t n_base, unsigned char* flags,
+                  set extra, _Differences* record) except -1:
+    """Flag the first set's positions that *state* maps to another event or lacks, and
+    add to *extra* the keys found off the aligned walk that differ. With *record*,
+    keep there the other events at the flagged aligned positions and where the
+    alignment ends (positions before it carry the first set's keys, in its order)."""
+    cdef Py_ssize_t pb = 0, ps = 0, i = 0, matched = 0
+    cdef PyObject* bk_p
+    cdef PyObject* bv_p
+    cdef PyObject* k_p
+    cdef PyObject* v_p
+    cdef bint aligned = True
+    while PyDict_Next(state, &ps, &k_p, &v_p):
+        if aligned:
+            # Pointers first: touching the objects costs a cache miss each.
+            if PyDict_Next(base, &pb, &bk_p, &bv_p) and (
+                    bv_p == v_p or bk_p == k_p or _same(<object>bk_p, <object>k_p)):
+                matched += 1
+                if bv_p != v_p and not _same(<object>bv_p, <object>v_p):
+                    flags[i] = 1
+                    if record != NULL:
+                        _record(record, i, v_p)
+                i += 1
+                continue
+            aligned = False
+        key = <object>k_p
+        held = base.get(key, _MISSING)
+        if held is _MISSING:
+            extra.add(key)
+            continue
+        matched += 1
+        if not _same(held, <object>v_p):
+            extra.add(key)
+    if record != NULL:
+        record.stop = i
+    if matched < n_base:
+        # Keys of the first set this one lacks.
+        pb = 0
+        i = 0
+        while PyDict_Next(base, &pb, &bk_p, &bv_p):
+            if not flags[i] and <object>bk_p not in state:
+                flags[i] = 1
+            i += 1
+    return 0
+
+
+cdef unsigned char* _flags(Py_ssize_t n) except NULL:
+    cdef unsigned char* flags = <unsigned char*>malloc(n + 1)
+    if flags == NULL:
+        raise MemoryError()
+    memset(flags, 0, n + 1)
+    return flags
+
+
 def split_state_sets(states, numbers, NumberMemo memo=None):
     """``(differing keys, numbers of unconflicted events, unconflicted events without
     a number)`` of *states* (see the pure twin); *numbers* None: the differing keys
@@ -86,12 +184,9 @@ def split_state_sets(states, numbers, NumberMemo memo=None):
     cdef dict base, state
     cdef object index = None
     cdef set differing = set(), extra = set()
-    cdef Py_ssize_t n_base, i, matched, pb, ps, n_common = 0
+    cdef Py_ssize_t n_base, i, pb, n_common = 0
     cdef PyObject* bk_p
     cdef PyObject* bv_p
-    cdef PyObject* k_p
-    cdef PyObject* v_p
-    cdef bint aligned
     cdef unsigned char* flags
     cdef array common
     cdef list unknown = []
@@ -101,45 +196,11 @@ def split_state_sets(states, numbers, NumberMemo memo=None):
     if numbers is not None:
         index = numbers if type(numbers) is dict else dict(numbers)
     n_base = len(base)
-    flags = <unsigned char*>malloc(n_base + 1)
-    if flags == NULL:
-        raise MemoryError()
+    flags = _flags(n_base)
     try:
-        memset(flags, 0, n_base + 1)
         for state in sets[1:]:
-            if state is base:
-                continue
-            pb = ps = 0
-            i = matched = 0
-            aligned = True
-            while PyDict_Next(state, &ps, &k_p, &v_p):
-                if aligned:
-                    # Pointers first: touching the objects costs a cache miss each.
-                    if PyDict_Next(base, &pb, &bk_p, &bv_p) and (
-                            bv_p == v_p or bk_p == k_p or _same(<object>bk_p, <object>k_p)):
-                        matched += 1
-                        if bv_p != v_p and not _same(<object>bv_p, <object>v_p):
-                            flags[i] = 1
-                        i += 1
-                        continue
-                    aligned = False
-                key = <object>k_p
-                value = <object>v_p
-                held = base.get(key, _MISSING)
-                if held is _MISSING:
-                    extra.add(key)
-                    continue
-                matched += 1
-                if not _same(held, value):
-                    extra.add(key)
-            if matched < n_base:
-                # Keys of the first set this one lacks.
-                pb = 0
-                i = 0
-                while PyDict_Next(base, &pb, &bk_p, &bv_p):
-                    if not flags[i] and <object>bk_p not in state:
-                        flags[i] = 1
-                    i += 1
+            if state is not base:
+                _compare(base, state, n_base, flags, extra, NULL)
         common = clone(_Q_TEMPLATE, n_base, False)
         if memo is None:
             memo = NumberMemo()
@@ -169,6 +230,67 @@ def split_state_sets(states, numbers, NumberMemo memo=None):
         return differing, common, unknown
     finally:
         free(flags)
+
+
+def differing_events(states):
+    """``(differing keys, per set the events it maps them to)`` of *states* (see the
+    pure twin). A set walked aligned with the first is read at the flagged positions
+    from what the comparison kept, without a lookup."""
+    cdef list sets = [s if type(s) is dict else dict(s) for s in states]
+    cdef Py_ssize_t n_sets = len(sets), n_base, i, j, pb = 0
+    cdef dict base
+    cdef set differing = set(), extra = set()
+    cdef list per_set
+    cdef PyObject* bk_p
+    cdef PyObject* bv_p
+    cdef _Differences* d
+    cdef _Differences* diffs
+    cdef unsigned char* flags
+    if not sets:
+        return differing, []
+    base = sets[0]
+    n_base = len(base)
+    per_set = [set() for _ in range(n_sets)]
+    flags = _flags(n_base)
+    diffs = <_Differences*>calloc(n_sets, sizeof(_Differences))
+    try:
+        if diffs == NULL:
+            raise MemoryError()
+        diffs[0].stop = n_base
+        for j in range(1, n_sets):
+            if sets[j] is base:
+                diffs[j].stop = n_base
+            else:
+                _compare(base, sets[j], n_base, flags, extra, &diffs[j])
+        i = 0
+        while PyDict_Next(base, &pb, &bk_p, &bv_p):
+            if flags[i]:
+                differing.add(<object>bk_p)
+                for j in range(n_sets):
+                    d = &diffs[j]
+                    if i >= d.stop:
+                        _add_held(per_set[j], sets[j], <object>bk_p)
+                    elif d.cursor < d.count and d.positions[d.cursor] == i:
+                        (<set>per_set[j]).add(<object>d.values[d.cursor])
+                        d.cursor += 1
+                    else:
+                        (<set>per_set[j]).add(<object>bv_p)
+            i += 1
+        for key in extra:
+            for j in range(n_sets):
+                _add_held(per_set[j], sets[j], key)
+        differing |= extra
+        return differing, per_set
+    finally:
+        free(flags)
+        _release(diffs, n_sets)
+
+
+cdef inline int _add_held(set into, dict state, object key) except -1:
+    value = state.get(key, _MISSING)
+    if value is not _MISSING:
+        into.add(value)
+    return 0
 
 
 cdef object _MISSING = object()

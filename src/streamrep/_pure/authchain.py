@@ -23,9 +23,9 @@ events. Same API and results as :mod:`streamrep._core.authchain`.
 from __future__ import annotations
 
 from array import array
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Container, Iterable, Mapping, Sequence
 
-__all__ = ["AuthGraph"]
+__all__ = ["AuthGraph", "HeldBy"]
 
 _MAX_NODE = 2**31 - 2
 
@@ -35,6 +35,29 @@ def _node(value: int) -> int:
     if node < 0 or node > _MAX_NODE:
         raise ValueError(f"event number {node} outside 0..{_MAX_NODE}")
     return node
+
+
+class HeldBy:
+    """A test for :meth:`AuthGraph.in_chain_of`: takes an event when *state* maps the
+    event's key to it, the key not in *hidden*. ``ids[node]`` is the event's ID,
+    ``keys[node]`` its state key (None for an event that is not state, or not known);
+    an event without a key, or numbered past *keys*, is asked of *otherwise* by ID."""
+
+    def __init__(self, ids: Sequence[object], keys: Sequence[object],
+                 state: Mapping[object, object], hidden: Container[object],
+                 otherwise: Callable[[object], object]) -> None:
+        self._ids = ids
+        self._keys = keys
+        self._state = state
+        self._hidden = hidden
+        self._otherwise = otherwise
+
+    def __call__(self, node: int) -> bool:
+        node = _node(node)
+        key = self._keys[node] if node < len(self._keys) else None
+        if key is None:
+            return bool(self._otherwise(self._ids[node]))
+        return self._state.get(key) == self._ids[node] and key not in self._hidden
 
 
 class AuthGraph:

@@ -11,6 +11,10 @@ Same API and results as the compiled ``streamrep._core.stateset``.
   key) in *numbers*, an event ID to number map such as an auth index keeps, and the
   unconflicted events *numbers* does not know, in the first set's order.
 
+:func:`differing_events` answers the differing keys too, and with them what each set
+maps them to: the conflicted events, set by set, which is what state resolution
+walks from.
+
 The compiled core walks each set alongside the first one in insertion order, so sets
 copied from one another and then changed compare entry by entry without hashing;
 sets in another order are compared by lookups, with the same result.
@@ -21,7 +25,7 @@ from __future__ import annotations
 from array import array
 from typing import Hashable, Mapping, Sequence, TypeVar
 
-__all__ = ["NumberMemo", "split_state_sets"]
+__all__ = ["NumberMemo", "differing_events", "split_state_sets"]
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V", bound=Hashable)
@@ -71,3 +75,10 @@ def split_state_sets(states: Sequence[Mapping[K, V]], numbers: Mapping[V, int] |
         else:
             common.append(number)
     return differing, common, unknown
+
+
+def differing_events(states: Sequence[Mapping[K, V]]) -> tuple[set[K], list[set[V]]]:
+    """``(differing keys, per set the events it maps them to)`` of *states* (see the
+    module doc); a set lacking a differing key adds nothing for it."""
+    differing, _, _ = split_state_sets(states, None)
+    return differing, [{state[key] for key in differing if key in state} for state in states]

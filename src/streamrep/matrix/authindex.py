@@ -8,7 +8,7 @@ questions walk integer arrays instead of loading events.
 from __future__ import annotations
 
 from array import array
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Container, Iterable, Mapping, Sequence, TypeVar
 
 from streamrep import _impl
 
@@ -30,6 +30,8 @@ class AuthIndex:
     def __init__(self) -> None:
         self._numbers: dict[str, int] = {}
         self._ids: list[str] = []
+        #: Each event's state key by number (None: not state, or not described).
+        self._keys: list[object] = []
         self._described: set[int] = set()
         self._graph = _authchain.AuthGraph()
         self._stateset = _stateset
@@ -49,15 +51,19 @@ class AuthIndex:
             number = len(self._ids)
             self._numbers[event_id] = number
             self._ids.append(event_id)
+            self._keys.append(None)
         return number
 
-    def add(self, event_id: str, auth_ids: Iterable[str], state: bool = True) -> None:
-        """Record *event_id*'s auth events; *state*: whether it is a state event (the
-        only kind an event may cite). Recording an event again changes nothing."""
+    def add(self, event_id: str, auth_ids: Iterable[str], key: object = None) -> None:
+        """Record *event_id*'s auth events and, for a state event (the only kind an
+        event may cite), its *key* (``(type, state_key)``). Recording an event again
+        changes nothing."""
         number = self._number(event_id)
         if number in self._described:
             return
-        self._graph.set_auth_events(number, [self._number(a) for a in auth_ids], state)
+        self._graph.set_auth_events(number, [self._number(a) for a in auth_ids],
+                                    key is not None)
+        self._keys[number] = key
         self._described.add(number)
 
     def _names(self, numbers: Iterable[int]) -> set[str]:
@@ -91,24 +97,31 @@ class AuthIndex:
             [self._lookup(s) for s in state_sets], shared))
 
     def auth_chain_difference_beside(self, state_sets: Sequence[Iterable[str]],
-                                     in_common: Callable[[str], bool], limit: int
-                                     ) -> set[str] | None:
+                                     state: Mapping[K, str], hidden: Container[K],
+                                     limit: int) -> set[str] | None:
         """:meth:`auth_chain_difference` of *state_sets* each taken together with a
-        common part that is never walked as a whole: *in_common* says whether an event
-        belongs to it. The difference of the sets alone, less the events in the
+        common part that is never walked as a whole: the events *state* maps the keys
+        outside *hidden* to. The difference of the sets alone, less the events in the
         common part's full auth chain, found from each of them by walking to the state
-        events citing it until one *in_common* takes; None when that asks about more
-        than *limit* events (then walking the common part costs less).
+        events citing it until one the common part holds; None when that asks about
+        more than *limit* events (then walking the common part costs less).
 
         Across the few events a merge's forks differ by, this looks at a few events;
         the common part (the unconflicted state: every member of the room) is numbered
-        and walked only when it does not."""
+        and walked only when it does not. A state event is asked about by its key;
+        any other by the common part's events as a set, made when first needed."""
         candidates = self._graph.auth_chain_difference([self._lookup(s) for s in state_sets])
         if not candidates:
             return set()
-        ids = self._ids
-        inside = self._graph.in_chain_of(candidates, lambda number: in_common(ids[number]),
-                                         limit)
+        unkeyed: list[set[str]] = []
+
+        def held_without_key(event_id: str) -> bool:
+            if not unkeyed:
+                unkeyed.append({v for k, v in state.items() if k not in hidden})
+            return event_id in unkeyed[0]
+
+        held = _authchain.HeldBy(self._ids, self._keys, state, hidden, held_without_key)
+        inside = self._graph.in_chain_of(candidates, held, limit)
         if inside is None:
             return None
         return self._names(set(candidates).difference(inside))
@@ -128,6 +141,12 @@ class AuthIndex:
         if unknown:
             common.extend(self._number(e) for e in unknown)
         return differing, common
+
+    def differing_events(self, state_sets: Sequence[Mapping[K, str]]
+                         ) -> tuple[set[K], list[set[str]]]:
+        """The keys *state_sets* disagree on (see :meth:`split_state_sets`), and per
+        set the events it maps them to."""
+        return self._stateset.differing_events(state_sets)
 
     def conflicted_subgraph(self, conflicted: Iterable[str]) -> set[str]:
         """Events on an auth path between two *conflicted* events, those included."""

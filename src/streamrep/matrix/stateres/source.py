@@ -69,7 +69,8 @@ class InMemoryEventSource:
         if self._facts and (event_id in self.events or (event_id in self.rejected) != rejected):
             self._facts.clear()
         self.events[event_id] = event
-        self.index.add(event_id, event.auth_ids, event.state_key is not None)
+        self.index.add(event_id, event.auth_ids,
+                       event.key if event.state_key is not None else None)
         if rejected:
             self.rejected.add(event_id)
         else:

@@ -58,26 +58,25 @@ class _Split:
 
     def __init__(self, state_sets: Sequence[StateMap],
                  key_of: Callable[[str], StateKey | None],
-                 differing: set[StateKey] | None = None) -> None:
+                 found: tuple[set[StateKey], list[set[str]]] | None = None) -> None:
         first = state_sets[0]
         self.base = first
+        self.state_sets = state_sets
         self.common: set[str] = set()
-        if differing is None:
-            differing = self._differing(state_sets, key_of)
-        self.differing = differing
-        conflicted: dict[StateKey, set[str]] = {key: set() for key in differing}
+        if found is not None:
+            self.differing, self.per_set = found
+            return
+        self.differing = self._differing(state_sets, key_of)
         #: Per state, its events under the differing keys.
-        self.per_set: list[set[str]] = []
-        for state in state_sets:
-            get = state.get
-            mine: set[str] = set()
-            for key, events in conflicted.items():
-                event_id = get(key)
-                if event_id is not None:
-                    events.add(event_id)
-                    mine.add(event_id)
-            self.per_set.append(mine)
-        self.conflicted = conflicted
+        self.per_set: list[set[str]] = [
+            {event_id for event_id in map(state.get, self.differing) if event_id is not None}
+            for state in state_sets]
+
+    @property
+    def conflicted(self) -> dict[StateKey, set[str]]:
+        """Each differing key's events (those the states map it to)."""
+        return {key: {state[key] for state in self.state_sets if key in state}
+                for key in self.differing}
 
     def _differing(self, state_sets: Sequence[StateMap],
                    key_of: Callable[[str], StateKey | None]) -> set[StateKey]:
@@ -280,31 +279,11 @@ def _held_difference(source: InMemoryEventSource, split: _Split,
     than a quarter as many events as it holds."""
     index = source.index
     found = index.auth_chain_difference_beside(
-        split.per_set, _InCommon(split, source.events), max(256, len(split.base) // 4))
+        split.per_set, split.base, split.differing, max(256, len(split.base) // 4))
     if found is None:
         _, common_numbers = index.split_state_sets(state_sets)
         found = index.auth_chain_difference(split.per_set, common_numbers=common_numbers)
     return found
-
-
-class _InCommon:
-    """Whether an event is in the unconflicted state (every set maps its key to it):
-    a held state event by its own key, which a state maps it under; any other by
-    the unconflicted events as a set, made when first needed."""
-
-    def __init__(self, split: _Split, events: dict[str, MatrixEvent]) -> None:
-        self.split = split
-        self.events = events
-        self._values: set[str] | None = None
-
-    def __call__(self, event_id: str) -> bool:
-        event = self.events.get(event_id)
-        if event is not None and event.state_key is not None:
-            key = event.key
-            return key not in self.split.differing and self.split.base.get(key) == event_id
-        if self._values is None:
-            self._values = set(self.split.unconflicted().values())
-        return event_id in self._values
 
 
 def resolve_v2(room_id: str, version: RoomVersion, state_sets: Sequence[StateMap],
@@ -319,14 +298,12 @@ def resolve_v2(room_id: str, version: RoomVersion, state_sets: Sequence[StateMap
 
     if isinstance(source, InMemoryEventSource):
         # The compiled core compares the sets.
-        differing, _ = source.index.split_state_sets(state_sets, number_common=False)
-        split = _Split(state_sets, key_of, differing)
+        split = _Split(state_sets, key_of, source.index.differing_events(state_sets))
     else:
         split = _Split(state_sets, key_of)
-    conflicted = split.conflicted
-    if not conflicted:
+    if not split.differing:
         return dict(split.base)
-    conflicted_ids: set[str] = set().union(*conflicted.values())
+    conflicted_ids: set[str] = set().union(*split.per_set)
     full = set(conflicted_ids)
     # The unconflicted events are in every set: pass them once.
     per_set = split.per_set
