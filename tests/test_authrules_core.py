@@ -130,16 +130,17 @@ def test_twins_agree_on_ordering_and_iterative_checks(version_id: str) -> None:
         assert parents[0] == parents[1]
         base: dict[Key, str] = {(t, k): id_of[n] for t, k, n in case["state_sets"][0]}
         hidden = {k for k in base if rnd.random() < 0.3}
-        checked = [e for e in ids if events[e].state_key is not None and e not in rejected]
-        rnd.shuffle(checked)
+        order = rnd.sample(ids, len(ids))
+        checked = [e for e in order if events[e].state_key is not None and e not in rejected]
         results: list[dict[Key, str]] = []
-        for r in (compiled, pure):
+        # Messages and rejected events in the order are passed over.
+        for r, given in ((compiled, order), (pure, order), (pure, checked)):
             resolved: dict[Key, str] = {}
-            r.check_in_order(checked, events, resolved, base if seed % 2 else None, hidden,
+            r.check_in_order(given, events, resolved, base if seed % 2 else None, hidden,
                              rejected, lambda event: auth.create_allowed(
                                  event, room_version(version_id)))
             results.append(resolved)
-        assert results[0] == results[1]
+        assert results[0] == results[1] == results[2]
 
 
 class _PlainEvent:

@@ -11,7 +11,7 @@ between events.
 from collections.abc import Mapping
 from heapq import heapify, heappop, heappush
 
-from cpython.dict cimport PyDict_GetItem, PyDict_SetItem, PyDict_Copy
+from cpython.dict cimport PyDict_GetItemWithError, PyDict_SetItem, PyDict_Copy
 from cpython.list cimport PyList_GET_ITEM
 from cpython.object cimport PyObject
 from libc.stdint cimport int32_t
@@ -119,7 +119,7 @@ cdef inline object _get(object state, object key):
     """``state.get(key)``: the dict's C API for a dict."""
     cdef PyObject* found
     if type(state) is dict:
-        found = PyDict_GetItem(<dict>state, key)
+        found = PyDict_GetItemWithError(<dict>state, key)
         return <object>found if found != NULL else None
     return state.get(key)
 
@@ -547,7 +547,7 @@ cdef class Rules:
         cdef PyObject* found
         cdef bint complete
         for eid in event_ids:
-            found = PyDict_GetItem(memo, eid)
+            found = PyDict_GetItemWithError(memo, eid)
             if found != NULL:
                 out[eid] = <object>found
                 continue
@@ -605,7 +605,7 @@ cdef class Rules:
             # each parent's children.
             for i in range(n):
                 for a in _field(<object>PyList_GET_ITEM(nodes, i), F_AUTH_IDS):
-                    found = PyDict_GetItem(index, a)
+                    found = PyDict_GetItemWithError(index, a)
                     if found == NULL or a not in full:
                         continue
                     j = <object>found
@@ -623,7 +623,7 @@ cdef class Rules:
                 seen[i] = -1
             for i in range(n):
                 for a in _field(<object>PyList_GET_ITEM(nodes, i), F_AUTH_IDS):
-                    found = PyDict_GetItem(index, a)
+                    found = PyDict_GetItemWithError(index, a)
                     if found == NULL or a not in full:
                         continue
                     j = <object>found
@@ -659,7 +659,7 @@ cdef class Rules:
             free(children)
 
     cdef object _power_levels_parent(self, event_id, events, dict memo, fetch):
-        cdef PyObject* kept = PyDict_GetItem(memo, event_id)
+        cdef PyObject* kept = PyDict_GetItemWithError(memo, event_id)
         if kept != NULL:
             return <object>kept
         found = None
@@ -696,7 +696,7 @@ cdef class Rules:
         for i in range(n):
             position[mainline[n - 1 - i]] = i + 1
         for eid in event_ids:
-            at = PyDict_GetItem(position, eid)
+            at = PyDict_GetItemWithError(position, eid)
             if at != NULL:
                 found = <object>at
             else:
@@ -704,7 +704,7 @@ cdef class Rules:
                 found = 0
                 current = eid
                 while current is not None:
-                    at = PyDict_GetItem(position, current)
+                    at = PyDict_GetItemWithError(position, current)
                     if at != NULL:
                         found = <object>at
                         break
@@ -722,13 +722,15 @@ cdef class Rules:
         cdef PyObject* found
         for eid in order:
             event = events[eid]
+            if _field(event, F_STATE_KEY) is None or eid in rejected:
+                continue
             if _field(event, F_TYPE) == _CREATE and _field(event, F_STATE_KEY) == "":
                 if check_create(event):
                     resolved[_field(event, F_KEY)] = eid
                 continue
             state = self._auth_state(event, events, rejected, fetch)
             for key in self._auth_keys(event):
-                found = PyDict_GetItem(resolved, key)
+                found = PyDict_GetItemWithError(resolved, key)
                 if found != NULL:
                     held = <object>found
                 else:

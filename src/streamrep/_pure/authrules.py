@@ -655,8 +655,8 @@ class Rules:
                        hidden: Container[StateKey], rejected: Container[str],
                        check_create: Callable[[Event], bool],
                        fetch: Callable[[str], Event | None] | None = None) -> None:
-        """Apply the state events of *order* to the partial state *resolved* (the
-        iterative auth checks of state resolution v2).
+        """Apply the state events of *order* not *rejected* to the partial state
+        *resolved* (the iterative auth checks of state resolution v2).
 
         Each event is checked against the state its auth events define (those not
         *rejected*; a later one of a key replaces an earlier one) overlaid, for its
@@ -668,6 +668,8 @@ class Rules:
         """
         for eid in order:
             event = events[eid]
+            if event.state_key is None or eid in rejected:
+                continue
             if event.type == _CREATE and event.state_key == "":
                 if check_create(event):
                     resolved[event.key] = eid

@@ -218,11 +218,9 @@ def _iterative_auth_checks(order: Sequence[str], partial: _Partial, ctx: _Contex
     if ctx.rejected_ids is not None:
         rejected = ctx.rejected_ids
     split = partial.split
-    checked = [eid for eid in order if events[eid].state_key is not None
-               and eid not in rejected]
     version = ctx.version
     ctx.rules.check_in_order(
-        checked, events, partial.resolved, split.base if split is not None else None,
+        order, events, partial.resolved, split.base if split is not None else None,
         split.differing if split is not None else frozenset(), rejected,
         lambda event: auth.create_allowed(event, version),  # type: ignore[arg-type]
         None if ctx.shared else ctx.get)
@@ -324,9 +322,16 @@ def resolve_v2(room_id: str, version: RoomVersion, state_sets: Sequence[StateMap
     others = [eid for eid in full if eid not in placed]
     others = mainline_order(others, partial.get(POWER_LEVELS_KEY), ctx)
     _iterative_auth_checks(others, partial, ctx)
-    # The unconflicted state is applied over the result.
-    result = split.unconflicted()
-    for key, event_id in partial.resolved.items():
-        if key in split.differing or key not in split.base:
+    # The unconflicted state is applied over the result: of the resolved events,
+    # those under the differing keys, and under keys no state has.
+    result = dict(split.base)
+    resolved = partial.resolved
+    for key in split.differing:
+        event_id = resolved.pop(key, None)
+        if event_id is None:
+            result.pop(key, None)
+        else:
             result[key] = event_id
+    for key, event_id in resolved.items():
+        result.setdefault(key, event_id)
     return result
