@@ -106,6 +106,27 @@ def test_differing_events_set_by_set(impl_kind: str) -> None:
     assert mod.differing_events([]) == (set(), [])
 
 
+def test_differing_events_over_a_first_set_with_removed_entries(impl_kind: str) -> None:
+    # A dict keeps a removed entry's slot until it is resized: the first set's
+    # flagged entries are found again by their slot, not by their position.
+    mod = core_module("stateset", impl_kind)
+    base = {("m", f"@{n}"): f"${n}" for n in range(40)}
+    for n in range(0, 40, 3):
+        del base[("m", f"@{n}")]
+    base[("t", "")] = "$t"
+    other = dict(base)
+    changed = [k for i, k in enumerate(base) if i % 5 == 1]
+    for k in changed:
+        other[k] = base[k] + "/2"
+    lacked = [k for k in base if k not in changed][-2]  # late: the walk stays aligned
+    del other[lacked]
+    differing = {*changed, lacked}
+    assert mod.differing_events([base, other]) == (
+        differing, [{base[k] for k in differing}, {other[k] for k in changed}])
+    assert mod.differing_events([other, base]) == (
+        differing, [{other[k] for k in changed}, {base[k] for k in differing}])
+
+
 MEMOS: dict[str, Any] = {}
 
 keys = st.sampled_from([("c", ""), ("pl", ""), ("jr", "")] + [("m", f"@u{n}") for n in range(6)])

@@ -123,12 +123,14 @@ cdef void _release(_Differences* d, Py_ssize_t n) noexcept:
 
 
 cdef int _compare(dict base, dict state, Py_ssize_t n_base, unsigned char* flags,
-                  set extra, _Differences* record) except -1:
+                  set extra, _Differences* record, Py_ssize_t* entries) except -1:
     """Flag the first set's positions that *state* maps to another event or lacks, and
     add to *extra* the keys found off the aligned walk that differ. With *record*,
     keep there the other events at the flagged aligned positions and where the
-    alignment ends (positions before it carry the first set's keys, in its order)."""
-    cdef Py_ssize_t pb = 0, ps = 0, i = 0, matched = 0
+    alignment ends (positions before it carry the first set's keys, in its order);
+    with *entries*, the first set's entry (``PyDict_Next``'s cursor) at each flagged
+    position, so that its flagged entries are read again without a walk."""
+    cdef Py_ssize_t pb = 0, ps = 0, i = 0, matched = 0, at
     cdef PyObject* bk_p
     cdef PyObject* bv_p
     cdef PyObject* k_p
@@ -137,11 +139,14 @@ cdef int _compare(dict base, dict state, Py_ssize_t n_base, unsigned char* flags
     while PyDict_Next(state, &ps, &k_p, &v_p):
         if aligned:
             # Pointers first: touching the objects costs a cache miss each.
+            at = pb
             if PyDict_Next(base, &pb, &bk_p, &bv_p) and (
                     bv_p == v_p or bk_p == k_p or _same(<object>bk_p, <object>k_p)):
                 matched += 1
                 if bv_p != v_p and not _same(<object>bv_p, <object>v_p):
                     flags[i] = 1
+                    if entries != NULL:
+                        entries[i] = at
                     if record != NULL:
                         _record(record, i, v_p)
                 i += 1
@@ -161,10 +166,14 @@ cdef int _compare(dict base, dict state, Py_ssize_t n_base, unsigned char* flags
         # Keys of the first set this one lacks.
         pb = 0
         i = 0
+        at = 0
         while PyDict_Next(base, &pb, &bk_p, &bv_p):
             if not flags[i] and <object>bk_p not in state:
                 flags[i] = 1
+                if entries != NULL:
+                    entries[i] = at
             i += 1
+            at = pb
     return 0
 
 
@@ -200,7 +209,7 @@ def split_state_sets(states, numbers, NumberMemo memo=None):
     try:
         for state in sets[1:]:
             if state is not base:
-                _compare(base, state, n_base, flags, extra, NULL)
+                _compare(base, state, n_base, flags, extra, NULL, NULL)
         common = clone(_Q_TEMPLATE, n_base, False)
         if memo is None:
             memo = NumberMemo()
@@ -237,7 +246,8 @@ def differing_events(states):
     pure twin). A set walked aligned with the first is read at the flagged positions
     from what the comparison kept, without a lookup."""
     cdef list sets = [s if type(s) is dict else dict(s) for s in states]
-    cdef Py_ssize_t n_sets = len(sets), n_base, i, j, pb = 0
+    cdef Py_ssize_t n_sets = len(sets), n_base, i, j, pb
+    cdef Py_ssize_t* entries = NULL
     cdef dict base
     cdef set differing = set(), extra = set()
     cdef list per_set
@@ -254,17 +264,18 @@ def differing_events(states):
     flags = _flags(n_base)
     diffs = <_Differences*>calloc(n_sets, sizeof(_Differences))
     try:
-        if diffs == NULL:
+        entries = <Py_ssize_t*>malloc((n_base + 1) * sizeof(Py_ssize_t))
+        if diffs == NULL or entries == NULL:
             raise MemoryError()
         diffs[0].stop = n_base
         for j in range(1, n_sets):
             if sets[j] is base:
                 diffs[j].stop = n_base
             else:
-                _compare(base, sets[j], n_base, flags, extra, &diffs[j])
-        i = 0
-        while PyDict_Next(base, &pb, &bk_p, &bv_p):
-            if flags[i]:
+                _compare(base, sets[j], n_base, flags, extra, &diffs[j], entries)
+        for i in range(n_base):
+            pb = entries[i]
+            if flags[i] and PyDict_Next(base, &pb, &bk_p, &bv_p):
                 differing.add(<object>bk_p)
                 for j in range(n_sets):
                     d = &diffs[j]
@@ -275,7 +286,6 @@ def differing_events(states):
                         d.cursor += 1
                     else:
                         (<set>per_set[j]).add(<object>bv_p)
-            i += 1
         for key in extra:
             for j in range(n_sets):
                 _add_held(per_set[j], sets[j], key)
@@ -283,6 +293,7 @@ def differing_events(states):
         return differing, per_set
     finally:
         free(flags)
+        free(entries)
         _release(diffs, n_sets)
 
 
