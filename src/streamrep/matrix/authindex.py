@@ -130,14 +130,13 @@ class AuthIndex:
         """Forget the numbers :meth:`split_state_sets` kept from its last first state."""
         self._memo = self._stateset.NumberMemo()
 
-    def split_state_sets(self, state_sets: Sequence[Mapping[K, str]],
-                         number_common: bool = True) -> tuple[set[K], array[int]]:
+    def split_state_sets(self, state_sets: Sequence[Mapping[K, str]]
+                         ) -> tuple[set[K], array[int]]:
         """The keys *state_sets* disagree on (some maps them to another event than
         the first, or lacks them), and the numbers of the other keys' events (the
-        unconflicted state), for :meth:`auth_chain_difference`; with
-        *number_common* False, no numbers (an empty array)."""
+        unconflicted state), for :meth:`auth_chain_difference`."""
         differing, common, unknown = self._stateset.split_state_sets(
-            state_sets, self._numbers if number_common else None, self._memo)
+            state_sets, self._numbers, self._memo)
         if unknown:
             common.extend(self._number(e) for e in unknown)
         return differing, common
