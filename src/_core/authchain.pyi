@@ -1,14 +1,13 @@
 """Typed API of streamrep._core.authchain (same as streamrep._pure.authchain)."""
 
 from array import array
-from typing import Callable, Container, Iterable, Mapping, Sequence
+from typing import Any, Callable, Container, Iterable, Mapping, Sequence
 
 __all__ = ["AuthGraph", "HeldBy"]
 
 class HeldBy:
-    def __init__(self, ids: Sequence[object], keys: Sequence[object],
-                 state: Mapping[object, object], hidden: Container[object],
-                 otherwise: Callable[[object], object]) -> None: ...
+    def __init__(self, ids: Sequence[Any], keys: Sequence[Any], state: Mapping[Any, Any],
+                 hidden: Container[Any], otherwise: Callable[[Any], object]) -> None: ...
     def __call__(self, node: int) -> bool: ...
 
 class AuthGraph:

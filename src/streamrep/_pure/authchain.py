@@ -23,7 +23,7 @@ events. Same API and results as :mod:`streamrep._core.authchain`.
 from __future__ import annotations
 
 from array import array
-from typing import Callable, Container, Iterable, Mapping, Sequence
+from typing import Any, Callable, Container, Iterable, Mapping, Sequence
 
 __all__ = ["AuthGraph", "HeldBy"]
 
@@ -43,9 +43,8 @@ class HeldBy:
     ``keys[node]`` its state key (None for an event that is not state, or not known);
     an event without a key, or numbered past *keys*, is asked of *otherwise* by ID."""
 
-    def __init__(self, ids: Sequence[object], keys: Sequence[object],
-                 state: Mapping[object, object], hidden: Container[object],
-                 otherwise: Callable[[object], object]) -> None:
+    def __init__(self, ids: Sequence[Any], keys: Sequence[Any], state: Mapping[Any, Any],
+                 hidden: Container[Any], otherwise: Callable[[Any], object]) -> None:
         self._ids = ids
         self._keys = keys
         self._state = state

@@ -63,12 +63,14 @@ class _Split:
         self.base = first
         self.state_sets = state_sets
         self.common: set[str] = set()
+        #: The differing keys, and per state its events under them.
+        self.differing: set[StateKey]
+        self.per_set: list[set[str]]
         if found is not None:
             self.differing, self.per_set = found
             return
         self.differing = self._differing(state_sets, key_of)
-        #: Per state, its events under the differing keys.
-        self.per_set: list[set[str]] = [
+        self.per_set = [
             {event_id for event_id in map(state.get, self.differing) if event_id is not None}
             for state in state_sets]
 
