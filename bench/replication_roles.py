@@ -12,7 +12,8 @@ RATE -1: persists them all flat out first, then announces them all at once (a
 writer coming back with a backlog), so that the workers time the relay alone.
 
 With ``redis://HOST:PORT`` in place of ``HOST:PORT`` both replicate through Redis
-pub/sub (channel ``bench.example``) instead of the hub.
+pub/sub (channel ``bench.example``) instead of the hub, with up to
+``STREAMREP_BENCH_REDIS_LINES`` (default 1) of the writer's lines a message.
 """
 
 from __future__ import annotations
@@ -47,7 +48,11 @@ def _link(connect: str, name: str, **roles: Any) -> Any:
     from streamrep.replication import LinkSettings, open_link
 
     if connect.startswith("redis://"):
-        return open_link(LinkSettings(name, SERVER_NAME, redis_url=connect), **roles)
+        import os
+
+        lines = int(os.environ.get("STREAMREP_BENCH_REDIS_LINES", "1"))
+        return open_link(LinkSettings(name, SERVER_NAME, redis_url=connect, redis_lines_per_message=lines),
+                         **roles)
     host, port = connect.rsplit(":", 1)
     return open_link(LinkSettings(name, SERVER_NAME, hub=(host, int(port)), security=_security()), **roles)
 

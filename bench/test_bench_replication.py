@@ -17,7 +17,9 @@ of the run uses the same one), and once more with the compiled core over TLS
 process checking it), and once more with the compiled core through Redis pub/sub
 instead of the hub (``transport=redis``: a ``redis-server`` of the run's own in the
 hub's place, its pub/sub output-buffer limit lifted as the hub's queue bound is
-raised; the ``hub_*`` CPU figures are then Redis's own),
+raised; the ``hub_*`` CPU figures are then Redis's own; ``transport=redis-packed``:
+the same with up to 100 of the writer's lines a Redis message, the format only
+streamrep reads),
 ``STREAMREP_BENCH_ROUNDS`` times (default 3); the
 figures of the median round are in ``extra_info`` and printed, with every round's
 rate and p99.
@@ -83,7 +85,9 @@ def _run(tmp: str, impl_kind: str, facts: int, rows_per_fact: int, rate: float,
         env["STREAMREP_BENCH_TLS_CA"] = certs.ca
     db = f"sqlite:///{tmp}/bench.db"
     port = _free_port()
-    connect = f"redis://127.0.0.1:{port}" if transport == "redis" else f"127.0.0.1:{port}"
+    through_redis = transport.startswith("redis")
+    connect = f"redis://127.0.0.1:{port}" if through_redis else f"127.0.0.1:{port}"
+    env["STREAMREP_BENCH_REDIS_LINES"] = str(PACKED_LINES if transport == "redis-packed" else 1)
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
 
@@ -96,7 +100,7 @@ def _run(tmp: str, impl_kind: str, facts: int, rows_per_fact: int, rate: float,
         return proc
 
     try:
-        if transport == "redis":
+        if through_redis:
             start([_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                    "--appendonly", "no", "--client-output-buffer-limit", "pubsub 0 0 0"], cwd=tmp,
                   stdout=subprocess.DEVNULL)
@@ -209,8 +213,10 @@ def _rounds(benchmark: Any, tmp_path: Any, impl_kind: str, **params: Any) -> dic
 
 
 #: Plain TCP, and TLS on the replication port (compiled core only: what TLS costs
-#: is the same whichever core decodes).
-TRANSPORTS = ["plain", "tls", "redis"]
+#: is the same whichever core decodes); Redis in the reference's format (a line a
+#: message), and with up to PACKED_LINES of a writer's lines a message.
+TRANSPORTS = ["plain", "tls", "redis", "redis-packed"]
+PACKED_LINES = 100
 
 
 def _redis_server() -> str:
@@ -227,7 +233,7 @@ def _transport(impl_kind: str, transport: str) -> None:
         if impl_kind == "pure":
             pytest.skip("TLS is measured with the compiled core")
         pytest.importorskip("cryptography")
-    if transport == "redis":
+    if transport.startswith("redis"):
         if impl_kind == "pure":
             pytest.skip("Redis is measured with the compiled core")
         _redis_server()

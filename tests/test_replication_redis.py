@@ -23,7 +23,7 @@ from streamrep.cli.config import check_config
 from streamrep.cli.exits import ExitCode
 from streamrep.config import load_config, redis_url_for_display
 from streamrep.errors import ConfigError
-from streamrep.replication.transport.redis_format import EchoFilter, channel_for, channels
+from streamrep.replication.transport.redis_format import EchoFilter, channel_for, channels, pack_lines
 from support.processes import reap_processes, streamrep_process
 from support.redis_server import (deployment_database, own_redis_server, shared_redis_url, unique_server_name,
                                   wait_subscribed)
@@ -68,6 +68,16 @@ def test_publish_commands_are_encoded_as_redis_encodes_them() -> None:
     messages = [b'RDATA caches w1 1 ["k",["\xc3\xa9"],1]', b"", b"POSITION caches w1 1 1"]
     assert encode_publish("example.com", messages) == b"".join(
         hiredis.pack_command(("PUBLISH", "example.com", m)) for m in messages)
+
+
+def test_lines_are_packed_up_to_the_limit_in_order() -> None:
+    lines = [b"RDATA to_device w1 %d [%d]" % (i, i) for i in range(1, 8)]
+    assert pack_lines(lines, 1) == lines  # the reference's format: a line a message
+    assert pack_lines(lines[:1], 3) == lines[:1]
+    assert pack_lines([], 3) == []
+    packed = pack_lines(lines, 3)
+    assert [m.count(b"\n") + 1 for m in packed] == [3, 3, 1]
+    assert b"\n".join(packed).split(b"\n") == lines
 
 
 def _decode(text: str) -> list[Any]:
@@ -127,6 +137,32 @@ def test_config_refuses_bad_redis_settings(tmp_path: pathlib.Path, text: str, ex
         load_config(_config_file(tmp_path, text), streams=known_streams())
     assert expected in str(info.value)
     assert "secret" not in str(info.value)
+
+
+def test_config_reads_lines_per_message(tmp_path: pathlib.Path) -> None:
+    text = "replication:\n  redis:\n    url: redis://127.0.0.1:6379\n"
+    config = load_config(_config_file(tmp_path, text), streams=known_streams())
+    assert config.redis is not None and config.redis.lines_per_message == 1
+    config = load_config(_config_file(tmp_path, text + "    lines_per_message: 100\n"), streams=known_streams())
+    assert config.redis is not None and config.redis.lines_per_message == 100
+    result = CliRunner().invoke(check_config, [_config_file(tmp_path, text + "    lines_per_message: 100\n"),
+                                               "--no-port-check"])
+    assert result.exit_code == 0, result.output
+    assert "up to 100 RDATA lines per Redis message, which reference processes cannot read" in result.output
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("0", "expected a whole number greater than 0, got 0"),
+    ("1.5", "expected a whole number greater than 0, got 1.5"),
+    ("many", "expected a whole number greater than 0, got 'many'"),
+    ("5000", "5000 is more than 1000"),
+])
+def test_config_refuses_bad_lines_per_message(tmp_path: pathlib.Path, value: str, expected: str) -> None:
+    text = f"replication:\n  redis:\n    url: redis://127.0.0.1:6379\n    lines_per_message: {value}\n"
+    with pytest.raises(ConfigError) as info:
+        load_config(_config_file(tmp_path, text), streams=known_streams())
+    assert "replication.redis.lines_per_message" in str(info.value)
+    assert expected in str(info.value)
 
 
 def test_check_config_names_redis_without_its_password(tmp_path: pathlib.Path) -> None:
@@ -213,6 +249,53 @@ def test_write_and_tail_through_redis(tmp_path: pathlib.Path) -> None:
     assert _finish(writer, 60, "write") == 0, (tmp_path / "write.err").read_text()
     assert _finish(tail, 60, "tail") == 0, (tmp_path / "tail.err").read_text()
     _assert_exactly_once(tmp_path / "tail.out", "caches", "w1", 200)
+
+
+def _rows_printed(path: pathlib.Path) -> Counter[tuple[str, str, int]]:
+    """Rows tail printed, by fact."""
+    return Counter((item["stream"], item["instance"], item["token"])
+                   for item in map(orjson.loads, path.read_bytes().splitlines()))
+
+
+@pytest.mark.parametrize("with_database", [True, False])
+def test_packed_messages_carry_every_row_exactly_once(tmp_path: pathlib.Path, with_database: bool) -> None:
+    """A writer packing up to 7 lines a message (facts of 20 rows: messages of 7, 7
+    and 6 lines): a reader with a database and one trusting what it hears get every
+    row of every fact once; what Redis carried is looked at by a plain subscriber."""
+    import redis
+
+    url = shared_redis_url()
+    server = unique_server_name("pack")
+    db = f"sqlite:///{tmp_path}/s.db"
+    config = tmp_path / "streamrep.yaml"
+    config.write_text(f"server_name: {server}\ndatabase: {db}\n"
+                      f"replication:\n  redis:\n    url: {url}\n    lines_per_message: 7\n")
+    watcher = redis.Redis.from_url(url).pubsub(ignore_subscribe_messages=True)
+    watcher.subscribe(server)
+    tail = _tail(url, server, db if with_database else None, 30, tmp_path / "tail.out")
+    wait_subscribed(url, server, 2, logs=[tmp_path / "tail.err"])
+    writer = _streamrep(tmp_path / "write.err", "write", "--config", str(config), "--instance-name", "main",
+                        "--stream", "to_device", "--rows-per-fact", "20", "--count", "30", "--rate", "300",
+                        out=tmp_path / "write.out")
+    assert _finish(writer, 60, "write") == 0, (tmp_path / "write.err").read_text()
+    assert _finish(tail, 60, "tail") == 0, (tmp_path / "tail.err").read_text()
+    rows = _rows_printed(tmp_path / "tail.out")
+    assert rows == Counter({("to_device", "main", token): 20 for token in range(1, 31)})
+    sizes = []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        message = watcher.get_message(timeout=0.5)
+        if message is None:
+            if sum(sizes) >= 30 * 20:
+                break
+            continue
+        lines = message["data"].split(b"\n")
+        if lines[0].startswith(b"RDATA "):
+            assert all(line.startswith(b"RDATA to_device main ") for line in lines)
+            sizes.append(len(lines))
+    watcher.close()
+    assert sum(sizes) == 30 * 20
+    assert max(sizes) == 7 and Counter(sizes)[7] >= 2 * 30
 
 
 def _write_and_tail(tmp_path: pathlib.Path, url: str) -> None:

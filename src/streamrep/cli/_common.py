@@ -69,6 +69,8 @@ class PeerSettings:
     connection: ConnectionSettings = field(default_factory=ConnectionSettings)
     #: replicate through this Redis server instead of the hub
     redis_url: str | None = None
+    #: a writer's RDATA lines per Redis message (``replication.redis.lines_per_message``)
+    redis_lines_per_message: int = 1
     #: seconds a writer's lease lives without renewal
     writer_lease_ttl: float = 30.0
     #: a reference deployment followed through its homeserver.yaml (--synapse-config)
@@ -80,7 +82,8 @@ class PeerSettings:
         if self.synapse is not None:
             return LinkSettings.from_synapse(self.synapse, name, self.connection)
         if self.redis_url is not None:
-            return LinkSettings(name, self.server_name, redis_url=self.redis_url, connection=self.connection)
+            return LinkSettings(name, self.server_name, redis_url=self.redis_url, connection=self.connection,
+                                redis_lines_per_message=self.redis_lines_per_message)
         return LinkSettings(name, self.server_name, hub=(self.host, self.port), connection=self.connection,
                             security=security)
 
@@ -165,6 +168,7 @@ def peer_settings(config_path: str | None, connect: str | None, db: str | None,
         default_writer=config.instance_name,
         connection=ConnectionSettings.from_config(config),
         redis_url=config.redis.url if config.redis is not None else None,
+        redis_lines_per_message=config.redis.lines_per_message if config.redis is not None else 1,
         writer_lease_ttl=config.writer_lease_ttl,
     )
 

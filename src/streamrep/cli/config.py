@@ -72,5 +72,8 @@ def check_config(path: str, instance: str | None, no_port_check: bool) -> None:
 
         click.echo(f"  replication through Redis at {redis_url_for_display(config.redis.url)}, "
                    f"channel {config.server_name}")
+        if config.redis.lines_per_message > 1:
+            click.echo(f"  note: up to {config.redis.lines_per_message} RDATA lines per Redis message, "
+                       f"which reference processes cannot read: keep them off channel {config.server_name}")
     for stream in sorted(config.stream_writers):
         click.echo(f"  {stream}: written by {', '.join(config.stream_writers[stream])}")

@@ -116,6 +116,10 @@ class RedisConfig:
     #: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://...`` (TLS) or
     #: ``unix:///path/to/redis.sock``
     url: str
+    #: Up to this many of a writer's ``RDATA`` lines in one Redis message. 1 is the
+    #: format every reference process reads; more is read only by streamrep, so it
+    #: is for channels no reference process is on (see docs/replication.md).
+    lines_per_message: int = 1
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,9 @@ _TOP_KEYS = (
     "writer_lease_ttl", "verify_event_ids",
 )
 _REPLICATION_KEYS = ("redis", "synapse_config")
-_REDIS_KEYS = ("url",)
+_REDIS_KEYS = ("url", "lines_per_message")
+#: The most lines a Redis message may carry (a reader holds a whole message).
+MAX_LINES_PER_MESSAGE = 1000
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
 _INSTANCE_KEYS = ("host", "port", "metrics_listen", "tls_cert", "tls_key")
 _TLS_KEYS = ("cert", "key", "ca", "require_client_cert", "server_hostname")
@@ -355,7 +357,12 @@ def _redis(data: Mapping[str, Any], problems: Problems) -> RedisConfig | None:
         problems.add("replication.redis.url", f"{shown!r} names no host", fix)
     elif port == 0:
         problems.add("replication.redis.url", f"{shown!r} has port 0", fix)
-    return RedisConfig(url=url)
+    lines = number(raw.get("lines_per_message", 1), "replication.redis.lines_per_message", problems, int, 0, 1)
+    if lines > MAX_LINES_PER_MESSAGE:
+        problems.add("replication.redis.lines_per_message", f"{lines} is more than {MAX_LINES_PER_MESSAGE}",
+                     f"set it to at most {MAX_LINES_PER_MESSAGE} (100 passes a batch at nearly full speed)")
+        lines = 1
+    return RedisConfig(url=url, lines_per_message=lines)
 
 
 def _synapse(data: Mapping[str, Any], redis: RedisConfig | None, problems: Problems) -> SynapseConfig | None:

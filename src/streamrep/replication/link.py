@@ -75,12 +75,17 @@ class LinkSettings:
     connect_timeout: float = 5.0
     #: Redis only: also subscribe to ``<server_name>/USER_IP``
     user_ip: bool = False
+    #: Redis only: up to this many of a writer's ``RDATA`` lines per message (1: the
+    #: reference's format; more is read by streamrep alone)
+    redis_lines_per_message: int = 1
 
     def __post_init__(self) -> None:
         if (self.hub is None) == (self.redis_url is None):
             raise ValueError("a link goes to a hub or to Redis: give exactly one of hub and redis_url")
         if self.redis_url is not None and not self.server_name:
             raise ValueError("a Redis link needs server_name (the deployment's channel)")
+        if self.redis_lines_per_message < 1:
+            raise ValueError("redis_lines_per_message must be at least 1")
 
     @classmethod
     def from_config(cls, config: Config, name: str, security: PeerSecurity | None = None) -> LinkSettings:
@@ -91,7 +96,8 @@ class LinkSettings:
         if config.synapse is not None:
             return cls.from_synapse(config.synapse, name, connection)
         if config.redis is not None:
-            return cls(name, config.server_name, redis_url=config.redis.url, connection=connection)
+            return cls(name, config.server_name, redis_url=config.redis.url, connection=connection,
+                       redis_lines_per_message=config.redis.lines_per_message)
         if security is None:
             from streamrep.replication.security import PeerSecurity
 

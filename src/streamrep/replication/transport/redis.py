@@ -7,9 +7,10 @@ There is no hub: every process connects to one Redis server and
 * once the subscription is confirmed publishes ``REPLICATE``, then a ``POSITION``
   for every stream it writes (its peers cannot see that it reconnected), and
   answers every ``REPLICATE`` it hears with those positions;
-* publishes each fact it commits as ``RDATA`` lines, one message per line; Redis's
-  answer to each ``PUBLISH`` is what :meth:`RedisLink.confirmed` and
-  :meth:`RedisLink.flush` go by;
+* publishes each fact it commits as ``RDATA`` lines, one message per line (or up to
+  ``settings.redis_lines_per_message`` lines per message, which only streamrep reads,
+  see :mod:`.redis_format`); Redis's answer to each ``PUBLISH`` is what
+  :meth:`RedisLink.confirmed` and :meth:`RedisLink.flush` go by;
 * hands the facts of other writers to its handler exactly once, in order per
   writer (:class:`~streamrep.replication.protocol.BusSession`): with a database,
   every ``RDATA`` and ``POSITION`` is only a notification, checked against what
@@ -54,7 +55,7 @@ from streamrep.replication.sources import StreamSource
 from streamrep.replication.transport.redis_connection import (
     Publisher, RedisRefused, Subscription, SubscriptionLost, encode_publish,
 )
-from streamrep.replication.transport.redis_format import EchoFilter, channel_for, channels
+from streamrep.replication.transport.redis_format import EchoFilter, channel_for, channels, pack_lines
 
 __all__ = ["RedisLink", "RedisUnavailableError", "describe_url", "open_link"]
 
@@ -129,10 +130,12 @@ class RedisLink(LinkBase):
         self._bad_lines_logged: set[str] = set()
         self._fillable: frozenset[str] = (frozenset(self.source.stream_names()) if self.source is not None
                                           else frozenset())
-        #: PUBLISH commands encoded for Redis, how many they are, and the writer
-        #: positions they carry
+        self._lines_per_message = settings.redis_lines_per_message
+        #: PUBLISH commands encoded for Redis, how many lines and how many commands
+        #: they are, and the writer positions they carry
         self._outbox: list[bytes] = []
         self._queued = 0
+        self._outbox_publishes = 0
         self._outbox_tokens: _Tokens = {}
         #: (commands sent on the publisher when a batch went out, its positions)
         self._in_flight: deque[tuple[int, _Tokens]] = deque()
@@ -234,7 +237,7 @@ class RedisLink(LinkBase):
         self._echoes.clear()
         # Whatever was queued for the old subscription is announced again from the
         # confirmed positions (the writer's restart positions) below.
-        self._outbox, self._queued, self._outbox_tokens = [], 0, {}
+        self._drop_outbox()
         self._in_flight.clear()
         self._read_only = False
         self._subscribed = True
@@ -392,23 +395,25 @@ class RedisLink(LinkBase):
 
     def _publish(self, data: bytes, named_by_writer: bool = False, tokens: _Tokens | None = None) -> bool:
         """Queue encoded command lines, one message each. *named_by_writer*: they
-        are all ``RDATA``/``POSITION`` (no echo to remember, one channel). *tokens*:
-        the writer positions Redis's answers to them confirm."""
+        are all ``RDATA``/``POSITION`` (no echo to remember, one channel), packed
+        up to ``redis_lines_per_message`` lines a message. *tokens*: the writer
+        positions Redis's answers to them confirm."""
         if not self._subscribed or self._read_only:
             return False
-        messages = data.split(b"\n")
-        messages.pop()  # after the last newline
+        lines = data.split(b"\n")
+        lines.pop()  # after the last newline
         channel = self.server_name
         if named_by_writer:
-            return self._queue(encode_publish(channel, messages), len(messages), tokens)
+            messages = pack_lines(lines, self._lines_per_message)
+            return self._queue(encode_publish(channel, messages), len(lines), len(messages), tokens)
         chunks = []
-        for message in messages:
+        for message in lines:
             target = channel
             if not message.startswith(_NAMED_BY_WRITER):
                 self._echoes.published(message)
                 target = channel_for(message.partition(b" ")[0].decode(), channel)
             chunks.append(encode_publish(target, [message]))
-        return self._queue(b"".join(chunks), len(messages), tokens)
+        return self._queue(b"".join(chunks), len(lines), len(lines), tokens)
 
     def send(self, command: Any) -> bool:
         """Publish any command now if subscribed; False otherwise."""
@@ -441,7 +446,11 @@ class RedisLink(LinkBase):
         self._noted(stream, instance, new_token)
         return True
 
-    def _queue(self, data: bytes, count: int, tokens: _Tokens | None) -> bool:
+    def _drop_outbox(self) -> None:
+        self._outbox, self._queued, self._outbox_publishes, self._outbox_tokens = [], 0, 0, {}
+
+    def _queue(self, data: bytes, count: int, publishes: int, tokens: _Tokens | None) -> bool:
+        """Queue *data*, *publishes* ``PUBLISH`` commands carrying *count* lines."""
         max_queued = self.settings.connection.max_queued_commands
         limit = max_queued - count
         generation = self.connections_made
@@ -458,10 +467,11 @@ class RedisLink(LinkBase):
             if self._queued > limit:
                 if self._lost is None:
                     self._lost = f"more than {max_queued} commands waiting to be published"
-                self._outbox, self._queued, self._outbox_tokens = [], 0, {}
+                self._drop_outbox()
                 return False
         self._outbox.append(data)
         self._queued += count
+        self._outbox_publishes += publishes
         if tokens:
             pending = self._outbox_tokens
             for key, token in tokens.items():
@@ -488,10 +498,10 @@ class RedisLink(LinkBase):
                         publisher.ping()
                         last_sent = time.monotonic()
                     continue
-                count, tokens = self._queued, self._outbox_tokens
-                self._outbox, self._queued, self._outbox_tokens = [], 0, {}
+                publishes, tokens = self._outbox_publishes, self._outbox_tokens
+                self._drop_outbox()
                 self._publishing = True
-                publisher.send(b"".join(batch), count)
+                publisher.send(b"".join(batch), publishes)
                 if tokens:
                     self._in_flight.append((publisher.sent, tokens))
                 self._publishing = False
@@ -545,7 +555,7 @@ class RedisLink(LinkBase):
                 logger.warning("Redis refused this process's PUBLISH (%s): following without asking the "
                                "writers for their positions; without a database, facts published while "
                                "this process was not subscribed cannot be noticed", refusal)
-            self._outbox, self._queued, self._outbox_tokens = [], 0, {}
+            self._drop_outbox()
             return
         if refusal.startswith("NOPERM"):
             self._refusal = (f"Redis refused to publish {self.instance_name}'s facts: {refusal}; grant "

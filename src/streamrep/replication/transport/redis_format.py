@@ -7,6 +7,13 @@ The format every reference deployment shares:
   and is read only by the processes that subscribe to it;
 * each message is one command line, ``NAME args``, UTF-8, without a newline.
 
+A streamrep writer may pack up to ``lines_per_message`` of its ``RDATA`` lines into
+one message, separated by newlines (:func:`pack_lines`): one ``PUBLISH`` then carries
+a hundred rows, which spares Redis and every reader most of their cost per line.
+Every streamrep process reads such messages line by line, whichever format its
+peers publish in; a reference process would fail to parse one, so packed messages
+belong on channels that no reference process follows.
+
 Redis hands every publisher its own messages back on its subscription.
 ``RDATA`` and ``POSITION`` name the writer and are recognised by that name;
 :class:`EchoFilter` recognises the rest (``REPLICATE``, ``USER_SYNC``, ...):
@@ -19,7 +26,7 @@ from __future__ import annotations
 
 from collections import deque
 
-__all__ = ["USER_IP_SUFFIX", "channels", "channel_for", "EchoFilter"]
+__all__ = ["USER_IP_SUFFIX", "channels", "channel_for", "pack_lines", "EchoFilter"]
 
 #: The channel suffix of ``USER_IP`` commands.
 USER_IP_SUFFIX = "/USER_IP"
@@ -33,6 +40,13 @@ def channels(server_name: str, user_ip: bool = False) -> list[str]:
 def channel_for(command_name: str, server_name: str) -> str:
     """The channel a command named *command_name* is published on."""
     return server_name + USER_IP_SUFFIX if command_name == "USER_IP" else server_name
+
+
+def pack_lines(lines: list[bytes], per_message: int) -> list[bytes]:
+    """*lines* (without newlines) as messages of up to *per_message* lines each."""
+    if per_message <= 1 or len(lines) <= 1:
+        return lines
+    return [b"\n".join(lines[start:start + per_message]) for start in range(0, len(lines), per_message)]
 
 
 class EchoFilter:
