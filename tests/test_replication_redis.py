@@ -362,17 +362,30 @@ def test_tail_without_a_database_says_once_that_it_cannot_fill_a_gap(tmp_path: p
     assert tokens and tokens[0] > 20 and tokens == list(range(tokens[0], 41))
 
 
-def test_every_fact_exactly_once_through_a_redis_crash(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("lines_per_message", [1, 7])
+def test_every_fact_exactly_once_through_a_redis_crash(tmp_path: pathlib.Path, lines_per_message: int) -> None:
     """Redis killed with SIGKILL mid-stream and started again (empty): the writer
-    keeps persisting, both readers resubscribe and fill the gap from the database."""
+    keeps persisting, both readers resubscribe and fill the gap from the database;
+    in the reference's format and with the writer packing facts of 10 rows 7 lines
+    to a message."""
     redis_server = own_redis_server()
     try:
         url, server, count = redis_server.url, unique_server_name("crash"), 600
         db = f"sqlite:///{tmp_path}/s.db"
         tails = [_tail(url, server, db, count, tmp_path / f"tail{i}.out") for i in (1, 2)]
         wait_subscribed(url, server, 2, logs=[tmp_path / "tail1.err", tmp_path / "tail2.err"])
-        writer = _write(url, server, db, "w1", count, tmp_path / "write.err",
-                        "--stream", "caches", "--rate", "300")
+        if lines_per_message == 1:
+            writer = _write(url, server, db, "w1", count, tmp_path / "write.err",
+                            "--stream", "caches", "--rate", "300")
+            stream, instance = "caches", "w1"
+        else:
+            config = tmp_path / "streamrep.yaml"
+            config.write_text(f"server_name: {server}\ndatabase: {db}\nreplication:\n  redis:\n"
+                              f"    url: {url}\n    lines_per_message: {lines_per_message}\n")
+            writer = _streamrep(tmp_path / "write.err", "write", "--config", str(config), "--instance-name",
+                                "main", "--stream", "to_device", "--rows-per-fact", "10", "--count", str(count),
+                                "--rate", "300", out=tmp_path / "write.out")
+            stream, instance = "to_device", "main"
         time.sleep(0.8)
         redis_server.kill()
         time.sleep(0.8)
@@ -381,7 +394,9 @@ def test_every_fact_exactly_once_through_a_redis_crash(tmp_path: pathlib.Path) -
         for i, tail in enumerate(tails, 1):
             err = tmp_path / f"tail{i}.err"
             assert _finish(tail, 60, f"tail {i}") == 0, err.read_text()
-            _assert_exactly_once(tmp_path / f"tail{i}.out", "caches", "w1", count)
+            _assert_exactly_once(tmp_path / f"tail{i}.out", stream, instance, count)
+            if lines_per_message > 1:
+                assert set(_rows_printed(tmp_path / f"tail{i}.out").values()) == {10}
             assert "reconnecting" in err.read_text()
     finally:
         redis_server.stop()
