@@ -220,6 +220,10 @@ class RedisLink(LinkBase):
             publisher.open()
             self._subscribed_now()
             logger.info("Redis %s: subscribed to %s", where, ", ".join(self.channels))
+            if self._lines_per_message > 1 and self.connections_made == 1:
+                logger.info("publishing up to %d RDATA lines a Redis message, which only streamrep reads: "
+                            "no reference process may follow channel %s (replication.redis.lines_per_message)",
+                            self._lines_per_message, self.server_name)
             writer = gevent.spawn(self._publish_loop, publisher)
             self._read_loop(subscription)
         finally:
