@@ -231,3 +231,17 @@ def test_random_100_in_flight_percall_reference(benchmark: Any) -> None:
         return run
 
     _run(benchmark, make, rounds=3)
+
+
+def test_random_100_in_flight_percall_loop_alone(benchmark: Any) -> None:
+    """The per-call rows' loop with a builtin that does nothing useful (``abs``) in
+    place of ``complete`` and ``track``: what every per-call row pays besides its
+    own calls."""
+    order = _window_order()
+    benchmark.group = "tracker-random100-percall"
+    benchmark.name = "test_random_100_in_flight_percall[loop alone]"
+
+    def make() -> Callable[[], None]:
+        return lambda: _window_loop(order, abs, abs)
+
+    _run(benchmark, make)
