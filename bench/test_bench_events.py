@@ -18,7 +18,8 @@
   ``test_persist_*_pairing_control``: the same pairing with both stores ``off``,
   the ratios' spread when the two halves do the same work;
   ``test_persist_sqlite_growing_room``: the same over 100,000 events with the
-  room rules, as the room grows to 5,000 members.
+  room rules, as the room grows to 5,000 members, with IDs counting up and with
+  reference hashes.
 * ``test_persist_sqlite_statements_alone``: the statements the ``rules-on``
   SQLite benchmark runs, recorded and run again by bare ``sqlite3`` (what SQLite
   alone spends on the same batches), events/s over 8 rounds.
@@ -352,14 +353,18 @@ def test_persist_postgres_pairing_control(benchmark: Any, use_impl: str) -> None
     _postgres_pairs(benchmark, use_impl, "off")
 
 
-def test_persist_sqlite_growing_room(benchmark: Any, use_impl: str, sqlite_url: str) -> None:
+@pytest.mark.parametrize("ids", ["counting", "hashes"])
+def test_persist_sqlite_growing_room(benchmark: Any, use_impl: str, sqlite_url: str,
+                                     ids: str) -> None:
     """100,000 events into one room (a join every 20 events: 5,000 members at the
     end), in batches of 100: the rate over the whole run and per 10,000 events, to
-    show how persisting keeps up as the room's state grows."""
+    show how persisting keeps up as the room's state and the tables grow; with IDs
+    that count up, or with the reference hashes room versions 3 on give (random
+    keys to the B-trees that hold event IDs)."""
     from streamrep import EventStore
 
     store = EventStore(sqlite_url, verify_event_ids="off")
-    source = message_history("!growing:x")
+    source = message_history("!growing:x", hash_ids=ids == "hashes")
     windows = [[[next(source) for _ in range(BATCH)] for _ in range(100)] for _ in range(10)]
     rates: list[int] = []
 
@@ -373,7 +378,7 @@ def test_persist_sqlite_growing_room(benchmark: Any, use_impl: str, sqlite_url: 
     try:
         benchmark.pedantic(run, rounds=1, iterations=1)
         benchmark.extra_info["events_per_s_each_10k"] = rates
-        _report(benchmark, "events_per_s", 100_000, use_impl)
+        _report(benchmark, "events_per_s", 100_000, f"{use_impl}, IDs {ids}")
         print(f"{benchmark.name}: per 10,000 events {rates}")
     finally:
         store.close()
