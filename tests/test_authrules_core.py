@@ -163,3 +163,23 @@ def test_events_of_any_class_are_read_alike(impl_kind: str) -> None:
                     continue
                 assert checker.auth_types(plain[eid]) == checker.auth_types(event)
                 assert checker.check(plain[eid], plain_state) == checker.check(event, state)
+
+
+def test_prefetching_events_changes_nothing(impl_kind: str) -> None:
+    core = core_module("authrules", impl_kind)
+    case = forked_room("12", 3, forks=3, per_fork=6)
+    events, id_of, rejected = room_events(case)
+    before = {eid: {name: getattr(e, name) for name in MatrixEvent.__slots__}
+              for eid, e in events.items()}
+    order = sorted(events)
+    checker = rules(impl_kind, "12")
+    levels = checker.sender_levels(order, events, {})
+    plain = {eid: _PlainEvent(e) for eid, e in events.items()}
+    # IDs held and not, any mapping, events of any class, nothing at all.
+    for held, ids in [(events, [*order, "$not-held", "$also-not"]), (events, iter(order)),
+                      (plain, order), (dict(plain), set(order)), (events, ()), ({}, order)]:
+        assert core.prefetch_events(held, ids) is None
+    assert {eid: {name: getattr(e, name) for name in MatrixEvent.__slots__}
+            for eid, e in events.items()} == before
+    assert sorted(events) == order
+    assert checker.sender_levels(order, events, {}) == levels

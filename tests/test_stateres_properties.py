@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import re
 from typing import Any
 
 import pytest
@@ -94,6 +96,25 @@ def test_events_of_another_room_are_refused() -> None:
     assert len({frozenset(s.items()) for s in sets}) > 1, "the room must have a conflict to resolve"
     with pytest.raises(StateResolutionError, match="belongs to room"):
         resolve_state("!elsewhere:example.org", room_version("10"), sets, source)
+
+
+def test_a_source_of_two_rooms_resolves_each_and_refuses_mixing() -> None:
+    case = forked_room("10", 7, forks=2, per_fork=3)
+    room, source, id_of = build.explicit_source(case)
+    sets = [{(t, k): id_of[n] for t, k, n in s} for s in case["state_sets"]]
+    alone = resolve_state(room, room_version("10"), sets, source)
+    # The same events again under other IDs, in another room, held by the same source.
+    other = "!other:example.org"
+    for event in list(source.events.values()):
+        source.add(dataclasses.replace(event, event_id=event.event_id + "-b", room_id=other))
+    source.clear_derived()
+    assert resolve_state(room, room_version("10"), sets, source) == alone
+    conflicted = next(k for k in sets[0] if sets[0][k] != sets[1].get(k))
+    foreign = sets[1][conflicted] + "-b"
+    mixed = [sets[0], {**sets[1], conflicted: foreign}]
+    with pytest.raises(StateResolutionError,
+                       match=re.escape(f"event {foreign} belongs to room {other}, not {room}")):
+        resolve_state(room, room_version("10"), mixed, source)
 
 
 def test_empty_input_resolves_to_empty_state() -> None:

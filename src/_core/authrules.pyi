@@ -1,9 +1,10 @@
 """Typed API of streamrep._core.authrules (same as streamrep._pure.authrules)."""
 
 from collections.abc import Container, Mapping
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
-__all__ = ["CREATOR_POWER_LEVEL", "Rules", "domain_of", "is_user_id", "parse_level"]
+__all__ = ["CREATOR_POWER_LEVEL", "Rules", "domain_of", "is_user_id", "parse_level",
+           "prefetch_events"]
 
 StateKey = tuple[str, str]
 State = Mapping[StateKey, Any]
@@ -13,6 +14,7 @@ CREATOR_POWER_LEVEL: int
 def domain_of(identifier: str) -> str: ...
 def is_user_id(value: object) -> bool: ...
 def parse_level(value: object, integers_only: bool = False) -> int | None: ...
+def prefetch_events(events: Mapping[str, Any], event_ids: Iterable[str]) -> None: ...
 
 class Rules:
     def __init__(self, version: Any, third_party_ok: Callable[[Any, State], bool]) -> None: ...

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from heapq import heapify, heappop, heappush
 
 from cpython.dict cimport PyDict_GetItemWithError, PyDict_SetItem, PyDict_Copy
-from cpython.list cimport PyList_GET_ITEM
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.tuple cimport PyTuple_CheckExact, PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from cpython.object cimport PyObject
 from libc.stdint cimport int32_t
 from libc.stdlib cimport calloc, free, malloc
@@ -122,6 +123,56 @@ cdef inline object _get(object state, object key):
         found = PyDict_GetItemWithError(<dict>state, key)
         return <object>found if found != NULL else None
     return state.get(key)
+
+
+cdef extern from *:
+    """
+    #define SR_PREFETCH(p) __builtin_prefetch((const void*)(p), 0, 3)
+    """
+    void SR_PREFETCH(const void* p) nogil
+
+
+def prefetch_events(events, event_ids):
+    """Ask the processor to load the events of *events* that *event_ids* names, the
+    objects their fields point at, and their auth events' IDs, ahead of a resolution.
+
+    Only a hint: nothing is read for the caller and nothing changes. A resolution's
+    events are usually out of the caches (other work ran since the last one), and
+    reading them one at a time waits on each miss in turn; here the misses of all
+    of them overlap. Events of a class without slots are left alone."""
+    cdef list held = []
+    cdef PyObject* found
+    cdef PyObject* value
+    cdef Py_ssize_t i, f, k
+    if type(events) is not dict:
+        return
+    for eid in event_ids:
+        found = PyDict_GetItemWithError(<dict>events, eid)
+        if found != NULL:
+            SR_PREFETCH(found)
+            SR_PREFETCH(<char*>found + 64)
+            held.append(<object>found)
+    if not held:
+        return
+    cls = type(held[0])
+    if not (cls is _slotted or (cls not in _not_slotted and _learn(cls))):
+        return
+    for i in range(PyList_GET_SIZE(held)):
+        event = <object>PyList_GET_ITEM(held, i)
+        if type(event) is not _slotted:
+            continue
+        for f in range(N_FIELDS):
+            value = (<PyObject**>((<char*><PyObject*>event) + _offsets[f]))[0]
+            if value != NULL:
+                SR_PREFETCH(value)
+    for i in range(PyList_GET_SIZE(held)):
+        event = <object>PyList_GET_ITEM(held, i)
+        if type(event) is not _slotted:
+            continue
+        value = (<PyObject**>((<char*><PyObject*>event) + _offsets[F_AUTH_IDS]))[0]
+        if value != NULL and PyTuple_CheckExact(<object>value):
+            for k in range(PyTuple_GET_SIZE(<object>value)):
+                SR_PREFETCH(PyTuple_GET_ITEM(<object>value, k))
 
 
 cdef object _level(object value, bint integers_only):

@@ -24,9 +24,10 @@ from __future__ import annotations
 import heapq
 import re
 from collections.abc import Container, Mapping
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
-__all__ = ["CREATOR_POWER_LEVEL", "Rules", "domain_of", "is_user_id", "parse_level"]
+__all__ = ["CREATOR_POWER_LEVEL", "Rules", "domain_of", "is_user_id", "parse_level",
+           "prefetch_events"]
 
 StateKey = tuple[str, str]
 
@@ -136,6 +137,12 @@ def parse_level(value: object, integers_only: bool = False) -> int | None:
     if isinstance(value, str) and len(value) <= _MAX_DIGITS and _INT_STRING.match(value):
         return int(value)
     return None
+
+
+def prefetch_events(events: Mapping[str, Event], event_ids: Iterable[str]) -> None:
+    """Ask the processor to load the events that *event_ids* names, ahead of a
+    resolution that reads them one by one (the compiled core issues the loads).
+    Only a hint, so here it does nothing: Python has no way to give it."""
 
 
 def _third_party_token(event: Event) -> str | None:

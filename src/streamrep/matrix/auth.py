@@ -57,6 +57,9 @@ __all__ = [
 #: The server name of a user, room (versions 1-11) or event (versions 1-2) ID.
 domain_of = _authrules.domain_of
 
+#: Ask the processor to load the events a resolution is about to read (a hint).
+prefetch_events = _authrules.prefetch_events
+
 _RULES: dict[int, tuple[RoomVersion, _authrules.Rules]] = {}
 
 

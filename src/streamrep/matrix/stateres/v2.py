@@ -314,6 +314,9 @@ def resolve_v2(room_id: str, version: RoomVersion, state_sets: Sequence[StateMap
     v21 = version.state_res is StateResAlgorithm.V2_1
     if v21:
         full |= source.conflicted_subgraph(conflicted_ids)
+    if isinstance(source, InMemoryEventSource):
+        # From here on every step reads these events, one at a time.
+        auth.prefetch_events(source.events, full)
     events, full, power = _load(room_id, full, source)
     ctx = _Context(version, events, source)
     power_order = reverse_topological_power_order(power, full, ctx)
