@@ -5,6 +5,7 @@ and detail, the power ordering and the iterative auth checks of state resolution
 from __future__ import annotations
 
 import random
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -110,7 +111,7 @@ def test_twins_agree_on_ordering_and_iterative_checks(version_id: str) -> None:
     compiled, pure = rules("compiled", version_id), rules("pure", version_id)
     for seed in range(25):
         case = forked_room(version_id, seed, members=8, forks=3, per_fork=8)
-        events, id_of, rejected = room_events(case)
+        events, _, _ = room_events(case)
         rnd = random.Random(seed)
         full = {e for e in events if rnd.random() < 0.7}
         power = [e for e in _power_events(events) if e in full]
@@ -168,7 +169,7 @@ def test_events_of_any_class_are_read_alike(impl_kind: str) -> None:
 def test_prefetching_events_changes_nothing(impl_kind: str) -> None:
     core = core_module("authrules", impl_kind)
     case = forked_room("12", 3, forks=3, per_fork=6)
-    events, id_of, rejected = room_events(case)
+    events, _, _ = room_events(case)
     before = {eid: {name: getattr(e, name) for name in MatrixEvent.__slots__}
               for eid, e in events.items()}
     order = sorted(events)
@@ -177,7 +178,8 @@ def test_prefetching_events_changes_nothing(impl_kind: str) -> None:
     plain = {eid: _PlainEvent(e) for eid, e in events.items()}
     # IDs held and not, any mapping, events of any class, nothing at all.
     for held, ids in [(events, [*order, "$not-held", "$also-not"]), (events, iter(order)),
-                      (plain, order), (dict(plain), set(order)), (events, ()), ({}, order)]:
+                      (MappingProxyType(events), order), (plain, set(order)), (events, ()),
+                      ({}, order)]:
         assert core.prefetch_events(held, ids) is None
     assert {eid: {name: getattr(e, name) for name in MatrixEvent.__slots__}
             for eid, e in events.items()} == before

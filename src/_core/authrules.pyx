@@ -139,7 +139,7 @@ def prefetch_events(events, event_ids):
     Only a hint: nothing is read for the caller and nothing changes. A resolution's
     events are usually out of the caches (other work ran since the last one), and
     reading them one at a time waits on each miss in turn; here the misses of all
-    of them overlap. Events of a class without slots are left alone."""
+    of them overlap. Of events whose class has no slots, only the events are asked for."""
     cdef list held = []
     cdef PyObject* found
     cdef PyObject* value
