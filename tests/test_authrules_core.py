@@ -111,7 +111,7 @@ def test_twins_agree_on_ordering_and_iterative_checks(version_id: str) -> None:
     compiled, pure = rules("compiled", version_id), rules("pure", version_id)
     for seed in range(25):
         case = forked_room(version_id, seed, members=8, forks=3, per_fork=8)
-        events, _, _ = room_events(case)
+        events, id_of, rejected = room_events(case)
         rnd = random.Random(seed)
         full = {e for e in events if rnd.random() < 0.7}
         power = [e for e in _power_events(events) if e in full]
