@@ -432,3 +432,29 @@ def test_a_new_sqlite_file_locked_past_the_busy_timeout_is_one_clear_error(
                        "busy_timeout_ms") as caught:
         Database.open(f"sqlite:///{tmp_path}/new.db?busy_timeout_ms=100")
     assert "\n" not in str(caught.value)
+
+
+def test_a_query_in_progress_does_not_hold_the_sqlite_write_lock(tmp_path: Any) -> None:
+    """A reader stopped or slow inside ``fetchall`` (a follower polling the stream
+    tables) must not stop a writer: the helpers' transactions are read-only."""
+    url = f"sqlite:///{tmp_path}/shared.db"
+    reader, writer = Database.open(url), Database.open(url + "?busy_timeout_ms=200")
+    writer.execute("CREATE TABLE s (a INTEGER PRIMARY KEY)")
+    writer.execute("INSERT INTO s (a) VALUES (1)")
+    written: list[int] = []
+
+    def write_meanwhile(a: int) -> int:
+        # Runs inside the reader's query, so inside its transaction.
+        writer.execute("INSERT INTO s (a) VALUES (?)", (a + 100,))
+        written.append(a + 100)
+        return a
+
+    reader._sqlite.conn.create_function("write_meanwhile", 1, write_meanwhile)
+    for fetch in (reader.fetchall, reader.fetchone, reader.fetchval):
+        fetch("SELECT write_meanwhile(MIN(a)) FROM s")
+        assert written == [101]
+        assert writer.fetchall("SELECT a FROM s ORDER BY a") == [(1,), (101,)]
+        writer.execute("DELETE FROM s WHERE a > 100")
+        written.clear()
+    reader.close()
+    writer.close()

@@ -149,7 +149,7 @@ def test_sequence_mismatch_refused_then_repaired(pg_url: str) -> None:
                             [(i,) for i in ids])
     gen.close()
     # A restore from an older backup: the sequence is back at 2.
-    db.fetchval("SELECT setval('facts_seq', 2)")
+    db.run(lambda txn: txn.fetchval("SELECT setval('facts_seq', 2)"), name="rewind")
     with pytest.raises(SequenceMismatchError) as info:
         MultiWriterIdGenerator(db, "facts", "w1", ["w1", "w2"], TABLES, "facts_seq")
     message = str(info.value)
@@ -202,7 +202,8 @@ def test_repair_covers_registered_streams_never_started(pg_url: str) -> None:
     result = CliRunner().invoke(cli_main, ["db", "repair-sequences", "--db", pg_url])
     assert result.exit_code == 0, result.output
     assert "caches: sequence cache_invalidation_stream_seq moved from 0 to 40" in result.output
-    assert db.fetchval("SELECT nextval('cache_invalidation_stream_seq')") == 41
+    assert db.run(lambda txn: txn.fetchval("SELECT nextval('cache_invalidation_stream_seq')"),
+                  name="next") == 41
     db.close()
 
 

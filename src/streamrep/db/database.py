@@ -311,17 +311,23 @@ class Database:
             return self._sqlite.conn.execute(sql, tuple(params)).fetchone()
 
     def fetchall(self, sql: str, params: Params = ()) -> list[Row]:
-        """Run one query in its own transaction and return its rows."""
-        return self.run(lambda txn: txn.fetchall(sql, params), name="fetchall")
+        """Run one query in its own read-only transaction and return its rows.
+
+        Read-only, so a reader never holds SQLite's write lock (a reader stopped or
+        slow inside its query would otherwise stop every writer) nor starts a
+        PostgreSQL transaction that could write: use :meth:`run` to write."""
+        return self.run(lambda txn: txn.fetchall(sql, params), name="fetchall", read_only=True)
 
     def fetchone(self, sql: str, params: Params = ()) -> Row | None:
-        """Run one query in its own transaction and return its first row."""
-        row: Row | None = self.run(lambda txn: txn.fetchone(sql, params), name="fetchone")
+        """Run one query in its own read-only transaction and return its first row."""
+        row: Row | None = self.run(lambda txn: txn.fetchone(sql, params), name="fetchone",
+                                   read_only=True)
         return row
 
     def fetchval(self, sql: str, params: Params = (), default: Any = None) -> Any:
-        """Run one query in its own transaction and return its first value."""
-        return self.run(lambda txn: txn.fetchval(sql, params, default), name="fetchval")
+        """Run one query in its own read-only transaction and return its first value."""
+        return self.run(lambda txn: txn.fetchval(sql, params, default), name="fetchval",
+                        read_only=True)
 
     # -- schema ----------------------------------------------------------------------
 
