@@ -627,3 +627,57 @@ def test_batch_lookup_finds_what_is_stored(store, monkeypatch, json_lists):
     assert set(found.outlier_json) == {"$o"}
     assert found.redaction_targets == {("$t1", ROOM), ("$t2", "!third:x")}
     assert found.backward == {(ROOM, "$hole"), ("!other:x", "$gap")}
+
+
+def test_a_workers_reads_leave_the_sqlite_write_lock_free(tmp_path, monkeypatch):
+    """A worker's store serving reads (events, state, sync, pagination) on a shared
+    SQLite file must not keep the writer out: while each read's transaction is open,
+    the writer persists an event with a 200 ms busy timeout."""
+    from streamrep.db.transaction import Transaction
+
+    url = f"sqlite:///{tmp_path}/shared.db?busy_timeout_ms=200"
+    writer = EventStore(url, room_rules=None)
+    create_room(writer)
+    writer.persist_events([ev("$m1", ["$ann_join"], 3), ev("$m2", ["$m1"], 4)])
+    worker = EventStore(url, room_rules=None)
+    since = worker.current_token()
+    group = writer.get_state_group_for_event("$m1")
+    written: list[str] = []
+    locked_out: list[str] = []
+    inside = {"read": None}
+    real_fetchall = Transaction.fetchall
+
+    def fetchall_then_write(txn, sql, params=()):
+        rows = real_fetchall(txn, sql, params)
+        if inside["read"] is not None and inside["read"] not in written:
+            # The worker's transaction is still open here.
+            written.append(inside["read"])
+            prev = writer.get_forward_extremities(ROOM)
+            try:
+                writer.persist_events(
+                    [ev(f"$during_{inside['read']}", sorted(prev), 10 + len(written))])
+            except Exception as error:  # kept: the worker's retry would hide it
+                locked_out.append(f"{inside['read']}: {error}")
+        return rows
+
+    monkeypatch.setattr(Transaction, "fetchall", fetchall_then_write)
+    reads = {
+        "get_event": lambda: worker.get_event("$m1"),
+        "get_events": lambda: worker.get_events(["$m2", "$create"]),
+        "event_state_group": lambda: worker.get_state_group_for_event("$m2"),
+        "state_group": lambda: worker.get_state_group(group),
+        "state_at_extremities": lambda: worker.compute_state_at_extremities(ROOM),
+        "pending_invites": lambda: worker.get_pending_invites(BOB),
+        "sync": lambda: worker.get_new_events_for_user(ANN, since),
+        "initial_sync": lambda: worker.get_initial_sync(ANN),
+        "paginate": lambda: worker.paginate_back(ROOM, ANN, None, 5),
+    }
+    for name, read in reads.items():
+        inside["read"] = name
+        read()
+        inside["read"] = None
+        assert name in written, f"{name} ran no query"
+        assert locked_out == []
+        assert writer.get_event(f"$during_{name}").event_id == f"$during_{name}"
+    worker.close()
+    writer.close()

@@ -412,7 +412,8 @@ class EventStore:
         cached = self.event_cache.get(event_id)
         if cached is not None:
             return cached
-        found = self.db.run(fetch_events, [event_id], self.room_versions, name="get_event").get(event_id)
+        found = self.db.run(fetch_events, [event_id], self.room_versions, name="get_event",
+                            read_only=True).get(event_id)
         if found is None:
             raise EventNotFoundError(f"event {event_id} is not stored")
         self.event_cache.put(event_id, found)
@@ -429,7 +430,8 @@ class EventStore:
             else:
                 out[event_id] = cached
         if missing:
-            found = self.db.run(fetch_events, missing, self.room_versions, name="get_events")
+            found = self.db.run(fetch_events, missing, self.room_versions, name="get_events",
+                                read_only=True)
             for event_id, event in found.items():
                 self.event_cache.put(event_id, event)
             out.update(found)
@@ -451,7 +453,7 @@ class EventStore:
         if group is None:
             group = self.db.run(
                 lambda txn: self.states.groups_for_events(txn, [event_id]),
-                name="event_state_group").get(event_id)
+                name="event_state_group", read_only=True).get(event_id)
             if group is None:
                 raise EventNotFoundError(
                     f"event {event_id} has no state group (not stored, or an outlier)")
@@ -462,7 +464,8 @@ class EventStore:
         cached = self.states.group_cache.get(group)
         if cached is not None:
             return cached[0]
-        return self.db.run(lambda txn: self.states.load(txn, group), name="state_group")[0]
+        return self.db.run(lambda txn: self.states.load(txn, group), name="state_group",
+                           read_only=True)[0]
 
     def get_state_after_event(self, event_id: str) -> Mapping[StateKey, str]:
         """The room state after *event_id*: ``{(type, state_key): event_id}``."""
@@ -490,7 +493,8 @@ class EventStore:
         ``current_state_events``)."""
         forward = self.get_forward_extremities(room_id)
         try:
-            return self.db.run(self._state_at, room_id, forward, name="state_at_ext")
+            return self.db.run(self._state_at, room_id, forward, name="state_at_ext",
+                               read_only=True)
         finally:
             if self.room_rules is not None:
                 self.room_rules.trim()
@@ -539,7 +543,7 @@ class EventStore:
             found = fetch_events(txn, [r[0] for r in rows], self.room_versions)
             return [found[r[0]] for r in rows if r[0] in found]
 
-        return self.db.run(run, name="pending_invites")
+        return self.db.run(run, name="pending_invites", read_only=True)
 
     def get_new_events_for_user(self, user_id: str, since: str | StreamToken,
                                 limit: int = 100) -> SyncResult:
@@ -566,7 +570,7 @@ class EventStore:
             events.sort(key=lambda e: e.stream_ordering)
             return SyncResult(events[:limit], memberships, StreamToken(now))
 
-        return self.db.run(run, name="sync")
+        return self.db.run(run, name="sync", read_only=True)
 
     def get_initial_sync(self, user_id: str, rooms: int = 20,
                          events_per_room: int = 10) -> list[RoomTimeline]:
@@ -591,7 +595,7 @@ class EventStore:
                 out.append(RoomTimeline(room_id, newest, prev))
             return out
 
-        return self.db.run(run, name="initial_sync")
+        return self.db.run(run, name="initial_sync", read_only=True)
 
     def room_end_token(self, room_id: str) -> TopologicalToken:
         """A token after every event of the room, to paginate back from."""
@@ -630,7 +634,7 @@ class EventStore:
                 params=(bound.topological, bound.topological, bound.stream),
                 order=NEWEST_FIRST, limit=limit, readers=self._readers)
 
-        events = self.db.run(run, name="paginate")
+        events = self.db.run(run, name="paginate", read_only=True)
         next_token = events[-1].token if len(events) == limit else None
         return events, next_token
 
