@@ -238,6 +238,31 @@ def test_version_12_creators_have_infinite_power() -> None:
                  {"membership": "ban"})
 
 
+@pytest.mark.parametrize("users, refused", [
+    ({ALICE: 100}, [ALICE]),
+    ({CAROL: 100, BOB: 50}, [CAROL]),
+    ({CAROL: 100, ALICE: 100}, [ALICE, CAROL]),
+    ({BOB: 100}, []),
+    ({}, []),
+])
+def test_creators_named_in_power_levels_users_are_refused(users: dict[str, int],
+                                                          refused: list[str]) -> None:
+    # The sender of the create event and its additional creators (one listed twice)
+    # may not be given a level in version 12.
+    room = public_room("12", additional_creators=[CAROL, CAROL])
+    event = room.make("m.room.power_levels", "", ALICE, {"users": users})
+    if not refused:
+        room.check(event)
+        return
+    with pytest.raises(AuthRejection) as info:
+        room.check(event)
+    assert info.value.reason is RejectionReason.BAD_POWER_LEVELS
+    assert str(refused) in str(info.value)
+    # Before version 12 a creator's level is an ordinary entry.
+    older = public_room("11")
+    older.check(older.make("m.room.power_levels", "", ALICE, {"users": {ALICE: 100, **users}}))
+
+
 def test_others_state_and_power_above_own_are_refused() -> None:
     room = public_room("11")
     join(room, BOB)

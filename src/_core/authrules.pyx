@@ -19,6 +19,10 @@ from libc.stdint cimport int32_t
 from libc.stdlib cimport calloc, free, malloc
 from cpython.unicode cimport PyUnicode_GET_LENGTH, PyUnicode_READ_CHAR
 
+
+cdef extern from "Python.h":
+    bint PyUnicode_IS_ASCII(object text)
+
 from streamrep._pure import authrules as _ref
 
 __all__ = list(_ref.__all__)
@@ -125,6 +129,30 @@ cdef inline object _get(object state, object key):
     return state.get(key)
 
 
+cdef inline object _get_or(object content, object key, object default):
+    """``content.get(key, default)``: the dict's C API for a dict."""
+    cdef PyObject* found
+    if type(content) is dict:
+        found = PyDict_GetItemWithError(<dict>content, key)
+        return <object>found if found != NULL else default
+    return content.get(key, default)
+
+
+cdef inline object _item(object events, object key):
+    """``events[key]``: the dict's C API for a dict."""
+    cdef PyObject* found
+    if type(events) is dict:
+        found = PyDict_GetItemWithError(<dict>events, key)
+        if found == NULL:
+            raise KeyError(key)
+        return <object>found
+    return events[key]
+
+
+cdef inline bint _is_mapping(object value) except -1:
+    return type(value) is dict or isinstance(value, Mapping)
+
+
 cdef extern from *:
     """
     #define SR_PREFETCH(p) __builtin_prefetch((const void*)(p), 0, 3)
@@ -211,8 +239,8 @@ cdef bint _same_value(object a, object b) except -1:
 
 
 cdef object _read(object content, object group, str name):
-    where = content.get(group, {}) if group else content
-    if not isinstance(where, Mapping) or name not in where:
+    where = _get_or(content, group, _NO_LEVELS) if group else content
+    if not _is_mapping(where) or name not in where:
         return None
     return _level(where[name], False)
 
@@ -247,8 +275,8 @@ cdef bint _is_user_id(object value) except -1:
     cdef str text = value
     if not text.startswith("@") or text.find(":", 2) < 0:
         return False
-    if text.isascii():
-        return len(text) <= _MAX_ID_LENGTH
+    if PyUnicode_IS_ASCII(text):
+        return PyUnicode_GET_LENGTH(text) <= _MAX_ID_LENGTH
     return len(text.encode()) <= _MAX_ID_LENGTH
 
 
@@ -325,6 +353,22 @@ cdef class Rules:
                 found.update(x for x in extra if isinstance(x, str))
         return frozenset(found)
 
+    cdef list _creators_in(self, create, users):
+        """The room's creators that *users* (a mapping) names, without building the
+        set of :meth:`creators`."""
+        cdef list named = []
+        content = _field(create, F_CONTENT)
+        first = _field(create, F_SENDER) if self.implicit_creator else _get_or(
+            content, "creator", None)
+        if isinstance(first, str) and first in users:
+            named.append(first)
+        extra = _get_or(content, "additional_creators", None)
+        if isinstance(extra, list):
+            for x in <list>extra:
+                if isinstance(x, str) and x in users and x not in named:
+                    named.append(x)
+        return named
+
     cpdef bint is_creator(self, str user_id, create) except -1:
         if self.implicit_creator:
             if user_id == _field(create, F_SENDER):
@@ -382,7 +426,7 @@ cdef class Rules:
         if create is None:
             return ("no_create_event", "no create event in the room state")
         cdef str sender = _field(event, F_SENDER)
-        if _field(create, F_CONTENT).get("m.federate", True) is not True and (
+        if _get_or(_field(create, F_CONTENT), "m.federate", True) is not True and (
                 _domain(sender) != _domain(_field(create, F_SENDER))):
             return ("not_federated", "the room does not federate")
         cdef str etype = _field(event, F_TYPE)
@@ -454,13 +498,13 @@ cdef class Rules:
         membership = _field(event, F_MEMBERSHIP)
         if target is None or membership is None:
             return ("malformed", "membership event without state_key or membership")
-        if _field(create, F_CONTENT).get("m.federate", True) is not True and (
+        if _get_or(_field(create, F_CONTENT), "m.federate", True) is not True and (
                 _domain(target) != _domain(_field(create, F_SENDER))):
             return ("not_federated", "the room does not federate")
         cdef str sender = _field(event, F_SENDER)
         sender_ms = _membership(state, sender)
         join_rules = _get(state, _JOIN_RULES_KEY)
-        join_rule = _field(join_rules, F_CONTENT).get("join_rule", "invite") if join_rules else "invite"
+        join_rule = _get_or(_field(join_rules, F_CONTENT), "join_rule", "invite") if join_rules else "invite"
         if membership == "join":
             return self._check_join(event, state, create, sender_ms, join_rule)
         target_ms = _membership(state, target)
@@ -517,17 +561,17 @@ cdef class Rules:
         for group in ("events", "notifications", "users"):
             if group in new:
                 values = new[group]
-                if not isinstance(values, Mapping):
+                if not _is_mapping(values):
                     return ("bad_power_levels", f"{group} must map to integer levels")
                 for v in values.values():
                     if type(v) is not int and _level(v, ints_only) is None:
                         return ("bad_power_levels", f"{group} must map to integer levels")
-        users = new.get("users", {})
+        users = _get_or(new, "users", _NO_LEVELS)
         for user in users:
             if not _is_user_id(user):
                 return ("bad_power_levels", f"{user!r} is not a user ID")
-        if self.creator_power:
-            named = self.creators(create).intersection(users)
+        if self.creator_power and users:
+            named = self._creators_in(create, users)
             if named:
                 return ("bad_power_levels",
                         f"creators may not be listed in users: {sorted(named)}")
@@ -772,7 +816,7 @@ cdef class Rules:
         cdef dict state
         cdef PyObject* found
         for eid in order:
-            event = events[eid]
+            event = _item(events, eid)
             if _field(event, F_STATE_KEY) is None or eid in rejected:
                 continue
             if _field(event, F_TYPE) == _CREATE and _field(event, F_STATE_KEY) == "":
