@@ -381,42 +381,56 @@ cdef class Rules:
         return False
 
     cpdef object user_level(self, str user_id, state):
-        create = _get(state, _CREATE_KEY)
+        return self._user_level(user_id, _get(state, _CREATE_KEY),
+                                _get(state, _POWER_LEVELS_KEY))
+
+    cdef object _user_level(self, str user_id, create, levels):
+        """:meth:`user_level` from the state's create and power levels events."""
+        cdef PyObject* found
         if self.creator_power and create is not None and self.is_creator(user_id, create):
             return _CREATOR_LEVEL
-        levels = _get(state, _POWER_LEVELS_KEY)
         if levels is not None:
             content = _field(levels, F_CONTENT)
-            users = content.get("users")
-            if (type(users) is dict or isinstance(users, Mapping)) and user_id in users:
+            users = _get_or(content, "users", None)
+            if type(users) is dict:
+                found = PyDict_GetItemWithError(<dict>users, user_id)
+                if found != NULL:
+                    level = _level(<object>found, False)
+                    if level is not None:
+                        return level
+            elif isinstance(users, Mapping) and user_id in users:
                 level = _level(users[user_id], False)
                 if level is not None:
                     return level
-            level = _level(content.get("users_default"), False)
+            level = _level(_get_or(content, "users_default", None), False)
             return level if level is not None else 0
         if create is not None and _field(create, F_TYPE) == _CREATE and self.is_creator(user_id, create):
             return 100
         return 0
 
     cpdef object named_level(self, state, str name, object default):
-        levels = _get(state, _POWER_LEVELS_KEY)
+        return self._named_level(_get(state, _POWER_LEVELS_KEY), name, default)
+
+    cdef object _named_level(self, levels, str name, object default):
         if levels is None:
             return default
-        level = _level(_field(levels, F_CONTENT).get(name), False)
+        level = _level(_get_or(_field(levels, F_CONTENT), name, None), False)
         return level if level is not None else default
 
     cpdef object send_level(self, str event_type, bint is_state, state):
-        levels = _get(state, _POWER_LEVELS_KEY)
+        return self._send_level(event_type, is_state, _get(state, _POWER_LEVELS_KEY))
+
+    cdef object _send_level(self, str event_type, bint is_state, levels):
         content = _field(levels, F_CONTENT) if levels is not None else _NO_LEVELS
-        events = content.get("events")
-        if (type(events) is dict or isinstance(events, Mapping)) and event_type in events:
+        events = _get_or(content, "events", None)
+        if _is_mapping(events) and event_type in events:
             level = _level(events[event_type], False)
             if level is not None:
                 return level
         if is_state:
-            level = _level(content.get("state_default"), False)
+            level = _level(_get_or(content, "state_default", None), False)
             return level if level is not None else 50
-        level = _level(content.get("events_default"), False)
+        level = _level(_get_or(content, "events_default", None), False)
         return level if level is not None else 0
 
     # --- the rules against a state ----------------------------------------------
@@ -441,21 +455,22 @@ cdef class Rules:
             return self._check_membership(event, state, create)
         if _membership(state, sender) != "join":
             return ("not_in_room", f"{sender} is not joined to the room")
-        sender_level = self.user_level(sender, state)
+        levels = _get(state, _POWER_LEVELS_KEY)
+        sender_level = self._user_level(sender, create, levels)
         if etype == _THIRD_PARTY_INVITE:
-            if sender_level < self.named_level(state, "invite", 0):
+            if sender_level < self._named_level(levels, "invite", 0):
                 return ("insufficient_power", "sender may not invite")
             return None
-        needed = self.send_level(etype, state_key is not None, state)
+        needed = self._send_level(etype, state_key is not None, levels)
         if sender_level < needed:
             return ("insufficient_power",
                     f"sending {etype} needs level {needed}, sender has {sender_level}")
         if state_key is not None and (<str>state_key).startswith("@") and state_key != sender:
             return ("others_state", "state keyed by another user's ID")
         if etype == _POWER_LEVELS and state_key == "":
-            return self._check_power_levels(event, state, create, sender_level)
+            return self._check_power_levels(event, levels, create, sender_level)
         if etype == _REDACTION and self.redaction_domain:
-            if sender_level < self.named_level(state, "redact", 50):
+            if sender_level < self._named_level(levels, "redact", 50):
                 target = _field(event, F_REDACTS)
                 if target is not None and _domain(target) != _domain(_field(event, F_EVENT_ID)):
                     return ("insufficient_power", "sender may not redact that event")
@@ -519,7 +534,8 @@ cdef class Rules:
                 return ("not_in_room", f"{sender} is not joined to the room")
             if target_ms == "join" or target_ms == "ban":
                 return ("membership_forbidden", f"{target}'s membership is {target_ms}")
-            if self.user_level(sender, state) < self.named_level(state, "invite", 0):
+            levels = _get(state, _POWER_LEVELS_KEY)
+            if self._user_level(sender, create, levels) < self._named_level(levels, "invite", 0):
                 return ("insufficient_power", "sender may not invite")
             return None
         if membership == "leave" and sender == target:
@@ -530,16 +546,17 @@ cdef class Rules:
         if membership == "leave" or membership == "ban":
             if sender_ms != "join":
                 return ("not_in_room", f"{sender} is not joined to the room")
-            sender_level = self.user_level(sender, state)
-            ban_level = self.named_level(state, "ban", 50)
+            levels = _get(state, _POWER_LEVELS_KEY)
+            sender_level = self._user_level(sender, create, levels)
+            ban_level = self._named_level(levels, "ban", 50)
             if membership == "ban":
-                if sender_level >= ban_level and self.user_level(target, state) < sender_level:
+                if sender_level >= ban_level and self._user_level(target, create, levels) < sender_level:
                     return None
                 return ("insufficient_power", f"sender may not ban {target}")
             if target_ms == "ban" and sender_level < ban_level:
                 return ("insufficient_power", "sender may not unban")
-            if sender_level >= self.named_level(state, "kick", 50) and (
-                    self.user_level(target, state) < sender_level):
+            if sender_level >= self._named_level(levels, "kick", 50) and (
+                    self._user_level(target, create, levels) < sender_level):
                 return None
             return ("insufficient_power", f"sender may not kick {target}")
         if membership == "knock" and self.knock:
@@ -577,12 +594,12 @@ cdef class Rules:
                         f"creators may not be listed in users: {sorted(named)}")
         return None
 
-    cdef object _check_power_levels(self, event, state, create, sender_level):
+    cdef object _check_power_levels(self, event, previous, create, sender_level):
+        """The rules for a power levels event over the state's *previous* one."""
         new = _field(event, F_CONTENT)
         found = self._new_levels_shape(new, create)
         if found is not None:
             return found
-        previous = _get(state, _POWER_LEVELS_KEY)
         if previous is None:
             return None
         old = _field(previous, F_CONTENT)
@@ -630,12 +647,7 @@ cdef class Rules:
                 levels = auth_event
         if create is None and _field(event, F_TYPE) != _CREATE:
             return 0
-        cdef dict state = {}
-        if create is not None:
-            state[_CREATE_KEY] = create
-        if levels is not None:
-            state[_POWER_LEVELS_KEY] = levels
-        return self.user_level(_field(event, F_SENDER), state)
+        return self._user_level(_field(event, F_SENDER), create, levels)
 
     def sender_levels(self, event_ids, events, dict memo, fetch=None):
         cdef dict out = {}
