@@ -322,20 +322,27 @@ cdef class Rules:
         state_key = _field(event, F_STATE_KEY)
         if etype == _CREATE and state_key == "":
             return []
-        cdef list keys = [_POWER_LEVELS_KEY, (_MEMBER, _field(event, F_SENDER)), _CREATE_KEY]
-        if etype == _MEMBER and state_key is not None:
-            membership = _field(event, F_MEMBERSHIP)
-            if membership == "join" or membership == "invite" or membership == "knock":
-                keys.append(_JOIN_RULES_KEY)
-            keys.append((_MEMBER, state_key))
-            if membership == "invite":
-                token = _ref._third_party_token(event)
-                if token is not None:
-                    keys.append((_THIRD_PARTY_INVITE, token))
-            if self.restricted and membership == "join":
-                via = _field(event, F_CONTENT).get("join_authorised_via_users_server")
-                if isinstance(via, str):
-                    keys.append((_MEMBER, via))
+        sender = _field(event, F_SENDER)
+        if etype != _MEMBER or state_key is None:
+            return [_POWER_LEVELS_KEY, (_MEMBER, sender), _CREATE_KEY]
+        # A membership event's own key is its target's: read, not built, and listed
+        # once when the sender is the target.
+        own = _field(event, F_KEY)
+        cdef list keys = [_POWER_LEVELS_KEY, own if state_key == sender else (_MEMBER, sender),
+                          _CREATE_KEY]
+        membership = _field(event, F_MEMBERSHIP)
+        if membership == "join" or membership == "invite" or membership == "knock":
+            keys.append(_JOIN_RULES_KEY)
+        if state_key != sender:
+            keys.append(own)
+        if membership == "invite":
+            token = _ref._third_party_token(event)
+            if token is not None:
+                keys.append((_THIRD_PARTY_INVITE, token))
+        if self.restricted and membership == "join":
+            via = _get_or(_field(event, F_CONTENT), "join_authorised_via_users_server", None)
+            if isinstance(via, str):
+                keys.append((_MEMBER, via))
         return keys
 
     # --- power levels -------------------------------------------------------------
@@ -517,12 +524,14 @@ cdef class Rules:
                 _domain(target) != _domain(_field(create, F_SENDER))):
             return ("not_federated", "the room does not federate")
         cdef str sender = _field(event, F_SENDER)
-        sender_ms = _membership(state, sender)
+        # The event's own key is the target's membership key.
+        target_member = _get(state, _field(event, F_KEY))
+        target_ms = _field(target_member, F_MEMBERSHIP) if target_member is not None else None
+        sender_ms = target_ms if sender == target else _membership(state, sender)
         join_rules = _get(state, _JOIN_RULES_KEY)
         join_rule = _get_or(_field(join_rules, F_CONTENT), "join_rule", "invite") if join_rules else "invite"
         if membership == "join":
             return self._check_join(event, state, create, sender_ms, join_rule)
-        target_ms = _membership(state, target)
         if membership == "invite":
             if "third_party_invite" in _field(event, F_CONTENT):
                 if target_ms == "ban":
