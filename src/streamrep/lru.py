@@ -80,15 +80,21 @@ class Lru(Generic[K, V]):
 
     def put_many(self, items: Iterable[tuple[K, V]] | Mapping[K, V]) -> None:
         """``put`` each ``(key, value)`` in turn (one eviction pass at the end); a
-        mapping puts its items in its order. Keys not cached yet (the usual case: a
-        batch's new events) go in with one ``update``."""
+        mapping puts its items in its order, with one ``update`` (and, when some keys
+        were cached already, a pass moving its keys to the recent end)."""
         if self._weigh is not None:
             for key, value in (items.items() if isinstance(items, Mapping) else items):
                 self.put(key, value)
             return
         data = self._data
-        if isinstance(items, Mapping) and data.keys().isdisjoint(items):
+        if type(items) is dict or isinstance(items, Mapping):
+            before = len(data)
             data.update(items)
+            if len(data) - before != len(items):
+                # Some were cached: ``update`` left them where they were.
+                move_to_end = data.move_to_end
+                for key in items:
+                    move_to_end(key)
         else:
             move_to_end = data.move_to_end
             for key, value in (items.items() if isinstance(items, Mapping) else items):
