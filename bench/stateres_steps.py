@@ -48,7 +48,6 @@ def main(shape: str, version_id: str, again: bool) -> None:
     for name in STEPS:
         setattr(v2, name, _timed(spent, name, getattr(v2, name)))
     source.conflicted_subgraph = _timed(spent, "conflicted_subgraph", source.conflicted_subgraph)
-    v2.auth.prefetch_events = _timed(spent, "prefetch_events", v2.auth.prefetch_events)
     index = source.index
     index.differing_events = _timed(spent, "differing_events", index.differing_events)
     v2.dict = _timed(spent, "result (copy of the first state)", dict)  # type: ignore[attr-defined]

@@ -5,6 +5,7 @@ and detail, the power ordering and the iterative auth checks of state resolution
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
@@ -166,22 +167,44 @@ def test_events_of_any_class_are_read_alike(impl_kind: str) -> None:
                 assert checker.check(plain[eid], plain_state) == checker.check(event, state)
 
 
-def test_prefetching_events_changes_nothing(impl_kind: str) -> None:
+def test_held_events_are_found_alike_and_left_unchanged(impl_kind: str) -> None:
     core = core_module("authrules", impl_kind)
     case = forked_room("12", 3, forks=3, per_fork=6)
     events, _, _ = room_events(case)
     before = {eid: {name: getattr(e, name) for name in MatrixEvent.__slots__}
               for eid, e in events.items()}
     order = sorted(events)
+    room_id = events[order[0]].room_id
     checker = rules(impl_kind, "12")
     levels = checker.sender_levels(order, events, {})
     plain = {eid: _PlainEvent(e) for eid, e in events.items()}
+    power = [eid for eid in order if _is_power(events[eid])]
+    assert power and len(power) < len(order)
     # IDs held and not, any mapping, events of any class, nothing at all.
-    for held, ids in [(events, [*order, "$not-held", "$also-not"]), (events, iter(order)),
-                      (MappingProxyType(events), order), (plain, set(order)), (events, ()),
-                      ({}, order)]:
-        assert core.prefetch_events(held, ids) is None
+    for held, ids, expected in [
+            (events, [*order, "$not-held", "$also-not"], (set(order), power, None)),
+            (events, iter(order), (set(order), power, None)),
+            (MappingProxyType(events), order, (set(order), power, None)),
+            (plain, order, (set(order), power, None)),
+            (events, (), (set(), [], None)), ({}, order, (set(), [], None))]:
+        assert core.held_events(held, ids, room_id) == expected
+    # An event of another room stops the pass there.
+    third = order[2]
+    assert core.held_events(events, order, "!elsewhere:x") == (set(), [], order[0])
+    assert core.held_events({**events, third: replace(events[third], room_id="!other:x")},
+                            order, room_id) == (
+        set(order[:2]), [e for e in power if e in order[:2]], third)
     assert {eid: {name: getattr(e, name) for name in MatrixEvent.__slots__}
             for eid, e in events.items()} == before
     assert sorted(events) == order
     assert checker.sender_levels(order, events, {}) == levels
+
+
+def _is_power(event: MatrixEvent) -> bool:
+    """Power levels, join rules, create, or a kick or ban of another user (the
+    specification's definition, written out here as the check of both twins)."""
+    if event.state_key == "" and event.type in (
+            "m.room.power_levels", "m.room.join_rules", "m.room.create"):
+        return True
+    return (event.type == "m.room.member" and event.membership in ("leave", "ban")
+            and event.sender != event.state_key)

@@ -3,8 +3,8 @@
 from collections.abc import Container, Mapping
 from typing import Any, Callable, Iterable, Sequence
 
-__all__ = ["CREATOR_POWER_LEVEL", "Rules", "domain_of", "is_user_id", "parse_level",
-           "prefetch_events"]
+__all__ = ["CREATOR_POWER_LEVEL", "Rules", "domain_of", "held_events", "is_user_id",
+           "parse_level"]
 
 StateKey = tuple[str, str]
 State = Mapping[StateKey, Any]
@@ -14,7 +14,8 @@ CREATOR_POWER_LEVEL: int
 def domain_of(identifier: str) -> str: ...
 def is_user_id(value: object) -> bool: ...
 def parse_level(value: object, integers_only: bool = False) -> int | None: ...
-def prefetch_events(events: Mapping[str, Any], event_ids: Iterable[str]) -> None: ...
+def held_events(events: Mapping[str, Any], event_ids: Iterable[str],
+                room_id: str) -> tuple[set[str], list[str], str | None]: ...
 
 class Rules:
     def __init__(self, version: Any, third_party_ok: Callable[[Any, State], bool]) -> None: ...

@@ -34,10 +34,11 @@ cdef str _MEMBER = "m.room.member"
 cdef str _POWER_LEVELS = "m.room.power_levels"
 cdef str _THIRD_PARTY_INVITE = "m.room.third_party_invite"
 cdef str _ALIASES = "m.room.aliases"
+cdef str _JOIN_RULES = "m.room.join_rules"
 cdef str _REDACTION = "m.room.redaction"
 cdef tuple _CREATE_KEY = (_CREATE, "")
 cdef tuple _POWER_LEVELS_KEY = (_POWER_LEVELS, "")
-cdef tuple _JOIN_RULES_KEY = ("m.room.join_rules", "")
+cdef tuple _JOIN_RULES_KEY = (_JOIN_RULES, "")
 cdef tuple _LEVEL_KEYS = _ref._LEVEL_KEYS
 cdef object _ABSENT = _ref._ABSENT
 cdef object _INT_STRING_MATCH = _ref._INT_STRING.match
@@ -72,9 +73,10 @@ cdef enum:
     F_KEY
     F_MEMBERSHIP
     F_ORIGIN_SERVER_TS
+    F_ROOM_ID
     N_FIELDS
 
-cdef tuple _FIELD_NAMES = ('event_id', 'type', 'sender', 'state_key', 'content', 'prev_events', 'auth_ids', 'redacts', 'key', 'membership', 'origin_server_ts')
+cdef tuple _FIELD_NAMES = ('event_id', 'type', 'sender', 'state_key', 'content', 'prev_events', 'auth_ids', 'redacts', 'key', 'membership', 'origin_server_ts', 'room_id')
 #: Py_T_OBJECT_EX: an object slot that raises AttributeError when unset.
 cdef int _T_OBJECT_EX = 16
 cdef object _slotted = None
@@ -160,31 +162,67 @@ cdef extern from *:
     void SR_PREFETCH(const void* p) nogil
 
 
-def prefetch_events(events, event_ids):
-    """Ask the processor to load the events of *events* that *event_ids* names, the
-    objects their fields point at, and their auth events' IDs, ahead of a resolution.
+def held_events(events, event_ids, room_id):
+    """``(held, power, foreign)`` of *event_ids* over *events* (see the pure twin).
 
-    Only a hint: nothing is read for the caller and nothing changes. A resolution's
-    events are usually out of the caches (other work ran since the last one), and
-    reading them one at a time waits on each miss in turn; here the misses of all
-    of them overlap. Of events whose class has no slots, only the events are asked for."""
-    cdef list held = []
+    Before reading them, one pass asks the processor for every held event, the
+    objects its fields point at and its auth events' IDs: a resolution's events are
+    usually out of the caches (other work ran since the last one), and the steps
+    after this one read them one at a time, waiting on each miss in turn; here the
+    misses of all of them overlap. Of events whose class has no slots, only the
+    events are asked for."""
+    cdef list found_ids = [], found_events = []
+    cdef set held = set()
+    cdef list power = []
     cdef PyObject* found
+    cdef Py_ssize_t i
+    if type(events) is dict:
+        for eid in event_ids:
+            found = PyDict_GetItemWithError(<dict>events, eid)
+            if found != NULL:
+                SR_PREFETCH(found)
+                SR_PREFETCH(<char*>found + 64)
+                found_ids.append(eid)
+                found_events.append(<object>found)
+        _prefetch_fields(found_events)
+    else:
+        for eid in event_ids:
+            event = events.get(eid)
+            if event is not None:
+                found_ids.append(eid)
+                found_events.append(event)
+    for i in range(PyList_GET_SIZE(found_events)):
+        event = <object>PyList_GET_ITEM(found_events, i)
+        eid = <object>PyList_GET_ITEM(found_ids, i)
+        if _field(event, F_ROOM_ID) != room_id:
+            return held, power, eid
+        held.add(eid)
+        if _is_power_event(event):
+            power.append(eid)
+    return held, power, None
+
+
+cdef bint _is_power_event(object event) except -1:
+    etype = _field(event, F_TYPE)
+    state_key = _field(event, F_STATE_KEY)
+    if state_key == "" and (etype == _POWER_LEVELS or etype == _JOIN_RULES or etype == _CREATE):
+        return True
+    if etype == _MEMBER:
+        membership = _field(event, F_MEMBERSHIP)
+        return (membership == "leave" or membership == "ban") and _field(event, F_SENDER) != state_key
+    return False
+
+
+cdef int _prefetch_fields(list held) except -1:
+    """Prefetch the objects the slots of each of *held* point at, then its auth
+    events' IDs."""
     cdef PyObject* value
     cdef Py_ssize_t i, f, k
-    if type(events) is not dict:
-        return
-    for eid in event_ids:
-        found = PyDict_GetItemWithError(<dict>events, eid)
-        if found != NULL:
-            SR_PREFETCH(found)
-            SR_PREFETCH(<char*>found + 64)
-            held.append(<object>found)
     if not held:
-        return
+        return 0
     cls = type(held[0])
     if not (cls is _slotted or (cls not in _not_slotted and _learn(cls))):
-        return
+        return 0
     for i in range(PyList_GET_SIZE(held)):
         event = <object>PyList_GET_ITEM(held, i)
         if type(event) is not _slotted:
@@ -201,6 +239,7 @@ def prefetch_events(events, event_ids):
         if value != NULL and PyTuple_CheckExact(<object>value):
             for k in range(PyTuple_GET_SIZE(<object>value)):
                 SR_PREFETCH(PyTuple_GET_ITEM(<object>value, k))
+    return 0
 
 
 cdef object _level(object value, bint integers_only):

@@ -26,8 +26,8 @@ import re
 from collections.abc import Container, Mapping
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
-__all__ = ["CREATOR_POWER_LEVEL", "Rules", "domain_of", "is_user_id", "parse_level",
-           "prefetch_events"]
+__all__ = ["CREATOR_POWER_LEVEL", "Rules", "domain_of", "held_events", "is_user_id",
+           "parse_level"]
 
 StateKey = tuple[str, str]
 
@@ -38,6 +38,8 @@ _CREATE = "m.room.create"
 _MEMBER = "m.room.member"
 _POWER_LEVELS = "m.room.power_levels"
 _THIRD_PARTY_INVITE = "m.room.third_party_invite"
+#: The types whose events with an empty state key are power events.
+_POWER_TYPES = frozenset({_POWER_LEVELS, _CREATE, "m.room.join_rules"})
 _ALIASES = "m.room.aliases"
 _REDACTION = "m.room.redaction"
 _CREATE_KEY = (_CREATE, "")
@@ -60,6 +62,8 @@ class Event(Protocol):
 
     @property
     def event_id(self) -> str: ...
+    @property
+    def room_id(self) -> str: ...
     @property
     def type(self) -> str: ...
     @property
@@ -139,10 +143,30 @@ def parse_level(value: object, integers_only: bool = False) -> int | None:
     return None
 
 
-def prefetch_events(events: Mapping[str, Event], event_ids: Iterable[str]) -> None:
-    """Ask the processor to load the events that *event_ids* names, ahead of a
-    resolution that reads them one by one (the compiled core issues the loads).
-    Only a hint, so here it does nothing: Python has no way to give it."""
+def held_events(events: Mapping[str, Event], event_ids: Iterable[str], room_id: str
+                ) -> tuple[set[str], list[str], str | None]:
+    """``(held, power, foreign)``: the IDs of *event_ids* that *events* holds, those of
+    the power events among them (power levels, join rules, create, or a kick or ban
+    of another user) in the order *event_ids* gives, and the ID of the first held
+    event of another room than *room_id* (None when there is none; the set and the
+    list end before it). The compiled core also asks the processor for the events
+    ahead of the resolution that reads them one by one; Python has no way to."""
+    held: set[str] = set()
+    power: list[str] = []
+    get = events.get
+    for event_id in event_ids:
+        event = get(event_id)
+        if event is None:
+            continue
+        if event.room_id != room_id:
+            return held, power, event_id
+        held.add(event_id)
+        etype, state_key = event.type, event.state_key
+        if (state_key == "" and etype in _POWER_TYPES) or (
+                etype == _MEMBER and event.membership in ("leave", "ban")
+                and event.sender != state_key):
+            power.append(event_id)
+    return held, power, None
 
 
 def _third_party_token(event: Event) -> str | None:

@@ -57,8 +57,9 @@ __all__ = [
 #: The server name of a user, room (versions 1-11) or event (versions 1-2) ID.
 domain_of = _authrules.domain_of
 
-#: Ask the processor to load the events a resolution is about to read (a hint).
-prefetch_events = _authrules.prefetch_events
+#: The held events a resolution reads, the power events among them, and one of
+#: another room if any (the compiled core asks the processor for them first).
+held_events = _authrules.held_events
 
 _RULES: dict[int, tuple[RoomVersion, _authrules.Rules]] = {}
 

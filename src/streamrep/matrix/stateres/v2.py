@@ -25,25 +25,16 @@ The algorithm, as the specification defines it:
 
 from __future__ import annotations
 
-from typing import Callable, Container, Iterable, Sequence
+from typing import Callable, Container, Sequence
 
 from streamrep.matrix import auth
 from streamrep.matrix.errors import StateResolutionError
-from streamrep.matrix.events import (
-    CREATE,
-    CREATE_KEY,
-    JOIN_RULES,
-    MEMBER,
-    POWER_LEVELS,
-    POWER_LEVELS_KEY,
-    MatrixEvent,
-    StateKey,
-)
+from streamrep.matrix.events import POWER_LEVELS_KEY, MatrixEvent, StateKey
 from streamrep.matrix.room_versions import RoomVersion, StateResAlgorithm
 from streamrep.matrix.stateres.common import StateMap, load_events
 from streamrep.matrix.stateres.source import DerivedFacts, EventSource, InMemoryEventSource
 
-__all__ = ["resolve_v2", "separate", "is_power_event", "reverse_topological_power_order",
+__all__ = ["resolve_v2", "separate", "reverse_topological_power_order",
            "mainline_order"]
 
 
@@ -137,15 +128,6 @@ def separate(state_sets: Sequence[StateMap],
         return {}, {}
     split = _Split(state_sets, key_of)
     return split.unconflicted(), split.conflicted
-
-
-def is_power_event(event: MatrixEvent) -> bool:
-    """Power levels, join rules, create, or a kick or ban of another user."""
-    if event.state_key == "" and event.type in (POWER_LEVELS, JOIN_RULES, CREATE):
-        return True
-    if event.type == MEMBER and event.membership in ("leave", "ban"):
-        return event.sender != event.state_key
-    return False
 
 
 class _Context:
@@ -243,31 +225,16 @@ def _load(room_id: str, event_ids: set[str], source: EventSource
     """The held events among *event_ids* (an event of another room is an error), their
     IDs, and those of the power events among them."""
     if not isinstance(source, InMemoryEventSource):
-        events = load_events(room_id, event_ids, source)
-        return events, set(events), [eid for eid in events if is_power_event(events[eid])]
-    # One pass over the source's own events.
-    held = source.events
-    get = held.get
-    full: set[str] = set()
-    power: list[str] = []
-    for event_id in event_ids:
-        event = get(event_id)
-        if event is None:
-            continue
-        if event.room_id != room_id:
-            raise StateResolutionError(
-                f"event {event_id} belongs to room {event.room_id}, not {room_id}")
-        full.add(event_id)
-        # is_power_event, inline.
-        etype = event.type
-        if (event.state_key == "" and etype in _POWER_TYPES) or (
-                etype == MEMBER and event.membership in ("leave", "ban")
-                and event.sender != event.state_key):
-            power.append(event_id)
-    return held, full, power
-
-
-_POWER_TYPES = frozenset({POWER_LEVELS, JOIN_RULES, CREATE})
+        events = load_events(room_id, event_ids, source)  # refuses other rooms' events
+        held, power, _ = auth.held_events(events, events, room_id)
+        return events, held, power
+    # One pass over the source's own events, in the core: from here on every step
+    # reads them one at a time.
+    full, power, foreign = auth.held_events(source.events, event_ids, room_id)
+    if foreign is not None:
+        raise StateResolutionError(f"event {foreign} belongs to room "
+                                   f"{source.events[foreign].room_id}, not {room_id}")
+    return source.events, full, power
 
 
 def _held_difference(source: InMemoryEventSource, split: _Split,
@@ -314,9 +281,6 @@ def resolve_v2(room_id: str, version: RoomVersion, state_sets: Sequence[StateMap
     v21 = version.state_res is StateResAlgorithm.V2_1
     if v21:
         full |= source.conflicted_subgraph(conflicted_ids)
-    if isinstance(source, InMemoryEventSource):
-        # From here on every step reads these events, one at a time.
-        auth.prefetch_events(source.events, full)
     events, full, power = _load(room_id, full, source)
     ctx = _Context(version, events, source)
     power_order = reverse_topological_power_order(power, full, ctx)
