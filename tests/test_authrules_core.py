@@ -153,6 +153,37 @@ class _PlainEvent:
             setattr(self, name, getattr(event, name))
 
 
+def _with_keys(events: dict[str, MatrixEvent], variant: str) -> dict[str, MatrixEvent]:
+    """The room's events with the power ordering's keys made unusual: every timestamp
+    equal (the event IDs break the ties), levels beyond 64 bits, timestamps beyond them."""
+    if variant == "equal timestamps":
+        return {eid: replace(e, origin_server_ts=1) for eid, e in events.items()}
+    if variant == "levels beyond 64 bits":
+        return {eid: replace(e, content={**e.content, "users": {
+                    u: 2**70 + level for u, level in e.content.get("users", {}).items()}})
+                if e.key == ("m.room.power_levels", "") else e for eid, e in events.items()}
+    return {eid: replace(e, origin_server_ts=2**64 + e.origin_server_ts)
+            for eid, e in events.items()}
+
+
+@pytest.mark.compiled_vs_pure
+@pytest.mark.parametrize("variant", ["equal timestamps", "levels beyond 64 bits",
+                                     "timestamps beyond 64 bits"])
+def test_twins_order_alike_whatever_the_keys(variant: str) -> None:
+    compiled, pure = rules("compiled", "10"), rules("pure", "10")
+    beyond = 0
+    for seed in range(12):
+        events, _, _ = room_events(forked_room("10", seed, members=8, forks=3, per_fork=8))
+        events = _with_keys(events, variant)
+        full, power = set(events), _power_events(events)
+        levels = pure.sender_levels(list(events), events, {})
+        beyond += sum(1 for level in levels.values() if level >= 2**63)
+        orders = [r.power_order(power, full, events, {}) for r in (compiled, pure)]
+        assert orders[0] == orders[1]
+        assert set(power) <= set(orders[0]) and len(set(orders[0])) == len(orders[0])
+    assert (beyond > 0) == (variant == "levels beyond 64 bits")
+
+
 def test_events_of_any_class_are_read_alike(impl_kind: str) -> None:
     checker = rules(impl_kind, "10")
     for seed in range(30):

@@ -15,13 +15,16 @@ from cpython.dict cimport PyDict_GetItemWithError, PyDict_SetItem, PyDict_Copy
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.tuple cimport PyTuple_CheckExact, PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from cpython.object cimport PyObject
-from libc.stdint cimport int32_t
+from libc.stdint cimport int32_t, int64_t
+from libc.limits cimport LLONG_MIN as PY_LLONG_MIN
+from cpython.long cimport PyLong_AsLongLongAndOverflow
 from libc.stdlib cimport calloc, free, malloc
 from cpython.unicode cimport PyUnicode_GET_LENGTH, PyUnicode_READ_CHAR
 
 
 cdef extern from "Python.h":
     bint PyUnicode_IS_ASCII(object text)
+    int PyUnicode_Compare(object left, object right) except? -1
 
 from streamrep._pure import authrules as _ref
 
@@ -200,6 +203,118 @@ def held_events(events, event_ids, room_id):
         if _is_power_event(event):
             power.append(eid)
     return held, power, None
+
+
+# --- Kahn's algorithm over C arrays ---------------------------------------------------
+#
+# The power ordering pops the ready event that sorts first by (-sender level,
+# origin_server_ts, event ID). When every level and timestamp is an int that fits in 64
+# bits and every ID is a str (always, for events that parsed), the ready events are a
+# heap of node numbers over C arrays of those keys; the IDs are compared only on a tie.
+
+cdef struct _Keys:
+    int64_t* neg_level
+    int64_t* ts
+    PyObject** ids
+
+
+cdef inline bint _sorts_before(_Keys* keys, int32_t a, int32_t b) except -1:
+    if keys.neg_level[a] != keys.neg_level[b]:
+        return keys.neg_level[a] < keys.neg_level[b]
+    if keys.ts[a] != keys.ts[b]:
+        return keys.ts[a] < keys.ts[b]
+    return PyUnicode_Compare(<object>keys.ids[a], <object>keys.ids[b]) < 0
+
+
+cdef int _heap_push(int32_t* heap, Py_ssize_t* size, int32_t node, _Keys* keys) except -1:
+    cdef Py_ssize_t at = size[0], parent
+    size[0] += 1
+    while at > 0:
+        parent = (at - 1) >> 1
+        if not _sorts_before(keys, node, heap[parent]):
+            break
+        heap[at] = heap[parent]
+        at = parent
+    heap[at] = node
+    return 0
+
+
+cdef int32_t _heap_pop(int32_t* heap, Py_ssize_t* size, _Keys* keys) except -1:
+    cdef int32_t first = heap[0], last
+    cdef Py_ssize_t at = 0, child, n
+    size[0] -= 1
+    n = size[0]
+    if n == 0:
+        return first
+    last = heap[n]
+    while True:
+        child = 2 * at + 1
+        if child >= n:
+            break
+        if child + 1 < n and _sorts_before(keys, heap[child + 1], heap[child]):
+            child += 1
+        if not _sorts_before(keys, heap[child], last):
+            break
+        heap[at] = heap[child]
+        at = child
+    heap[at] = last
+    return first
+
+
+cdef bint _int64(object value, int64_t* into) except -1:
+    """Store *value* in *into* when it is an int that fits (and may be negated)."""
+    cdef int overflow = 0
+    cdef long long got
+    if type(value) is not int:
+        return False
+    got = PyLong_AsLongLongAndOverflow(value, &overflow)
+    if overflow != 0 or got == PY_LLONG_MIN:
+        return False
+    into[0] = got
+    return True
+
+
+cdef object _kahn_in_c(Py_ssize_t n, int32_t* waiting, int32_t* start, int32_t* children,
+                       list ids, list nodes, dict levels):
+    """The power ordering of the graph over C arrays, or None when a key does not fit
+    them (then the caller orders with Python's heap)."""
+    cdef _Keys keys
+    cdef int32_t* heap = NULL
+    cdef Py_ssize_t i, k, size = 0
+    cdef int32_t node, child
+    cdef int64_t level
+    cdef list out = []
+    keys.neg_level = <int64_t*>malloc((n + 1) * sizeof(int64_t))
+    keys.ts = <int64_t*>malloc((n + 1) * sizeof(int64_t))
+    keys.ids = <PyObject**>malloc((n + 1) * sizeof(PyObject*))
+    heap = <int32_t*>malloc((n + 1) * sizeof(int32_t))
+    try:
+        if keys.neg_level == NULL or keys.ts == NULL or keys.ids == NULL or heap == NULL:
+            raise MemoryError()
+        for i in range(n):
+            eid = <object>PyList_GET_ITEM(ids, i)
+            if type(eid) is not str or not _int64(levels[eid], &level) or not _int64(
+                    _field(<object>PyList_GET_ITEM(nodes, i), F_ORIGIN_SERVER_TS), &keys.ts[i]):
+                return None
+            keys.neg_level[i] = -level
+            keys.ids[i] = PyList_GET_ITEM(ids, i)
+        for i in range(n):
+            if waiting[i] == 0:
+                _heap_push(heap, &size, <int32_t>i, &keys)
+        while size > 0:
+            node = _heap_pop(heap, &size, &keys)
+            out.append(<object>keys.ids[node])
+            for k in range(start[node], start[node + 1]):
+                child = children[k]
+                waiting[child] -= 1
+                if waiting[child] == 0:
+                    _heap_push(heap, &size, child, &keys)
+        return out
+    finally:
+        free(keys.neg_level)
+        free(keys.ts)
+        free(keys.ids)
+        free(heap)
 
 
 cdef bint _is_power_event(object event) except -1:
@@ -786,6 +901,10 @@ cdef class Rules:
                         seen[j] = <int32_t>i
                         children[start[j] + fill[j]] = <int32_t>i
                         fill[j] += 1
+            out = _kahn_in_c(n, waiting, start, children, ids, nodes, levels)
+            if out is not None:
+                return out
+            out = []
             ready = []
             for i in range(n):
                 if waiting[i] == 0:
