@@ -181,6 +181,10 @@ def test_twins_order_alike_whatever_the_keys(variant: str) -> None:
         orders = [r.power_order(power, full, events, {}) for r in (compiled, pure)]
         assert orders[0] == orders[1]
         assert set(power) <= set(orders[0]) and len(set(orders[0])) == len(orders[0])
+        top = max((e for e in events if events[e].key == ("m.room.power_levels", "")),
+                  key=lambda e: events[e].depth)
+        mainlines = [r.mainline_order(list(events), top, events, {}) for r in (compiled, pure)]
+        assert mainlines[0] == mainlines[1] and sorted(mainlines[0]) == sorted(events)
     assert (beyond > 0) == (variant == "levels beyond 64 bits")
 
 

@@ -205,22 +205,23 @@ def held_events(events, event_ids, room_id):
     return held, power, None
 
 
-# --- Kahn's algorithm over C arrays ---------------------------------------------------
+# --- orderings over C arrays -------------------------------------------------------------
 #
-# The power ordering pops the ready event that sorts first by (-sender level,
-# origin_server_ts, event ID). When every level and timestamp is an int that fits in 64
-# bits and every ID is a str (always, for events that parsed), the ready events are a
-# heap of node numbers over C arrays of those keys; the IDs are compared only on a tie.
+# Both orderings sort events by (an int, origin_server_ts, event ID): the power ordering
+# pops the ready event first by -sender level, the mainline ordering sorts by mainline
+# position. When every int and timestamp fits in 64 bits and every ID is a str (always,
+# for events that parsed), the events are a heap of numbers over C arrays of those keys,
+# and their IDs are compared only on a tie; else Python's heap or sort orders tuples.
 
 cdef struct _Keys:
-    int64_t* neg_level
+    int64_t* first
     int64_t* ts
     PyObject** ids
 
 
 cdef inline bint _sorts_before(_Keys* keys, int32_t a, int32_t b) except -1:
-    if keys.neg_level[a] != keys.neg_level[b]:
-        return keys.neg_level[a] < keys.neg_level[b]
+    if keys.first[a] != keys.first[b]:
+        return keys.first[a] < keys.first[b]
     if keys.ts[a] != keys.ts[b]:
         return keys.ts[a] < keys.ts[b]
     return PyUnicode_Compare(<object>keys.ids[a], <object>keys.ids[b]) < 0
@@ -284,19 +285,19 @@ cdef object _kahn_in_c(Py_ssize_t n, int32_t* waiting, int32_t* start, int32_t* 
     cdef int32_t node, child
     cdef int64_t level
     cdef list out = []
-    keys.neg_level = <int64_t*>malloc((n + 1) * sizeof(int64_t))
+    keys.first = <int64_t*>malloc((n + 1) * sizeof(int64_t))
     keys.ts = <int64_t*>malloc((n + 1) * sizeof(int64_t))
     keys.ids = <PyObject**>malloc((n + 1) * sizeof(PyObject*))
     heap = <int32_t*>malloc((n + 1) * sizeof(int32_t))
     try:
-        if keys.neg_level == NULL or keys.ts == NULL or keys.ids == NULL or heap == NULL:
+        if keys.first == NULL or keys.ts == NULL or keys.ids == NULL or heap == NULL:
             raise MemoryError()
         for i in range(n):
             eid = <object>PyList_GET_ITEM(ids, i)
             if type(eid) is not str or not _int64(levels[eid], &level) or not _int64(
                     _field(<object>PyList_GET_ITEM(nodes, i), F_ORIGIN_SERVER_TS), &keys.ts[i]):
                 return None
-            keys.neg_level[i] = -level
+            keys.first[i] = -level
             keys.ids[i] = PyList_GET_ITEM(ids, i)
         for i in range(n):
             if waiting[i] == 0:
@@ -311,7 +312,38 @@ cdef object _kahn_in_c(Py_ssize_t n, int32_t* waiting, int32_t* start, int32_t* 
                     _heap_push(heap, &size, child, &keys)
         return out
     finally:
-        free(keys.neg_level)
+        free(keys.first)
+        free(keys.ts)
+        free(keys.ids)
+        free(heap)
+
+
+cdef object _sorted_in_c(list keyed):
+    """The IDs of *keyed* (``(int, origin_server_ts, event ID)`` tuples) in the tuples'
+    order, or None when a key does not fit the C arrays."""
+    cdef Py_ssize_t n = PyList_GET_SIZE(keyed), i, size = 0
+    cdef _Keys keys
+    cdef int32_t* heap = NULL
+    cdef list out = []
+    keys.first = <int64_t*>malloc((n + 1) * sizeof(int64_t))
+    keys.ts = <int64_t*>malloc((n + 1) * sizeof(int64_t))
+    keys.ids = <PyObject**>malloc((n + 1) * sizeof(PyObject*))
+    heap = <int32_t*>malloc((n + 1) * sizeof(int32_t))
+    try:
+        if keys.first == NULL or keys.ts == NULL or keys.ids == NULL or heap == NULL:
+            raise MemoryError()
+        for i in range(n):
+            entry = <tuple>PyList_GET_ITEM(keyed, i)
+            if (type(entry[2]) is not str or not _int64(entry[0], &keys.first[i])
+                    or not _int64(entry[1], &keys.ts[i])):
+                return None
+            keys.ids[i] = PyTuple_GET_ITEM(entry, 2)
+            _heap_push(heap, &size, <int32_t>i, &keys)
+        while size > 0:
+            out.append(<object>keys.ids[_heap_pop(heap, &size, &keys)])
+        return out
+    finally:
+        free(keys.first)
         free(keys.ts)
         free(keys.ids)
         free(heap)
@@ -986,7 +1018,10 @@ cdef class Rules:
                     current = self._power_levels_parent(current, events, memo, fetch)
                 for w in walked:
                     position[w] = found
-            keyed.append((found, _field(events[eid], F_ORIGIN_SERVER_TS), eid))
+            keyed.append((found, _field(_item(events, eid), F_ORIGIN_SERVER_TS), eid))
+        ordered = _sorted_in_c(keyed)
+        if ordered is not None:
+            return ordered
         keyed.sort()
         return [entry[2] for entry in keyed]
 
