@@ -262,6 +262,28 @@ cdef int32_t _heap_pop(int32_t* heap, Py_ssize_t* size, _Keys* keys) except -1:
     return first
 
 
+cdef int32_t* _new_keys(_Keys* keys, Py_ssize_t n) except NULL:
+    """Allocate *keys*' arrays for *n* events, and return a heap for their numbers
+    (free both with :func:`_free_keys`, even after an error)."""
+    keys.first = <int64_t*>malloc((n + 1) * sizeof(int64_t))
+    keys.ts = <int64_t*>malloc((n + 1) * sizeof(int64_t))
+    keys.ids = <PyObject**>malloc((n + 1) * sizeof(PyObject*))
+    cdef int32_t* heap = <int32_t*>malloc((n + 1) * sizeof(int32_t))
+    if keys.first == NULL or keys.ts == NULL or keys.ids == NULL or heap == NULL:
+        _free_keys(keys, heap)
+        raise MemoryError()
+    return heap
+
+
+cdef void _free_keys(_Keys* keys, int32_t* heap) noexcept:
+    free(keys.first)
+    free(keys.ts)
+    free(keys.ids)
+    free(heap)
+    keys.first = keys.ts = NULL
+    keys.ids = NULL
+
+
 cdef bint _int64(object value, int64_t* into) except -1:
     """Store *value* in *into* when it is an int that fits (and may be negated)."""
     cdef int overflow = 0
@@ -285,13 +307,8 @@ cdef object _kahn_in_c(Py_ssize_t n, int32_t* waiting, int32_t* start, int32_t* 
     cdef int32_t node, child
     cdef int64_t level
     cdef list out = []
-    keys.first = <int64_t*>malloc((n + 1) * sizeof(int64_t))
-    keys.ts = <int64_t*>malloc((n + 1) * sizeof(int64_t))
-    keys.ids = <PyObject**>malloc((n + 1) * sizeof(PyObject*))
-    heap = <int32_t*>malloc((n + 1) * sizeof(int32_t))
+    heap = _new_keys(&keys, n)
     try:
-        if keys.first == NULL or keys.ts == NULL or keys.ids == NULL or heap == NULL:
-            raise MemoryError()
         for i in range(n):
             eid = <object>PyList_GET_ITEM(ids, i)
             if type(eid) is not str or not _int64(levels[eid], &level) or not _int64(
@@ -312,10 +329,7 @@ cdef object _kahn_in_c(Py_ssize_t n, int32_t* waiting, int32_t* start, int32_t* 
                     _heap_push(heap, &size, child, &keys)
         return out
     finally:
-        free(keys.first)
-        free(keys.ts)
-        free(keys.ids)
-        free(heap)
+        _free_keys(&keys, heap)
 
 
 cdef object _sorted_in_c(list keyed):
@@ -325,13 +339,8 @@ cdef object _sorted_in_c(list keyed):
     cdef _Keys keys
     cdef int32_t* heap = NULL
     cdef list out = []
-    keys.first = <int64_t*>malloc((n + 1) * sizeof(int64_t))
-    keys.ts = <int64_t*>malloc((n + 1) * sizeof(int64_t))
-    keys.ids = <PyObject**>malloc((n + 1) * sizeof(PyObject*))
-    heap = <int32_t*>malloc((n + 1) * sizeof(int32_t))
+    heap = _new_keys(&keys, n)
     try:
-        if keys.first == NULL or keys.ts == NULL or keys.ids == NULL or heap == NULL:
-            raise MemoryError()
         for i in range(n):
             entry = <tuple>PyList_GET_ITEM(keyed, i)
             if (type(entry[2]) is not str or not _int64(entry[0], &keys.first[i])
@@ -343,10 +352,7 @@ cdef object _sorted_in_c(list keyed):
             out.append(<object>keys.ids[_heap_pop(heap, &size, &keys)])
         return out
     finally:
-        free(keys.first)
-        free(keys.ts)
-        free(keys.ids)
-        free(heap)
+        _free_keys(&keys, heap)
 
 
 cdef bint _is_power_event(object event) except -1:
