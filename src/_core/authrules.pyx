@@ -263,8 +263,9 @@ cdef int32_t _heap_pop(int32_t* heap, Py_ssize_t* size, _Keys* keys) except -1:
 
 
 cdef int32_t* _new_keys(_Keys* keys, Py_ssize_t n) except NULL:
-    """Allocate *keys*' arrays for *n* events, and return a heap for their numbers
-    (free both with :func:`_free_keys`, even after an error)."""
+    """Allocate *keys*' arrays for *n* events and return a heap for their numbers; the
+    caller frees both with :func:`_free_keys`. On a failed allocation this frees what
+    it got and raises MemoryError."""
     keys.first = <int64_t*>malloc((n + 1) * sizeof(int64_t))
     keys.ts = <int64_t*>malloc((n + 1) * sizeof(int64_t))
     keys.ids = <PyObject**>malloc((n + 1) * sizeof(PyObject*))
