@@ -4,6 +4,7 @@ implementations, and compiled against pure over generated batches."""
 from __future__ import annotations
 
 from array import array
+from dataclasses import fields
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
@@ -11,9 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamrep._pure.eventrecord import EventRecord
 from streamrep._pure.extremities import (BATCH_COUNTED, BATCH_NON_OUTLIER, ID_FORWARD,
                                          ID_STORED_NON_OUTLIER)
 from support.impls import core_module
+from support.records import as_event_record
 
 ROOM = "!r:x"
 COUNTED = BATCH_NON_OUTLIER | BATCH_COUNTED
@@ -228,6 +231,18 @@ def test_flat_chunks_refuse_partial_statements_and_ragged_rows(batchrows: Module
         batchrows.flat_chunks([(1,)], 0, 1, 0)
 
 
+def test_an_event_record_with_a_field_unset_is_refused_as_getattr_refuses(
+        batchrows: ModuleType) -> None:
+    whole = as_event_record(record("$e0", ["$old"]))
+    partial = object.__new__(EventRecord)
+    for f in fields(EventRecord):
+        if f.name != "prev_events":
+            setattr(partial, f.name, getattr(whole, f.name))
+    assert batchrows.in_prev_order([whole])
+    with pytest.raises(AttributeError, match="prev_events"):
+        batchrows.in_prev_order([whole, partial])
+
+
 # --- compiled against pure ---------------------------------------------------------
 
 _IDS = [f"$e{k}" for k in range(8)]
@@ -252,10 +267,14 @@ def batches(draw: Any) -> list[SimpleNamespace]:
 @settings(max_examples=400, deadline=None)
 @given(records=batches(), start=st.integers(0, 4), sqlite=st.booleans(),
        forward=st.frozensets(st.sampled_from([*_IDS, "$old", "$f"]), max_size=3),
-       stored=st.dictionaries(st.sampled_from([*_IDS, "$old", "$far"]), st.booleans()))
-def test_compiled_and_pure_agree(records: list[SimpleNamespace], start: int, sqlite: bool,
-                                 forward: frozenset[str], stored: dict[str, bool]) -> None:
+       stored=st.dictionaries(st.sampled_from([*_IDS, "$old", "$far"]), st.booleans()),
+       event_records=st.booleans())
+def test_compiled_and_pure_agree(records: list[Any], start: int, sqlite: bool,
+                                 forward: frozenset[str], stored: dict[str, bool],
+                                 event_records: bool) -> None:
     compiled, pure = core_module("batchrows", "compiled"), core_module("batchrows", "pure")
+    if event_records:  # read at their slots by the compiled passes
+        records = [as_event_record(r) for r in records]
     for k, r in enumerate(records):
         r.room_id = ROOM if k % 3 or not sqlite else "!other:x"
     assert compiled.by_room(records) == pure.by_room(records)

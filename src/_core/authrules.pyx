@@ -27,6 +27,7 @@ cdef extern from "Python.h":
     int PyUnicode_Compare(object left, object right) except? -1
 
 from streamrep._pure import authrules as _ref
+from streamrep._core.slots cimport learn_slots, slot_field
 
 __all__ = list(_ref.__all__)
 
@@ -57,13 +58,6 @@ cdef Py_ssize_t _MAX_ID_LENGTH = _ref._MAX_ID_LENGTH
 # dataclass such as ``MatrixEvent``) the slot offsets are learnt once and read
 # directly; any other class, or an unset slot, is read with ``getattr``.
 
-cdef extern from "Python.h":
-    ctypedef struct PyMemberDef:
-        int type
-        Py_ssize_t offset
-    ctypedef struct PyMemberDescrObject:
-        PyMemberDef* d_member
-
 cdef enum:
     F_EVENT_ID
     F_TYPE
@@ -80,8 +74,6 @@ cdef enum:
     N_FIELDS
 
 cdef tuple _FIELD_NAMES = ('event_id', 'type', 'sender', 'state_key', 'content', 'prev_events', 'auth_ids', 'redacts', 'key', 'membership', 'origin_server_ts', 'room_id')
-#: Py_T_OBJECT_EX: an object slot that raises AttributeError when unset.
-cdef int _T_OBJECT_EX = 16
 cdef object _slotted = None
 cdef Py_ssize_t _offsets[N_FIELDS]
 cdef set _not_slotted = set()
@@ -89,40 +81,20 @@ cdef set _not_slotted = set()
 
 cdef bint _learn(object cls) except -1:
     """Learn *cls*'s slot offsets, when every field is an object slot."""
-    cdef Py_ssize_t found[N_FIELDS]
-    cdef PyMemberDef* member
-    cdef int f
     global _slotted
-    for f in range(N_FIELDS):
-        name = _FIELD_NAMES[f]
-        descriptor = None
-        for klass in cls.__mro__:
-            if name in klass.__dict__:
-                descriptor = klass.__dict__[name]
-                break
-        if type(descriptor).__name__ != "member_descriptor":
-            _not_slotted.add(cls)
-            return False
-        member = (<PyMemberDescrObject*>descriptor).d_member
-        if member.type != _T_OBJECT_EX:
-            _not_slotted.add(cls)
-            return False
-        found[f] = member.offset
-    for f in range(N_FIELDS):
-        _offsets[f] = found[f]
-    _slotted = cls
-    return True
+    if learn_slots(cls, _FIELD_NAMES, _offsets):
+        _slotted = cls
+        return True
+    _not_slotted.add(cls)
+    return False
 
 
 cdef inline object _field(object event, int f):
     """``getattr(event, _FIELD_NAMES[f])``."""
-    cdef PyObject* value
     cls = type(event)
-    if cls is _slotted or (cls not in _not_slotted and _learn(cls)):
-        value = (<PyObject**>((<char*><PyObject*>event) + _offsets[f]))[0]
-        if value != NULL:
-            return <object>value
-    return getattr(event, _FIELD_NAMES[f])
+    if cls is not _slotted and cls not in _not_slotted:
+        _learn(cls)
+    return slot_field(event, _slotted, True, _offsets, _FIELD_NAMES, f)
 
 
 cdef inline object _get(object state, object key):

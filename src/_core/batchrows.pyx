@@ -15,6 +15,7 @@ from cpython.ref cimport Py_INCREF
 from cpython.set cimport PySet_Contains
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 
+from streamrep._core.eventrecord cimport *
 from streamrep._pure import batchrows as _ref
 from streamrep._pure.extremities import (BATCH_COUNTED, BATCH_NON_OUTLIER, ID_FORWARD,
                                          ID_STORED_NON_OUTLIER)
@@ -26,6 +27,13 @@ cdef unsigned char _NON_OUTLIER = BATCH_NON_OUTLIER
 cdef unsigned char _COUNTED = BATCH_NON_OUTLIER | BATCH_COUNTED
 cdef unsigned char _FORWARD = ID_FORWARD
 cdef unsigned char _STORED = ID_STORED_NON_OUTLIER
+
+cdef RecordSlots _slots = learn_record_slots()
+
+
+cdef inline object _field(object record, int f):
+    """A field of *record* (an ``EventRecord``, or any object with its fields)."""
+    return record_field(&_slots, record, f)
 
 
 cdef inline object _flag(object value):
@@ -56,16 +64,16 @@ def by_room(list records):
     cdef PyObject* found
     if n == 0:
         return {}
-    first = (<object>records[0]).room_id
+    first = _field(<object>records[0], R_ROOM_ID)
     for i in range(1, n):
-        room_id = (<object>records[i]).room_id
+        room_id = _field(<object>records[i], R_ROOM_ID)
         if room_id is not first and room_id != first:
             break
     else:
         return {first: records}
     rooms = {}
     for record in records:
-        room_id = record.room_id
+        room_id = _field(record, R_ROOM_ID)
         found = PyDict_GetItem(rooms, room_id)
         if found is NULL:
             rooms[room_id] = [record]
@@ -85,9 +93,9 @@ def orderings_of(records, streams, dict orderings):
     for i in range(n):
         record = records_list[i]
         stream = streams_list[i]
-        event_id = record.event_id
+        event_id = _field(record, R_EVENT_ID)
         PyDict_SetItem(event_orderings, event_id, stream)
-        PyDict_SetItem(orderings, event_id, (record.depth, stream))
+        PyDict_SetItem(orderings, event_id, (_field(record, R_DEPTH), stream))
     return event_orderings
 
 
@@ -108,10 +116,10 @@ def in_prev_order(records):
     cdef list ordered = list(records)
     n = len(ordered)
     for i in range(n):
-        PyDict_SetItem(position, (<object>ordered[i]).event_id, i)
+        PyDict_SetItem(position, _field(<object>ordered[i], R_EVENT_ID), i)
     for i in range(n):
         r = ordered[i]
-        for prev in r.prev_events:
+        for prev in _field(r, R_PREV_EVENTS):
             found = PyDict_GetItem(position, prev)
             if found is not NULL and <Py_ssize_t><object>found >= i:
                 return False
@@ -121,20 +129,21 @@ def in_prev_order(records):
 def share_groups(records, Py_ssize_t start, dict event_groups, outside_groups,
                  visibility_at_group, dict visibility, list group_rows):
     cdef Py_ssize_t i, n = len(records)
-    cdef object record, prev, group, known, event_id, state_key
+    cdef object record, prev_events, prev, group, known, event_id, state_key
     cdef bint dict_outside = type(outside_groups) is dict
     cdef bint dict_visibility = type(visibility_at_group) is dict
     if start < 0:
         raise ValueError(f"start must not be negative, not {start}")
     for i in range(start, n):
         record = records[i]
-        prev = _one_prev(record.prev_events)
+        prev_events = _field(record, R_PREV_EVENTS)
+        prev = _one_prev(prev_events)
         if prev is None:
-            if len(record.prev_events) != 1:
+            if len(prev_events) != 1:
                 return i
-            prev = record.prev_events[0]
-        state_key = record.state_key
-        if state_key is not None and not record.rejected:
+            prev = prev_events[0]
+        state_key = _field(record, R_STATE_KEY)
+        if state_key is not None and not _field(record, R_REJECTED):
             return i
         group = _lookup(event_groups, True, prev)
         if group is None:
@@ -144,7 +153,7 @@ def share_groups(records, Py_ssize_t start, dict event_groups, outside_groups,
         known = _lookup(visibility_at_group, dict_visibility, group)
         if known is None:
             return i
-        event_id = record.event_id
+        event_id = _field(record, R_EVENT_ID)
         PyDict_SetItem(visibility, event_id, known)
         PyDict_SetItem(event_groups, event_id, group)
         PyList_Append(group_rows, (event_id, group))
@@ -169,7 +178,7 @@ def intern_batch(non_outliers, forward, stored):
     cdef unsigned char* id_bits
     cdef bint stored_is_dict = type(stored) is dict
     for k in range(n):
-        event_id = (<object>records[k]).event_id
+        event_id = _field(<object>records[k], R_EVENT_ID)
         if PyDict_GetItem(ids, event_id) is NULL:  # the same event twice: the first number
             PyDict_SetItem(ids, event_id, len(names))
             names.append(event_id)
@@ -177,9 +186,10 @@ def intern_batch(non_outliers, forward, stored):
     offsets.data.as_longlongs[0] = 0
     for k in range(n):
         record = records[k]
-        batch_ids.data.as_longlongs[k] = <object>PyDict_GetItem(ids, record.event_id)
-        flags[k] = _NON_OUTLIER if (record.rejected or record.soft_failed) else _COUNTED
-        for prev in record.prev_events:
+        batch_ids.data.as_longlongs[k] = <object>PyDict_GetItem(ids, _field(record, R_EVENT_ID))
+        flags[k] = _NON_OUTLIER if (
+            _field(record, R_REJECTED) or _field(record, R_SOFT_FAILED)) else _COUNTED
+        for prev in _field(record, R_PREV_EVENTS):
             found = PyDict_GetItem(ids, prev)
             if found is NULL:
                 number = len(names)
@@ -218,13 +228,13 @@ def event_rows(records, room_id, orderings, redacted_now, visibility, received_t
                bint sqlite, list events, list plain_events, list edges):
     cdef list members = []
     cdef object record, event_id, stream, room_max = 0, state_key, json, membership
-    cdef object prev_events, prev, seen, vis
+    cdef object prev_events, prev, seen, vis, redacts, relates_to, outlier
     cdef bint dict_orderings = type(orderings) is dict
     cdef bint dict_visibility = type(visibility) is dict
     cdef bint set_redacted = type(redacted_now) is set or type(redacted_now) is frozenset
     cdef PyObject* found
     for record in records:
-        event_id = record.event_id
+        event_id = _field(record, R_EVENT_ID)
         if dict_orderings:
             found = PyDict_GetItem(<dict>orderings, event_id)
             if found is NULL:
@@ -239,24 +249,27 @@ def event_rows(records, room_id, orderings, redacted_now, visibility, received_t
         else:
             seen = 1 if event_id in redacted_now else 0
         vis = _lookup(visibility, dict_visibility, event_id)
-        json = record.json
+        json = _field(record, R_JSON)
         json = bytearray(json) if sqlite else bytes(json)
-        state_key = record.state_key
-        membership = record.membership
-        if sqlite and state_key is None and record.redacts is None and (
-                record.relates_to is None and membership is None):
+        state_key = _field(record, R_STATE_KEY)
+        membership = _field(record, R_MEMBERSHIP)
+        redacts = _field(record, R_REDACTS)
+        relates_to = _field(record, R_RELATES_TO)
+        outlier = _field(record, R_OUTLIER)
+        if sqlite and state_key is None and redacts is None and (
+                relates_to is None and membership is None):
             PyList_Append(plain_events, (
-                stream, record.depth, event_id, room_id, record.type, record.sender,
-                _flag(record.outlier), _flag(record.rejected), _flag(record.soft_failed),
-                seen, vis, received_ts, json))
+                stream, _field(record, R_DEPTH), event_id, room_id, _field(record, R_TYPE),
+                _field(record, R_SENDER), _flag(outlier), _flag(_field(record, R_REJECTED)),
+                _flag(_field(record, R_SOFT_FAILED)), seen, vis, received_ts, json))
         else:
             PyList_Append(events, (
-                stream, record.depth, event_id, room_id, record.type, state_key,
-                record.sender, _flag(record.outlier), _flag(record.rejected),
-                _flag(record.soft_failed), seen, record.redacts, record.relates_to,
-                membership, vis, received_ts, json))
-        if not record.outlier:
-            prev_events = record.prev_events
+                stream, _field(record, R_DEPTH), event_id, room_id, _field(record, R_TYPE),
+                state_key, _field(record, R_SENDER), _flag(outlier),
+                _flag(_field(record, R_REJECTED)), _flag(_field(record, R_SOFT_FAILED)), seen,
+                redacts, relates_to, membership, vis, received_ts, json))
+        if not outlier:
+            prev_events = _field(record, R_PREV_EVENTS)
             prev = _one_prev(prev_events)
             if prev is not None:
                 PyList_Append(edges, (event_id, prev, room_id))

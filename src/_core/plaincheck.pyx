@@ -14,9 +14,17 @@ from cpython.object cimport PyObject
 from cpython.set cimport PySet_Add, PySet_Contains
 from cpython.unicode cimport PyUnicode_CheckExact, PyUnicode_GET_LENGTH, PyUnicode_READ_CHAR
 
+from streamrep._core.eventrecord cimport *
 from streamrep._pure import plaincheck as _ref
 
 __all__ = list(_ref.__all__)
+
+cdef RecordSlots _slots = learn_record_slots()
+
+
+cdef inline object _field(object record, int f):
+    """A field of *record* (an ``EventRecord``, or any object with its fields)."""
+    return record_field(&_slots, record, f)
 
 
 @cython.boundscheck(False)
@@ -71,24 +79,24 @@ def scan_batch(list records, str room_id, object create_id, object not_plain,
     if not_plain is not None and type(not_plain) is not frozenset:
         raise TypeError("not_plain must be a frozenset or None")
     for r in records:
-        if r.outlier:
+        if _field(r, R_OUTLIER):
             scan.has_outlier = True
-        sender = r.sender
+        sender = _field(r, R_SENDER)
         PySet_Add(senders, sender)
-        state_key = r.state_key
+        state_key = _field(r, R_STATE_KEY)
         if state_key is not None:
-            if r.type == member_type:
+            if _field(r, R_TYPE) == member_type:
                 PySet_Add(scan.member_targets, state_key)
             others.append(r)
             continue
-        if not find_plain or PySet_Contains(not_plain, r.type):
+        if not find_plain or PySet_Contains(not_plain, _field(r, R_TYPE)):
             others.append(r)
             continue
-        body = r.body
+        body = _field(r, R_BODY)
         listed = body.get("auth_events")
         prevs = body.get("prev_events")
         ts = body.get("origin_server_ts")
-        event_id = r.event_id
+        event_id = _field(r, R_EVENT_ID)
         if not (_strings(listed, False) and _strings(prevs, True)
                 and (ts is None or PyLong_CheckExact(ts)) and _starts_with(event_id, u"$")):
             others.append(r)
@@ -125,20 +133,20 @@ def settled_until(list records, Py_ssize_t start, dict plain, dict passed, dict 
         raise ValueError(f"start must not be negative, not {start}")
     for i in range(start, n):
         r = records[i]
-        found = PyDict_GetItem(plain, r.event_id)
-        if found is NULL or r.rejected:
+        found = PyDict_GetItem(plain, _field(r, R_EVENT_ID))
+        if found is NULL or _field(r, R_REJECTED):
             return i
         ids = <object>found
-        sender = r.sender
-        etype = r.type
+        sender = _field(r, R_SENDER)
+        etype = _field(r, R_TYPE)
         # Compared, not hashed: the strings of each record are new objects, and a
         # tuple's hash is computed anew each time.
         if (last_ids is not None and etype == last_type and sender == last_sender
-                and ids == last_ids and (not last_outlier or r.outlier)):
+                and ids == last_ids and (not last_outlier or _field(r, R_OUTLIER))):
             continue  # an outlier needs only what a non-outlier needs, and less
         if PyDict_GetItem(passed, (ids, sender, etype)) is NULL:
             return i
-        last_outlier = bool(r.outlier)
+        last_outlier = bool(_field(r, R_OUTLIER))
         if verdicts is not None and not last_outlier:
             found = PyDict_GetItem(verdicts, (sender, etype))
             if found is NULL or <object>found is not False:
