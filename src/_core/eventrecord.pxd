@@ -43,6 +43,7 @@ cdef inline tuple record_field_names():
 
 
 cdef inline RecordSlots learn_record_slots() except *:
+    """``EventRecord``'s slot offsets, or ``slotted`` false if it has none."""
     from streamrep._pure.eventrecord import EventRecord
     cdef RecordSlots slots
     slots.cls = <PyObject*>EventRecord
