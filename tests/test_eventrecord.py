@@ -5,6 +5,9 @@ gives, record or error, for every item."""
 
 from __future__ import annotations
 
+import dataclasses
+import gc
+import sys
 from types import ModuleType
 from typing import Any
 
@@ -12,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamrep._pure.eventrecord import EventRecord
 from streamrep.errors import InvalidEventError
 from support.impls import core_module
 
@@ -37,6 +41,24 @@ def test_a_usual_message_gives_its_record(eventrecord: ModuleType) -> None:
         "$m", "!r:x", "m.room.message", "@a:x", 7, ["$p"], None, "$t")
     assert not (record.outlier or record.rejected or record.soft_failed)
     assert record.json.startswith(b'{"room_id":') and "event_id" not in record.body
+
+
+def test_a_record_is_a_whole_event_record_holding_its_values_once(
+        eventrecord: ModuleType) -> None:
+    # The compiled twin fills a new record's slots in place, without its __init__.
+    item = message()
+    record = eventrecord.parse_event(item)
+    assert type(record) is EventRecord and gc.is_tracked(record)
+    assert dataclasses.replace(record) == record
+    assert [getattr(record, f.name) for f in dataclasses.fields(EventRecord)] == [
+        "$m", "!r:x", "m.room.message", "@a:x", 7, ["$p"], None, record.json, record.body,
+        {"body": "hi"}, False, False, False, None, None, None]
+    room_id, content = item["room_id"], item["content"]
+    before = sys.getrefcount(room_id), sys.getrefcount(content)
+    records = [eventrecord.parse_event(item) for _ in range(1000)]
+    assert sys.getrefcount(content) - before[1] == 2000  # each record's body and content
+    del records
+    assert (sys.getrefcount(room_id), sys.getrefcount(content)) == before
 
 
 def test_a_membership_event_gives_its_membership(eventrecord: ModuleType) -> None:

@@ -12,11 +12,13 @@ same whichever implementation runs.
 from cpython.dict cimport PyDict_Copy, PyDict_DelItem, PyDict_GetItem
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
-from cpython.object cimport PyObject
+from cpython.object cimport PyObject, PyTypeObject
+from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_CheckExact, PyUnicode_GET_LENGTH
 
 cdef extern from "Python.h":
     bint PyUnicode_IS_ASCII(object text)
+    object PyType_GenericAlloc(PyTypeObject* cls, Py_ssize_t nitems)
     Py_ssize_t PyUnicode_FindChar(object text, Py_UCS4 ch, Py_ssize_t start, Py_ssize_t end,
                                   int direction) except -2
 
@@ -37,6 +39,11 @@ cdef dict _EMPTY = _ref._EMPTY
 cdef tuple _FLAGS = tuple(FLAG_KEYS)
 cdef long long _MAX_DEPTH = 1LL << 62
 cdef Py_ssize_t _MAX_IDENTIFIER = _ref.MAX_IDENTIFIER_BYTES
+cdef RecordSlots _slots = learn_record_slots()
+# A record's slots may be filled in place when making one does nothing else: no
+# __new__ or __post_init__ of its own (the dataclass's __init__ only sets them).
+cdef bint _fill_slots = (_slots.slotted and EventRecord.__new__ is object.__new__
+                         and not hasattr(EventRecord, "__post_init__"))
 
 
 cdef inline bint _plain_identifier(object text):
@@ -84,16 +91,17 @@ def parse_batch(items):
         raise InvalidEventError("persist_events takes a list of events")
     for item in items:
         record = _parse(item)
-        event_id = record.event_id
+        event_id = record_field(&_slots, record, R_EVENT_ID)
         found = PyDict_GetItem(records, event_id)
         if found is NULL:
             records[event_id] = record
             continue
         seen = <object>found
-        if seen.json != record.json:
+        if record_field(&_slots, seen, R_JSON) != record_field(&_slots, record, R_JSON):
             raise InvalidEventError(
                 f"event {event_id} appears twice in the batch with different JSON")
-        if seen.outlier and not record.outlier:
+        if (record_field(&_slots, seen, R_OUTLIER)
+                and not record_field(&_slots, record, R_OUTLIER)):
             records[event_id] = record
     return list(records.values())
 
@@ -173,6 +181,22 @@ cdef object _parse(object item):
         raw = _dumps(body)
     except TypeError:
         return _explain(item)
-    # Positional, in EventRecord's field order.
-    return _Record(event_id, room_id, etype, sender, depth, [prev], state_key, raw, body,
-                   content, False, False, False, membership, None, relates_to)
+    # In EventRecord's field order.
+    return _new_record((event_id, room_id, etype, sender, depth, [prev], state_key, raw,
+                        body, content, False, False, False, membership, None, relates_to))
+
+
+cdef object _new_record(tuple values):
+    """``EventRecord(*values)``, its slots filled in place when :data:`_fill_slots`."""
+    cdef object record
+    cdef PyObject** slot
+    cdef int f
+    if not _fill_slots:
+        return _Record(*values)
+    record = PyType_GenericAlloc(<PyTypeObject*>_Record, 0)
+    for f in range(N_RECORD_FIELDS):
+        value = values[f]
+        Py_INCREF(value)
+        slot = <PyObject**>((<char*><PyObject*>record) + _slots.offsets[f])
+        slot[0] = <PyObject*>value
+    return record
