@@ -39,6 +39,7 @@ cdef dict _EMPTY = _ref._EMPTY
 cdef tuple _FLAGS = tuple(FLAG_KEYS)
 cdef long long _MAX_DEPTH = 1LL << 62
 cdef Py_ssize_t _MAX_IDENTIFIER = _ref.MAX_IDENTIFIER_BYTES
+# EventRecord's slot offsets (RecordSlots and its helpers: eventrecord.pxd).
 cdef RecordSlots _slots = learn_record_slots()
 # A record's slots may be filled in place when making one does nothing else: no
 # __new__ or __post_init__ of its own (the dataclass's __init__ only sets them).
