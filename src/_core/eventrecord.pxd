@@ -3,9 +3,9 @@
 # once, at import (``cdef RecordSlots _slots = learn_record_slots()``), and reads a
 # field with ``record_field(&_slots, record, R_EVENT_ID)``.
 
-from cpython.object cimport PyObject, Py_TYPE
+from cpython.object cimport PyObject
 
-from streamrep._core.slots cimport learn_slots, read_slot
+from streamrep._core.slots cimport learn_slots, slot_field
 
 cdef enum:
     R_EVENT_ID
@@ -54,9 +54,5 @@ cdef inline RecordSlots learn_record_slots() except *:
 cdef inline object record_field(const RecordSlots* slots, object record, int f):
     """``getattr(record, record_field_names()[f])``, read at its slot for an
     ``EventRecord``."""
-    cdef PyObject* value
-    if slots.slotted and <PyObject*>Py_TYPE(record) == slots.cls:
-        value = read_slot(record, slots.offsets[f])
-        if value != NULL:
-            return <object>value
-    return getattr(record, <str>record_field_names()[f])
+    return slot_field(record, <object>slots.cls, slots.slotted, slots.offsets,
+                      record_field_names(), f)
